@@ -1,0 +1,22 @@
+# The two commands a newcomer needs (see README.md):
+#   make demo   run the main job: local control plane + training + scraper, live progress
+#   make test   run every test (control plane, Prometheus, Transformers, Kubeflow SDK)
+.PHONY: demo test lint bench
+
+demo:
+	scripts/bootstrap demo
+	.venv/bin/trainjob-scraper demo $(ARGS)
+
+test:
+	scripts/bootstrap test
+	.venv/bin/ruff check exporter_lib scraper tests benchmarks
+	.venv/bin/mypy
+	.venv/bin/pytest $(ARGS)
+
+lint:
+	.venv/bin/ruff check exporter_lib scraper tests benchmarks
+	.venv/bin/mypy
+
+bench:
+	scripts/bootstrap test
+	.venv/bin/python -m benchmarks $(ARGS)
