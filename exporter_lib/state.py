@@ -1,0 +1,292 @@
+"""The in-memory status of one training process: cheap writes, lazy reads.
+
+``update()`` runs inside the training loop, so it only does constant-time type
+and range checks per value, stores the raw values under one lock and bumps a
+generation counter.  Converting values to the API's strings and building the
+validated :class:`~exporter_lib.status.TrainerStatus` happen at read time
+(a scrape, a file write), once per generation.
+
+Rules for values that break a Trainer API limit (each logged once per field or
+metric name, with the reason; ``update()`` never raises):
+
+* ``progress_percentage``: a real number; floats are floored (99.9 -> 99, so 100
+  means done), then clamped to 0..100.  NaN, booleans and non-numbers are dropped.
+* ``estimated_remaining_seconds``: a real number; rounded up to whole seconds,
+  clamped to 0..2**31-1 (int32).  NaN, infinity, booleans and non-numbers are dropped.
+* ``metrics``: a mapping of name -> value, merged into the metrics reported so
+  far (a later value for a name replaces the earlier one).  A name that is not
+  a string of 1..64 characters is dropped.  Values: ``str`` (1..64 characters),
+  ``bool``, ``int`` and ``float`` (NaN and infinities are kept as ``nan``/``inf``),
+  any ``numbers.Real`` (numpy scalars) and objects with ``.item()`` returning a
+  number (0-d tensors); anything else, and text longer than 64 characters, is
+  dropped.  Once 256 names are held, new names are dropped (existing ones still update).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from exporter_lib.status import (
+    METRIC_NAME_MAX_LENGTH,
+    METRIC_VALUE_MAX_LENGTH,
+    METRICS_MAX_ITEMS,
+    PROGRESS_MAX,
+    PROGRESS_MIN,
+    REMAINING_SECONDS_MAX,
+    StatusError,
+    TrainerStatus,
+    metric_value_text,
+)
+
+log = logging.getLogger("exporter_lib")
+
+# An int prints within 64 characters (sign included) strictly between these.
+_INT_LOW = -(10**63)
+_INT_HIGH = 10**64
+
+#: A metric value as stored: already a type whose text fits the API.
+MetricValue = str | bool | int | float
+
+
+class State:
+    """Thread-safe holder of the latest reported status.
+
+    ``generation`` increases by one with every accepted change; readers use it
+    to cache what they derive from a status.  ``rejected`` counts values dropped
+    or clamped, by field (``progressPercentage``, ``estimatedRemainingSeconds``,
+    ``metrics``).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._progress: int | None = None
+        self._remaining: int | None = None
+        self._metrics: dict[str, MetricValue] = {}
+        self._updated: float | None = None
+        self.generation = 0
+        self._cache: tuple[int, TrainerStatus | None] = (0, None)
+        self._warned: set[str] = set()
+        self.rejected: dict[str, int] = {}
+
+    # -- writes -----------------------------------------------------------------
+
+    def update(
+        self,
+        progress_percentage: float | None = None,
+        estimated_remaining_seconds: float | None = None,
+        metrics: Mapping[str, object] | None = None,
+    ) -> None:
+        """Record a report; ``None`` leaves a field as it was.  Never raises.
+
+        ``lastUpdatedTime`` becomes the wall-clock time of this call.
+        """
+        try:
+            progress = None if progress_percentage is None else self._progress_of(
+                progress_percentage
+            )
+            remaining = None if estimated_remaining_seconds is None else self._remaining_of(
+                estimated_remaining_seconds
+            )
+            clean = self._clean_metrics(metrics) if metrics else None
+            stamp = self._clock()
+            with self._lock:
+                if progress is not None:
+                    self._progress = progress
+                if remaining is not None:
+                    self._remaining = remaining
+                if clean:
+                    held = self._metrics
+                    if len(held) + len(clean) <= METRICS_MAX_ITEMS:
+                        held.update(clean)
+                    else:
+                        self._merge_capped(clean)
+                self._updated = stamp
+                self.generation += 1
+        except Exception as exc:  # the training loop must never see our bugs
+            self._warn_once("update", f"update() failed and was ignored: {exc!r}")
+
+    def replace(self, status: TrainerStatus, stamp: float | None = None) -> None:
+        """Make ``status`` (already validated) the whole current status.
+
+        Used by the push endpoint and the sidecar: an unset field there is unset here.
+        ``stamp`` (unix seconds) defaults to now.
+        """
+        metrics: dict[str, MetricValue] = {m.name: m.value for m in status.metrics}
+        when = self._clock() if stamp is None else stamp
+        with self._lock:
+            self._progress = status.progress_percentage
+            self._remaining = status.estimated_remaining_seconds
+            self._metrics = metrics
+            self._updated = when
+            self.generation += 1
+
+    # -- reads ------------------------------------------------------------------
+
+    def status(self) -> TrainerStatus | None:
+        """The current status, validated; ``None`` before the first update.
+
+        Built once per generation (lazily, on the reader's thread) and cached.
+        """
+        cached_generation, cached = self._cache
+        if cached_generation == self.generation:
+            return cached
+        with self._lock:
+            generation = self.generation
+            progress, remaining, stamp = self._progress, self._remaining, self._updated
+            metrics = list(self._metrics.items())
+        status = None if stamp is None else self._build(progress, remaining, metrics, stamp)
+        self._cache = (generation, status)
+        return status
+
+    def _build(
+        self,
+        progress: int | None,
+        remaining: int | None,
+        metrics: list[tuple[str, MetricValue]],
+        stamp: float,
+    ) -> TrainerStatus:
+        data: dict[str, Any] = {
+            "lastUpdatedTime": datetime.fromtimestamp(stamp, UTC),
+            "metrics": [{"name": n, "value": metric_value_text(v)} for n, v in metrics],
+        }
+        if progress is not None:
+            data["progressPercentage"] = progress
+        if remaining is not None:
+            data["estimatedRemainingSeconds"] = remaining
+        try:
+            return TrainerStatus.from_api(data)
+        except StatusError as exc:  # the inline checks should make this unreachable
+            self._warn_once("build", f"dropping metrics that failed validation: {exc}")
+            data["metrics"] = []
+            return TrainerStatus.from_api(data)
+
+    # -- checks (constant time per value) ---------------------------------------
+
+    def _progress_of(self, value: object) -> int | None:
+        field = "progressPercentage"
+        if type(value) is int:
+            number: float = value
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            number = float(value)
+            if math.isnan(number):
+                self._reject(field, value, "NaN is not a percentage; dropped")
+                return None
+        else:
+            self._reject(field, value, "not a number; dropped")
+            return None
+        if number < PROGRESS_MIN or number > PROGRESS_MAX:
+            clamped = int(min(max(number, PROGRESS_MIN), PROGRESS_MAX))
+            self._reject(field, value, f"outside {PROGRESS_MIN}..{PROGRESS_MAX}; "
+                         f"clamped to {clamped}")
+            return clamped
+        return int(number)  # floor for the non-negative numbers left
+
+    def _remaining_of(self, value: object) -> int | None:
+        field = "estimatedRemainingSeconds"
+        if type(value) is int:
+            number: float = value
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            number = float(value)
+            if not math.isfinite(number):
+                self._reject(field, value, "not a finite number; dropped")
+                return None
+        else:
+            self._reject(field, value, "not a number; dropped")
+            return None
+        if number < 0 or number > REMAINING_SECONDS_MAX:
+            clamped = 0 if number < 0 else REMAINING_SECONDS_MAX
+            self._reject(field, value, f"outside 0..{REMAINING_SECONDS_MAX} (int32); "
+                         f"clamped to {clamped}")
+            return clamped
+        return math.ceil(number)
+
+    def _clean_metrics(self, metrics: Mapping[str, object]) -> dict[str, MetricValue]:
+        clean: dict[str, MetricValue] = {}
+        for name, value in metrics.items():
+            if type(name) is not str or not 0 < len(name) <= METRIC_NAME_MAX_LENGTH:
+                self._reject("metrics", name, "name must be a string of "
+                             f"1..{METRIC_NAME_MAX_LENGTH} characters; dropped",
+                             key=f"metrics name {name!r}", label="metrics name")
+                continue
+            kind = type(value)
+            if kind is float or kind is bool:
+                clean[name] = value  # type: ignore[assignment]
+            elif kind is int:
+                if _INT_LOW < value < _INT_HIGH:  # type: ignore[operator]
+                    clean[name] = value  # type: ignore[assignment]
+                else:
+                    self._reject_metric(name, value, "integer longer than 64 digits")
+            elif kind is str:
+                if 0 < len(value) <= METRIC_VALUE_MAX_LENGTH:  # type: ignore[arg-type]
+                    clean[name] = value  # type: ignore[assignment]
+                else:
+                    self._reject_metric(name, value, f"text must be 1..{METRIC_VALUE_MAX_LENGTH}"
+                                        " characters")
+            else:
+                converted = self._convert(value)
+                if converted is None:
+                    self._reject_metric(name, value, "not a string, bool or real number")
+                else:
+                    clean[name] = converted
+        return clean
+
+    @staticmethod
+    def _convert(value: object) -> float | None:
+        """numpy scalars and 0-d tensors -> float; anything else -> None."""
+        if isinstance(value, numbers.Real):
+            return float(value)
+        item = getattr(value, "item", None)
+        if callable(item):
+            try:
+                inner = item()
+            except Exception:  # e.g. a tensor with more than one element
+                return None
+            if isinstance(inner, numbers.Real):
+                return float(inner)
+        return None
+
+    def _merge_capped(self, clean: dict[str, MetricValue]) -> None:
+        # Called under the lock, only when the cap might be reached.
+        held = self._metrics
+        for name, value in clean.items():
+            if name in held or len(held) < METRICS_MAX_ITEMS:
+                held[name] = value
+            else:
+                self.rejected["metrics"] = self.rejected.get("metrics", 0) + 1
+                key = "metrics cap"
+                if key not in self._warned:
+                    self._warned.add(key)
+                    log.warning("metric %r dropped: at most %d metrics (Trainer v1alpha1 API "
+                                "limit); further new names are dropped silently",
+                                name, METRICS_MAX_ITEMS)
+
+    def _reject_metric(self, name: str, value: object, reason: str) -> None:
+        self._reject("metrics", value, f"{reason}; dropped", key=f"metrics value {name!r}",
+                     label=f"metrics[{name!r}]")
+
+    def _reject(self, field: str, value: object, reason: str, key: str | None = None,
+                label: str | None = None) -> None:
+        self.rejected[field] = self.rejected.get(field, 0) + 1
+        self._warn_once(key or field, f"{label or field}={_short(value)}: {reason} "
+                        "(Trainer v1alpha1 API limits; logged once)")
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("%s", message)
+
+
+def _short(value: object) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
