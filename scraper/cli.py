@@ -1,0 +1,126 @@
+"""``trainjob-scraper`` command line (also ``python -m scraper``).
+
+Subcommands are pluggable: each is one ``add_<name>(subparsers)`` function in
+:data:`SUBCOMMANDS` that adds its parser and sets ``handler`` (a callable
+taking the parsed namespace and returning an exit code).  Adding one is adding
+a function to that list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from scraper.config import ENV_PREFIX, ConfigError, ScraperSettings, load_settings
+from scraper.demo import add_demo
+
+Handler = Callable[[argparse.Namespace], int]
+AddSubcommand = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+_LIST_FIELDS = {"namespaces"}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``run``: the scraper service.  One flag per :class:`ScraperSettings` field."""
+    parser = subparsers.add_parser(
+        "run",
+        help="watch trainer pods, scrape their exporters, write TrainJob status",
+        description=(
+            "Discover the rank-0 trainer pod of every TrainJob, scrape its progress "
+            "exporter and write TrainJob.status.trainerStatus by server-side apply. "
+            f"Every option can also be set as an environment variable ({ENV_PREFIX}<OPTION>, "
+            f"e.g. {ENV_PREFIX}INTERVAL=15s) or in the --config file; flags win over the "
+            "environment, which wins over the file. Durations take 30s, 2m, 1h or seconds."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--config", metavar="FILE",
+                        help="YAML or JSON file of options (keys as the flags, without --)")
+    for name, info in ScraperSettings.model_fields.items():
+        shown = "unset" if info.default_factory is not None or info.default is None \
+            else info.default
+        env = f"{ENV_PREFIX}{name.upper()}"
+        help_text = f"{info.description} [env {env}; default: {shown}]".replace("%", "%%")
+        help_text = help_text.replace("%%%%", "%%")
+        if info.annotation is bool:
+            parser.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction,
+                                default=None, help=help_text)
+        elif name in _LIST_FIELDS:
+            parser.add_argument(_flag(name), dest=name, metavar="NS[,NS...]", default=None,
+                                help=help_text)
+        else:
+            parser.add_argument(_flag(name), dest=name, metavar=name.upper(), default=None,
+                                help=help_text)
+    parser.set_defaults(handler=_run)
+    # The generated help already says where the default comes from.
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def _run(args: argparse.Namespace) -> int:
+    flags: dict[str, Any] = {
+        name: getattr(args, name) for name in ScraperSettings.model_fields
+        if getattr(args, name, None) is not None
+    }
+    try:
+        settings = load_settings(flags, args.config)
+    except ConfigError as exc:
+        print(f"trainjob-scraper: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # APScheduler logs every added job and every run at INFO: keep its warnings only.
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    return asyncio.run(_serve(settings))
+
+
+async def _serve(settings: ScraperSettings) -> int:
+    from scraper.app import ScraperApp  # heavy imports only when running
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        app = ScraperApp(settings)
+    except Exception as exc:
+        print(f"trainjob-scraper: cannot reach Kubernetes: {exc}", file=sys.stderr)
+        return 1
+    await app.run(stop)
+    return 0
+
+
+#: Every subcommand's ``add_*`` function, in ``--help`` order.
+SUBCOMMANDS: list[AddSubcommand] = [add_run, add_demo]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="trainjob-scraper",
+        description="Pull-based progress for Kubeflow TrainJobs: scrape trainer pods' "
+        "exporters and write TrainJob.status.trainerStatus.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``trainjob-scraper`` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

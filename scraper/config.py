@@ -1,0 +1,400 @@
+"""Scraper configuration: one typed model fed by flags, environment and a file.
+
+Precedence, highest first: command-line flags, environment variables
+(``TRAINJOB_SCRAPER_<FIELD>``, e.g. ``TRAINJOB_SCRAPER_INTERVAL=15s``), the
+optional YAML/JSON file given by ``--config`` (keys are the field names, with
+``_`` or ``-``), then the defaults below.  Everything is validated once, at
+start: :func:`load_settings` raises :class:`ConfigError` whose message names each
+bad option with its value.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+ENV_PREFIX = "TRAINJOB_SCRAPER_"
+
+#: Rank-0 trainer pod of a Kubeflow Trainer v2 TrainJob (the launcher for MPI).
+DEFAULT_SELECTOR = (
+    "jobset.sigs.k8s.io/jobset-name,"
+    "jobset.sigs.k8s.io/replicatedjob-name in (node,launcher),"
+    "jobset.sigs.k8s.io/job-index=0,"
+    "batch.kubernetes.io/job-completion-index=0"
+)
+
+INTERVAL_MIN_SECONDS = 1.0
+INTERVAL_MAX_SECONDS = 3600.0
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; ``problems`` holds one ``option=value: reason`` per offence."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid configuration: " + "; ".join(problems))
+
+
+def parse_duration(value: object) -> float:
+    """Parse ``15s``, ``2m``, ``1h30m``, ``250ms`` or a plain number of seconds.
+
+    Returns:
+        The duration in seconds (float).
+
+    Raises:
+        ValueError: empty, negative or not a duration.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            pos, seconds = 0, 0.0
+            scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+            for match in _DURATION_PART.finditer(text):
+                if match.start() != pos:
+                    break
+                seconds += float(match.group(1)) * scale[match.group(2)]
+                pos = match.end()
+            if pos != len(text) or not text:
+                raise ValueError(
+                    f"not a duration: {value!r} (use e.g. 30s, 2m, 1h or seconds)"
+                ) from None
+    if seconds != seconds or seconds < 0:
+        raise ValueError(f"not a duration: {value!r} (must be >= 0)")
+    return seconds
+
+
+# ---------------------------------------------------------------- label selectors
+
+_NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_PREFIX = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*"
+_KEY = rf"(?:{_PREFIX}/)?{_NAME}"
+_VALUE = rf"(?:{_NAME})?"
+_REQUIREMENT = re.compile(
+    rf"""^\s*(?:
+        (?P<not>!)\s*(?P<nkey>{_KEY})
+      | (?P<skey>{_KEY})\s*(?P<setop>in|notin)\s*\((?P<values>[^()]*)\)
+      | (?P<ekey>{_KEY})\s*(?P<op>==|=|!=)\s*(?P<value>{_VALUE})
+      | (?P<key>{_KEY})
+    )\s*$""",
+    re.VERBOSE,
+)
+
+
+def split_selector(selector: str) -> list[str]:
+    """Split a label selector into its requirements (commas inside ``(...)`` kept)."""
+    parts, depth, current = [], 0, ""
+    for char in selector:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return parts
+
+
+def validate_selector(selector: str) -> str:
+    """Check a Kubernetes label selector's syntax as the API server would.
+
+    Returns:
+        The selector with whitespace around requirements removed.
+
+    Raises:
+        ValueError: names the first bad requirement.
+    """
+    if selector.count("(") != selector.count(")"):
+        raise ValueError("unbalanced parentheses")
+    cleaned = []
+    for part in split_selector(selector):
+        match = _REQUIREMENT.match(part)
+        if not match:
+            raise ValueError(f"bad requirement {part.strip()!r}")
+        key = match.group("nkey") or match.group("skey") or match.group("ekey") or match.group(
+            "key"
+        )
+        if "/" in key and len(key.split("/")[0]) > 253:
+            raise ValueError(f"label key prefix longer than 253 characters in {part.strip()!r}")
+        if match.group("values") is not None:
+            values = [v.strip() for v in match.group("values").split(",")]
+            if not values or any(not re.fullmatch(_VALUE, v) or not v for v in values):
+                raise ValueError(f"bad value list in {part.strip()!r}")
+        cleaned.append(part.strip())
+    if not any(cleaned):
+        raise ValueError("empty selector (it would select every pod)")
+    return ",".join(cleaned)
+
+
+# ---------------------------------------------------------------- settings model
+
+_config_file: ContextVar[Path | None] = ContextVar("trainjob_scraper_config_file", default=None)
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """Values from the ``--config`` YAML/JSON file (JSON is YAML)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls)
+        self.path = path
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ returns everything at once
+
+    def __call__(self) -> dict[str, Any]:
+        if self.path is None:
+            return {}
+        try:
+            data = yaml.safe_load(self.path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError([f"config={str(self.path)!r}: cannot read ({exc})"]) from None
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise ConfigError([f"config={str(self.path)!r}: expected a mapping of options"])
+        fields = self.settings_cls.model_fields
+        out: dict[str, Any] = {}
+        for raw_key, value in data.items():
+            key = str(raw_key).replace("-", "_")
+            if key not in fields:
+                raise ConfigError([f"config={str(self.path)!r}: unknown option {raw_key!r}"])
+            out[key] = value
+        return out
+
+
+class ScraperSettings(BaseSettings):
+    """Every option of ``trainjob-scraper run``. Durations are seconds (floats)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True
+    )
+
+    kubeconfig: Path | None = Field(
+        default=None,
+        description="kubeconfig file; unset: in-cluster service account, then "
+        "$KUBECONFIG / ~/.kube/config",
+    )
+    namespaces: list[str] = Field(
+        default_factory=list,
+        description="namespaces to watch (comma-separated); empty: all namespaces",
+    )
+    selector: str = Field(
+        default=DEFAULT_SELECTOR,
+        description="label selector of the pods to scrape (the rank-0 trainer pod of "
+        "each TrainJob by default)",
+    )
+    interval: float = Field(
+        default=30.0,
+        description="default scrape interval (1s..1h); a pod's "
+        "trainjob-progress.dev/interval annotation overrides it",
+    )
+    scrape_timeout: float = Field(
+        default=10.0,
+        description="timeout of one scrape; capped at 90%% of the target's interval",
+    )
+    max_body_bytes: int = Field(
+        default=1 << 20, ge=1024, le=64 << 20, description="largest exporter response read"
+    )
+    concurrency: int = Field(default=32, ge=1, le=1024, description="scrapes in flight at most")
+    default_port: int = Field(
+        default=28080, ge=1, le=65535, description="exporter port when a pod has no annotation"
+    )
+    default_path: str = Field(
+        default="/metrics", description="exporter path when a pod has no annotation"
+    )
+    backoff_max: float = Field(
+        default=300.0,
+        description="longest wait between attempts on a target that refuses connections",
+    )
+    write_qps: float = Field(
+        default=5.0, gt=0, le=1000, description="status writes per second (sustained)"
+    )
+    write_burst: int = Field(default=10, ge=1, le=10000, description="status writes in a burst")
+    write_attempts: int = Field(
+        default=5, ge=1, le=20, description="tries per status write on 409/429/5xx"
+    )
+    resync_interval: float = Field(
+        default=300.0,
+        description="how often TrainJobs are listed to notice deleted ones and drift "
+        "(0 disables)",
+    )
+    listen_host: str = Field(default="0.0.0.0", description="address of /metrics, /healthz")
+    listen_port: int = Field(
+        default=8080, ge=0, le=65535, description="port of /metrics, /healthz, /readyz (0: any)"
+    )
+    leader_election: bool = Field(
+        default=False, description="elect one leader through a coordination.k8s.io Lease"
+    )
+    lease_name: str = Field(default="trainjob-scraper", description="Lease name")
+    lease_namespace: str | None = Field(
+        default=None,
+        description="Lease namespace; unset: the pod's own namespace, else 'default'",
+    )
+    lease_duration: float = Field(
+        default=15.0, description="how long a standby waits before taking over the lease"
+    )
+    renew_deadline: float = Field(
+        default=10.0, description="the leader stops leading if it cannot renew for this long"
+    )
+    retry_period: float = Field(default=2.0, description="lease poll/renew period")
+    identity: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}_{os.getpid()}",
+        description="this replica's identity in the Lease (default: hostname_pid)",
+    )
+    shutdown_timeout: float = Field(
+        default=10.0, description="on SIGTERM, how long in-flight writes may take"
+    )
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split_namespaces(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("namespaces")
+    @classmethod
+    def _check_namespaces(cls, value: list[str]) -> list[str]:
+        for ns in value:
+            if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", ns):
+                raise ValueError(f"{ns!r} is not a namespace name")
+        return sorted(set(value))
+
+    @field_validator("selector")
+    @classmethod
+    def _check_selector(cls, value: str) -> str:
+        return validate_selector(value)
+
+    @field_validator(
+        "interval",
+        "scrape_timeout",
+        "backoff_max",
+        "resync_interval",
+        "lease_duration",
+        "renew_deadline",
+        "retry_period",
+        "shutdown_timeout",
+        mode="before",
+    )
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return parse_duration(value)
+
+    @field_validator("interval")
+    @classmethod
+    def _interval_range(cls, value: float) -> float:
+        if not INTERVAL_MIN_SECONDS <= value <= INTERVAL_MAX_SECONDS:
+            raise ValueError("must be between 1s and 1h")
+        return value
+
+    @field_validator("scrape_timeout", "retry_period", "lease_duration", "renew_deadline")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be > 0")
+        return value
+
+    @field_validator("default_path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        if value.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+            raise ValueError("must be DEBUG, INFO, WARNING or ERROR")
+        return value.upper()
+
+    @model_validator(mode="after")
+    def _lease_timings(self) -> ScraperSettings:
+        if self.leader_election and not (
+            self.retry_period < self.renew_deadline < self.lease_duration
+        ):
+            raise ValueError(
+                f"lease timings must satisfy retry_period ({self.retry_period}s) < "
+                f"renew_deadline ({self.renew_deadline}s) < lease_duration "
+                f"({self.lease_duration}s)"
+            )
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls, _config_file.get()))
+
+    def effective_lease_namespace(self) -> str:
+        """The Lease's namespace: configured, else the pod's own, else ``default``."""
+        if self.lease_namespace:
+            return self.lease_namespace
+        sa_ns = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        try:
+            return sa_ns.read_text().strip() or "default"
+        except OSError:
+            return "default"
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None, config_file: Path | str | None = None
+) -> ScraperSettings:
+    """Build the settings from flags (unset ones omitted), the environment and a file.
+
+    Raises:
+        ConfigError: one ``option=value: reason`` line per invalid option.
+    """
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    token = _config_file.set(Path(config_file) if config_file else None)
+    try:
+        return ScraperSettings(**given)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+    finally:
+        _config_file.reset(token)
+
+
+def _describe(exc: ValidationError) -> list[str]:
+    problems = []
+    for err in exc.errors(include_url=False):
+        option = ".".join(str(p) for p in err["loc"]) or "settings"
+        value = err.get("input")
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            problems.append(f"{option}: unknown option")
+        elif not err["loc"]:
+            problems.append(msg)
+        else:
+            problems.append(f"{option}={value!r}: {msg}")
+    return problems
+

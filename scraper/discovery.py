@@ -1,0 +1,358 @@
+"""Pod discovery: list+watch of trainer pods and what each pod means for the scraper.
+
+This module knows Kubernetes labels, annotations and pod states; it knows
+nothing of HTTP or of the exporter's format.  Pods are plain dicts (the API's
+JSON), never client model objects: the watch skips deserialising them.
+
+A :class:`PodWatcher` runs one list+watch per scope (all namespaces, or one
+namespace) in a daemon thread and feeds :class:`Synced` and :class:`PodEvent`
+items into an asyncio queue.  :func:`classify` turns one pod into a
+:class:`Decision`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kubernetes.client import CoreV1Api
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch import Watch
+
+from scraper.config import INTERVAL_MAX_SECONDS, INTERVAL_MIN_SECONDS, parse_duration
+from scraper.targets import Target
+
+log = logging.getLogger(__name__)
+
+LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+
+ANNOTATION_PREFIX = "trainjob-progress.dev/"
+ANNOTATION_SCRAPE = ANNOTATION_PREFIX + "scrape"
+ANNOTATION_PORT = ANNOTATION_PREFIX + "port"
+ANNOTATION_PATH = ANNOTATION_PREFIX + "path"
+ANNOTATION_INTERVAL = ANNOTATION_PREFIX + "interval"
+ANNOTATION_CONTAINER = ANNOTATION_PREFIX + "container"
+PROMETHEUS_PORT = "prometheus.io/port"
+PROMETHEUS_PATH = "prometheus.io/path"
+
+#: Server-side watch timeout (seconds): bounds how long a stop request waits.
+WATCH_TIMEOUT_SECONDS = 30
+LIST_PAGE_SIZE = 500
+
+
+# ---------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """The pod is Running with an IP: scrape ``target``."""
+
+    target: Target
+
+
+@dataclass(frozen=True)
+class Final:
+    """The pod has ended: its final status may be in a termination message.
+
+    Attributes:
+        messages: ``(container name, message)`` pairs to try in order; empty when
+            no container left one.
+    """
+
+    namespace: str
+    trainjob: str
+    pod_name: str
+    pod_uid: str
+    messages: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Not scrapeable yet (pending, no IP); ``reason`` says why."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Ignore:
+    """Never scrape this pod (opted out, no TrainJob label, bad annotation)."""
+
+    reason: str
+
+
+Decision = Scrape | Final | Wait | Ignore
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    """``namespace/name`` of a pod dict."""
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def classify(
+    pod: Mapping[str, Any], *, default_port: int, default_path: str, default_interval: float
+) -> Decision:
+    """Decide what a pod (API JSON dict) means for the scraper.
+
+    Ports come from ``trainjob-progress.dev/port``, else ``prometheus.io/port``,
+    else ``default_port``; paths likewise; the interval from
+    ``trainjob-progress.dev/interval`` (``15s``, ``2m`` or seconds, 1s..1h), else
+    ``default_interval`` (seconds).  A malformed annotation makes the pod
+    :class:`Ignore` with a reason that names it.
+    """
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    namespace, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
+    trainjob = labels.get(LABEL_JOBSET_NAME)
+    if not trainjob:
+        return Ignore(f"no {LABEL_JOBSET_NAME} label: no TrainJob to report to")
+    if str(annotations.get(ANNOTATION_SCRAPE, "true")).lower() == "false":
+        return Ignore(f"{ANNOTATION_SCRAPE}=false")
+    phase = status.get("phase", "")
+    if phase in ("Succeeded", "Failed"):
+        return Final(namespace, trainjob, name, uid, _termination_messages(pod))
+    if phase != "Running":
+        return Wait(f"phase {phase or 'unknown'}")
+    ip = status.get("podIP")
+    if not ip:
+        return Wait("no pod IP yet")
+
+    port_text = annotations.get(ANNOTATION_PORT) or annotations.get(PROMETHEUS_PORT)
+    try:
+        port = int(port_text) if port_text else default_port
+        if not 1 <= port <= 65535:
+            raise ValueError
+    except ValueError:
+        return Ignore(f"port annotation {port_text!r} is not a port (1..65535)")
+    path = annotations.get(ANNOTATION_PATH) or annotations.get(PROMETHEUS_PATH) or default_path
+    if not path.startswith("/"):
+        return Ignore(f"path annotation {path!r} must start with '/'")
+    interval = default_interval
+    if ANNOTATION_INTERVAL in annotations:
+        try:
+            interval = parse_duration(annotations[ANNOTATION_INTERVAL])
+        except ValueError as exc:
+            return Ignore(f"{ANNOTATION_INTERVAL}: {exc}")
+        if not INTERVAL_MIN_SECONDS <= interval <= INTERVAL_MAX_SECONDS:
+            return Ignore(
+                f"{ANNOTATION_INTERVAL}={annotations[ANNOTATION_INTERVAL]!r}: "
+                "must be between 1s and 1h"
+            )
+    host = f"[{ip}]" if ":" in ip else ip
+    url = f"http://{host}:{port}{path}"
+    return Scrape(Target(namespace, trainjob, name, uid, url, interval))
+
+
+def final_from_deleted(pod: Mapping[str, Any]) -> Final | None:
+    """A deleted pod's :class:`Final`, when it carries a termination message."""
+    meta = pod.get("metadata") or {}
+    trainjob = (meta.get("labels") or {}).get(LABEL_JOBSET_NAME)
+    messages = _termination_messages(pod)
+    if not trainjob or not messages:
+        return None
+    return Final(meta.get("namespace", ""), trainjob, meta.get("name", ""),
+                 meta.get("uid", ""), messages)
+
+
+def _termination_messages(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Termination messages of the pod's containers; the annotated container only if set."""
+    wanted = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_CONTAINER)
+    out = []
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if wanted and cs.get("name") != wanted:
+            continue
+        terminated = (cs.get("state") or {}).get("terminated") or {}
+        message = terminated.get("message")
+        if message:
+            out.append((cs.get("name", ""), message))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------- list + watch
+
+
+@dataclass(frozen=True)
+class Synced:
+    """A full list of the pods in ``scope`` (a namespace, or None for all)."""
+
+    scope: str | None
+    pods: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class PodEvent:
+    """One watch event for a pod (bookmarks are not forwarded)."""
+
+    kind: Literal["ADDED", "MODIFIED", "DELETED"]
+    pod: dict[str, Any]
+
+
+WatchItem = Synced | PodEvent
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is too old (HTTP 410): relist."""
+
+
+class PodWatcher:
+    """List+watch of the pods matching a selector, in one daemon thread.
+
+    Each list is forwarded as :class:`Synced`, then every change as
+    :class:`PodEvent`.  The watch resumes from the last resourceVersion (kept
+    fresh by bookmarks), relists on 410 Gone and backs off exponentially (with
+    jitter, capped at ``max_backoff`` seconds) on other errors.  ``on_restart``
+    is called (from the thread) every time the watch has to start over.
+    """
+
+    def __init__(
+        self,
+        core: CoreV1Api,
+        *,
+        namespace: str | None,
+        selector: str,
+        queue: asyncio.Queue[WatchItem],
+        loop: asyncio.AbstractEventLoop,
+        on_restart: Callable[[str], None] = lambda reason: None,
+        max_backoff: float = 30.0,
+    ) -> None:
+        self._core = core
+        self._namespace = namespace
+        self._selector = selector
+        self._queue = queue
+        self._loop = loop
+        self._on_restart = on_restart
+        self._max_backoff = max_backoff
+        self._stop = threading.Event()
+        self._watch: Watch | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"pod-watch-{namespace or 'all'}", daemon=True
+        )
+
+    def start(self) -> None:
+        """Start the thread (returns at once)."""
+        self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Ask the thread to stop; wait at most ``timeout`` seconds for it.
+
+        A blocked read ends at the latest with the server-side watch timeout
+        (:data:`WATCH_TIMEOUT_SECONDS`); the thread is a daemon, so it never
+        holds up interpreter exit.
+        """
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.stop()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # -- thread side
+
+    def _put(self, item: WatchItem) -> None:
+        # Backpressure: wait for room in the queue, but keep noticing stop().
+        future = asyncio.run_coroutine_threadsafe(self._queue.put(item), self._loop)
+        while not self._stop.is_set():
+            try:
+                future.result(timeout=0.5)
+                return
+            except TimeoutError:
+                continue
+        future.cancel()
+
+    def _list(self) -> tuple[list[dict[str, Any]], str]:
+        items: list[dict[str, Any]] = []
+        cont: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {
+                "label_selector": self._selector,
+                "limit": LIST_PAGE_SIZE,
+                "_preload_content": False,
+                "_request_timeout": 60,
+            }
+            if cont:
+                kwargs["_continue"] = cont
+            if self._namespace:
+                resp = self._core.list_namespaced_pod(self._namespace, **kwargs)
+            else:
+                resp = self._core.list_pod_for_all_namespaces(**kwargs)
+            body = json.loads(resp.data)
+            items.extend(body.get("items") or [])
+            meta = body.get("metadata") or {}
+            cont = meta.get("continue")
+            if not cont:
+                return items, meta.get("resourceVersion", "")
+
+    def _watch_from(self, resource_version: str) -> str:
+        """Watch until the server closes the stream; return the last resourceVersion."""
+        self._watch = Watch()
+        func = (
+            self._core.list_namespaced_pod if self._namespace else
+            self._core.list_pod_for_all_namespaces
+        )
+        args = (self._namespace,) if self._namespace else ()
+        try:
+            for event in self._watch.stream(
+                func,
+                *args,
+                label_selector=self._selector,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=WATCH_TIMEOUT_SECONDS,
+                _request_timeout=WATCH_TIMEOUT_SECONDS + 30,
+                deserialize=False,
+            ):
+                if self._stop.is_set():
+                    break
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    raise _Gone() if obj.get("code") == 410 else ApiException(
+                        status=obj.get("code"), reason=obj.get("message")
+                    )
+                resource_version = (obj.get("metadata") or {}).get(
+                    "resourceVersion", resource_version
+                )
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self._put(PodEvent(kind, obj))
+        except ApiException as exc:
+            if exc.status == 410:
+                raise _Gone() from None
+            raise
+        finally:
+            self._watch = None
+        return resource_version
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                pods, resource_version = self._list()
+                self._put(Synced(self._namespace, tuple(pods)))
+                backoff = 0.5
+                while not self._stop.is_set():
+                    resource_version = self._watch_from(resource_version)
+            except _Gone:
+                log.info("pod watch (%s): resourceVersion expired, relisting",
+                         self._namespace or "all namespaces")
+                self._on_restart("gone")
+            except Exception as exc:
+                self._on_restart("error")
+                delay = backoff * (1 + random.random() / 2)
+                log.warning("pod watch (%s) failed: %s; retrying in %.1fs",
+                            self._namespace or "all namespaces", _short(exc), delay)
+                self._stop.wait(delay)
+                backoff = min(backoff * 2, self._max_backoff)
+
+
+def _short(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason}"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text[:200]}"

@@ -1,0 +1,205 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease.
+
+The installed ``kubernetes`` client's ``kubernetes.leaderelection`` only ships a
+ConfigMap lock, and its loop blocks in ``time.sleep`` with no way to stop or to
+release the lock.  So this module runs the same algorithm as client-go's
+``leaderelection`` on a Lease, as an asyncio task, through the client's typed
+``CoordinationV1Api``:
+
+* A candidate reads the Lease every ``retry_period`` seconds.  It takes the
+  Lease when nobody holds it, or when the holder's record has not changed for
+  ``lease_duration`` seconds *as measured on the candidate's own clock* (so
+  clock skew between replicas does not matter).
+* Updates are optimistic: a replace carries the resourceVersion read, so of two
+  candidates racing for an expired Lease exactly one wins (the other gets 409).
+* The leader renews every ``retry_period``; if it has not renewed successfully
+  for ``renew_deadline`` seconds it stops leading.  Because
+  ``renew_deadline < lease_duration``, it stops before any standby may take
+  over: :meth:`LeaseElector.may_write` is the fence every write checks.
+* On shutdown the leader releases the Lease (empty holder, 1 s duration) so a
+  standby takes over at its next poll instead of after ``lease_duration``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.client import ApiClient, CoordinationV1Api
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT = (5, 10)
+
+
+def _micro_time(value: datetime | None = None) -> str:
+    """``metav1.MicroTime`` text (RFC 3339 with microseconds, UTC)."""
+    return (value or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaseElector:
+    """Campaigns for a Lease and reports leadership changes.
+
+    Args:
+        api_client: Kubernetes client.
+        namespace, name: the Lease.
+        identity: this candidate's holder identity (unique per replica).
+        lease_duration, renew_deadline, retry_period: seconds, with
+            ``retry_period < renew_deadline < lease_duration``.
+        on_change: called with True when this replica starts leading and with
+            False when it stops (from the event loop).
+    """
+
+    def __init__(
+        self,
+        api_client: ApiClient,
+        *,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_duration: float,
+        renew_deadline: float,
+        retry_period: float,
+        on_change: Callable[[bool], None],
+    ) -> None:
+        self._api = CoordinationV1Api(api_client)
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self._duration = lease_duration
+        self._deadline = renew_deadline
+        self._period = retry_period
+        self._on_change = on_change
+        self._leading = False
+        self._last_renew = 0.0  # monotonic time of the last successful acquire/renew
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+
+    @property
+    def leading(self) -> bool:
+        """True while this replica leads."""
+        return self._leading
+
+    def may_write(self) -> bool:
+        """The write fence: leading and renewed within ``renew_deadline`` seconds."""
+        return self._leading and time.monotonic() - self._last_renew < self._deadline
+
+    async def run(self) -> None:
+        """Campaign and renew until cancelled (then release the Lease if held)."""
+        try:
+            while True:
+                ok = await self._try_acquire_or_renew()
+                now = time.monotonic()
+                if ok:
+                    self._last_renew = now
+                    if not self._leading:
+                        self._leading = True
+                        log.info("became leader (Lease %s/%s, identity %s)",
+                                 self.namespace, self.name, self.identity)
+                        self._on_change(True)
+                elif self._leading and now - self._last_renew >= self._deadline:
+                    self._leading = False
+                    log.warning("lost leadership: Lease %s/%s not renewed for %.1fs",
+                                self.namespace, self.name, self._deadline)
+                    self._on_change(False)
+                await asyncio.sleep(self._period)
+        finally:
+            if self._leading:
+                self._leading = False
+                self._on_change(False)
+                await asyncio.shield(self.release())
+
+    async def release(self) -> None:
+        """Give the Lease up if this replica holds it (best effort, bounded)."""
+        try:
+            lease = await asyncio.to_thread(
+                self._api.read_namespaced_lease, self.name, self.namespace,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+            if lease.spec.holder_identity != self.identity:
+                return
+            now = _micro_time()
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace,
+                             "resourceVersion": lease.metadata.resource_version},
+                "spec": {"holderIdentity": "", "leaseDurationSeconds": 1,
+                         "acquireTime": now, "renewTime": now,
+                         "leaseTransitions": lease.spec.lease_transitions or 0},
+            }
+            await asyncio.to_thread(
+                self._api.replace_namespaced_lease, self.name, self.namespace, body,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+            log.info("released Lease %s/%s", self.namespace, self.name)
+        except Exception as exc:
+            log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, exc)
+
+    async def _try_acquire_or_renew(self) -> bool:
+        try:
+            return await asyncio.to_thread(self._try_once)
+        except ApiException as exc:
+            if exc.status != 409:  # 409: another candidate won the race; not news
+                log.warning("Lease %s/%s: HTTP %s %s", self.namespace, self.name,
+                            exc.status, exc.reason)
+            return False
+        except Exception as exc:
+            log.warning("Lease %s/%s: %s", self.namespace, self.name, exc)
+            return False
+
+    def _try_once(self) -> bool:
+        """One client-go style acquire-or-renew step (runs in a worker thread)."""
+        now = datetime.now(UTC)
+        duration = max(1, round(self._duration))
+        try:
+            lease = self._api.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self._api.create_namespaced_lease(
+                self.namespace,
+                {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": duration,
+                             "acquireTime": _micro_time(now), "renewTime": _micro_time(now),
+                             "leaseTransitions": 0},
+                },
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+            return True
+        spec = lease.spec
+        holder = spec.holder_identity or ""
+        record = (holder, spec.renew_time, spec.lease_duration_seconds, spec.acquire_time)
+        if record != self._observed:
+            self._observed = record
+            self._observed_at = time.monotonic()
+        held_for = spec.lease_duration_seconds or duration
+        if holder and holder != self.identity and (
+            time.monotonic() - self._observed_at < held_for
+        ):
+            return False  # someone else holds an unexpired lease
+        ours = holder == self.identity
+        transitions = (spec.lease_transitions or 0) + (0 if ours else 1)
+        acquire = spec.acquire_time if ours and spec.acquire_time else now
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace,
+                         "resourceVersion": lease.metadata.resource_version},
+            "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": duration,
+                     "acquireTime": _micro_time(acquire), "renewTime": _micro_time(now),
+                     "leaseTransitions": transitions},
+        }
+        self._api.replace_namespaced_lease(self.name, self.namespace, body,
+                                           _request_timeout=REQUEST_TIMEOUT)
+        return True

@@ -1,0 +1,36 @@
+"""What the scraper scrapes: one :class:`Target` per discovered trainer pod."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Target:
+    """One exporter endpoint and the TrainJob it reports for.
+
+    Attributes:
+        namespace: the pod's (and the TrainJob's) namespace.
+        trainjob: the TrainJob name (from ``jobset.sigs.k8s.io/jobset-name``).
+        pod_name: the pod's name.
+        pod_uid: the pod's UID; a recreated pod with the same name is a new target.
+        url: ``http://<pod IP>:<port><path>`` of the exporter.
+        interval: scrape interval in seconds (1..3600).
+    """
+
+    namespace: str
+    trainjob: str
+    pod_name: str
+    pod_uid: str
+    url: str
+    interval: float
+
+    @property
+    def key(self) -> str:
+        """``namespace/pod``: the scheduling identity (one job per key)."""
+        return f"{self.namespace}/{self.pod_name}"
+
+    @property
+    def trainjob_key(self) -> tuple[str, str]:
+        """``(namespace, trainjob)``: the object whose status this target writes."""
+        return (self.namespace, self.trainjob)

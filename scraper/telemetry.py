@@ -1,0 +1,138 @@
+"""The scraper's own HTTP server: ``/metrics``, ``/healthz``, ``/readyz``.
+
+Per-TrainJob series are produced at collection time from the current
+:class:`JobView` map, so a TrainJob (or target) that goes away takes its
+series with it.  Operational series are ordinary prometheus-client metrics in
+a registry private to one :class:`Telemetry` (several scrapers can share a
+process in tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter_lib.status import TrainerStatus
+
+
+@dataclass
+class JobView:
+    """What /metrics shows for one TrainJob: its last status and whether its target is up."""
+
+    namespace: str
+    trainjob: str
+    pod: str
+    status: TrainerStatus | None = None
+    up: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class _JobCollector(Collector):
+    def __init__(self, views: Callable[[], Iterable[JobView]]) -> None:
+        self._views = views
+
+    def collect(self) -> Iterable[Metric]:
+        labels = ["namespace", "trainjob"]
+        progress = GaugeMetricFamily("trainjob_progress_ratio",
+                                     "Training progress, 0..1, as last scraped", labels=labels)
+        remaining = GaugeMetricFamily("trainjob_estimated_remaining_seconds",
+                                      "Estimated seconds until training ends", labels=labels)
+        updated = GaugeMetricFamily("trainjob_last_update_timestamp_seconds",
+                                    "When the job last reported (Unix seconds)", labels=labels)
+        metric = GaugeMetricFamily("trainjob_metric", "Numeric training metrics by name",
+                                   labels=[*labels, "name"])
+        up = GaugeMetricFamily("trainjob_scraper_target_up",
+                               "1 if the last scrape of the job's exporter succeeded",
+                               labels=[*labels, "pod"])
+        for view in self._views():
+            key = [view.namespace, view.trainjob]
+            up.add_metric([*key, view.pod], 1.0 if view.up else 0.0)
+            status = view.status
+            if status is None:
+                continue
+            if status.progress_percentage is not None:
+                progress.add_metric(key, status.progress_percentage / 100.0)
+            if status.estimated_remaining_seconds is not None:
+                remaining.add_metric(key, float(status.estimated_remaining_seconds))
+            updated.add_metric(key, status.last_updated_time.timestamp())
+            for name, value in status.metrics_dict().items():
+                try:
+                    number = float(value)
+                except ValueError:
+                    continue  # non-numeric metrics have no Prometheus value
+                metric.add_metric([*key, name], number)
+        yield from (progress, remaining, updated, metric, up)
+
+
+class Telemetry:
+    """Operational metrics plus the HTTP server.
+
+    Args:
+        views: returns the current per-TrainJob views (called on every /metrics).
+    """
+
+    def __init__(self, views: Callable[[], Iterable[JobView]]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.scrape_duration = Histogram(
+            "trainjob_scraper_scrape_duration_seconds", "Duration of one exporter scrape",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
+        self.scrapes = Counter("trainjob_scraper_scrapes_total",
+                               "Exporter scrapes by result", ["result"], registry=r)
+        self.writes = Counter("trainjob_scraper_status_writes_total",
+                              "Status write decisions by result", ["result"], registry=r)
+        self.targets = Gauge("trainjob_scraper_targets", "Targets being scraped", registry=r)
+        self.watch_restarts = Counter("trainjob_scraper_watch_restarts_total",
+                                      "Times the pod watch started over", ["reason"], registry=r)
+        self.leader = Gauge("trainjob_scraper_leader", "1 while this replica leads",
+                            registry=r)
+        r.register(_JobCollector(views))
+        self.ready = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of everything."""
+        return generate_latest(self.registry)
+
+    async def start(self, host: str, port: int) -> int:
+        """Serve on ``host:port`` (0: any free port); return the bound port."""
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        server: Any = site._server  # aiohttp exposes no public accessor for the bound port
+        sockets = server.sockets if server is not None else []
+        self.port = int(sockets[0].getsockname()[1]) if sockets else port
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop serving."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = self.render()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if self.ready.is_set():
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="waiting for the first pod list\n")
+
