@@ -34,7 +34,14 @@ from exporter_lib.files import (
     StatusFileWriter,
     write_termination_message,
 )
-from exporter_lib.push import ENV_SERVER_URL, ENV_TOKEN_PATH, PushEndpoint, TokenFile, status_path
+from exporter_lib.push import (
+    ENV_SERVER_URL,
+    ENV_TOKEN_PATH,
+    PushEndpoint,
+    Replaceable,
+    TokenFile,
+    status_path,
+)
 from exporter_lib.ranks import is_reporting_process
 from exporter_lib.server import ServerThread
 from exporter_lib.state import State
@@ -73,7 +80,7 @@ class Exporter:
     serving: another rank, or the port was taken); ``serving`` says which.
     """
 
-    def __init__(self, source: StatusSource, state: State | _NoState, *, host: str, port: int,
+    def __init__(self, source: StatusSource, state: Replaceable, *, host: str, port: int,
                  status_file: str | None, termination_message_path: str | None,
                  serve: bool) -> None:
         self.source = source

@@ -70,8 +70,10 @@ class StatusCollector(Collector):
             "trainjob_exporter_rejected_values",
             "Reported values dropped or clamped for breaking a Trainer API limit.",
             labels=["field"])
-        for field in ("progressPercentage", "estimatedRemainingSeconds", "metrics"):
-            rejected.add_metric([field], self._source.rejected.get(field, 0))
+        counts = dict(self._source.rejected)
+        fields = {"progressPercentage", "estimatedRemainingSeconds", "metrics", *counts}
+        for field in sorted(fields):
+            rejected.add_metric([field], counts.get(field, 0))
         yield updates
         yield rejected
         if status is None:
