@@ -1,0 +1,59 @@
+"""``trainjob-scraper demo`` (see :mod:`scraper.demo.runner`).
+
+Registering the subcommand imports nothing heavy: the demo's own needs (rich,
+numpy) are in the ``demo`` extra, which a deployed scraper does not install.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _handler(args: argparse.Namespace) -> int:
+    from scraper.demo import runner
+
+    return runner.main(args)
+
+
+_DESCRIPTION = """\
+Run the whole path on this machine with live progress.
+
+Local mode (no --kubeconfig and no $KUBECONFIG): build or reuse the control plane
+binaries, start etcd and kube-apiserver, install the TrainJob CRD, create a TrainJob
+and its rank-0 trainer pod, run a real training process instrumented with
+exporter_lib, run the scraper, show TrainJob status.trainerStatus live, then the
+final status as kubectl reads it.
+
+Cluster mode (--kubeconfig or $KUBECONFIG): run the scraper against that cluster and
+show its TrainJobs live.
+"""
+
+
+def add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register the ``demo`` subcommand."""
+    parser = subparsers.add_parser(
+        "demo",
+        help="run the whole path locally (control plane, training, scraper) with live progress",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--framework", choices=("numpy", "transformers"), default="numpy",
+                        help="training code: a numpy network (default, seconds) or a tiny "
+                        "Hugging Face Transformers model (needs torch and transformers)")
+    parser.add_argument("--epochs", type=int, default=4,
+                        help="training epochs (default 4, about a minute on two cores)")
+    parser.add_argument("--interval", default="2s",
+                        help="scrape interval given to the scraper (default 2s)")
+    parser.add_argument("--kubeconfig", type=Path, default=None,
+                        help="run the scraper against this cluster instead of a local "
+                        "control plane (also taken from $KUBECONFIG)")
+    parser.add_argument("--namespace", default=None,
+                        help="cluster mode: only this namespace (default: all)")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="cluster mode: stop after this many seconds (default: Ctrl-C)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the work directory (logs, kubeconfig) after the demo")
+    parser.set_defaults(handler=_handler)
+
+

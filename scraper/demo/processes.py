@@ -1,0 +1,159 @@
+"""Child processes of the demo and the end-to-end tests: a training run and the scraper.
+
+Each runs as its own OS process, as in a cluster: the training process knows
+only its exporter port, the scraper only a kubeconfig.  Both are started in
+their own session so that :meth:`Child.stop` ends the whole process group, and
+both write their output to a log file whose tail goes into errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Child:
+    """A child process with its log file.  ``stop()`` is idempotent."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the log (empty when there is none)."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def wait(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds; return the exit code.
+
+        Raises:
+            subprocess.TimeoutExpired: still running after ``timeout``.
+        """
+        return self.process.wait(timeout=timeout)
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        """SIGTERM the process group, SIGKILL it after ``grace`` seconds; return the exit code."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=grace)
+        return self.process.returncode
+
+
+def spawn(name: str, argv: Sequence[str], log_path: Path,
+          env: Mapping[str, str] | None = None) -> Child:
+    """Start ``argv`` in its own session with stdout and stderr to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})}, start_new_session=True,
+        )
+    return Child(name, process, log_path)
+
+
+def start_training(workdir: Path, *, port: int, framework: str = "numpy",
+                   args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Child:
+    """Start a demo training process whose exporter serves ``127.0.0.1:port``.
+
+    ``framework`` is ``numpy`` (:mod:`scraper.demo.train_numpy`) or ``transformers``
+    (:mod:`scraper.demo.train_transformers`, needs torch and transformers).  The
+    process writes its final status to ``workdir/termination-log`` (the
+    container's termination message) and its logged metrics to
+    ``workdir/training-log.jsonl``; ``extra`` of the returned child names both.
+
+    Raises:
+        ValueError: unknown ``framework``.
+    """
+    modules = {"numpy": "scraper.demo.train_numpy",
+               "transformers": "scraper.demo.train_transformers"}
+    if framework not in modules:
+        raise ValueError(f"framework={framework!r}: must be one of {sorted(modules)}")
+    termination = workdir / "termination-log"
+    metrics_log = workdir / "training-log.jsonl"
+    termination.unlink(missing_ok=True)
+    metrics_log.unlink(missing_ok=True)
+    child = spawn(
+        f"training ({framework})",
+        [sys.executable, "-m", modules[framework], "--log-file", str(metrics_log), *args],
+        workdir / "training.log",
+        env={
+            "TRAINJOB_EXPORTER_PORT": str(port),
+            "TRAINJOB_EXPORTER_HOST": "127.0.0.1",
+            "TRAINJOB_EXPORTER_TERMINATION_MESSAGE_PATH": str(termination),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        },
+    )
+    child.extra.update(termination_log=termination, metrics_log=metrics_log, port=port)
+    return child
+
+
+def start_scraper(workdir: Path, *, kubeconfig: Path | str | None, port: int,
+                  options: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                  name: str = "scraper") -> Child:
+    """Start ``trainjob-scraper run`` serving its own /metrics on ``127.0.0.1:port``.
+
+    ``options`` are extra command-line flags (``--interval 1s``, ``--namespaces x``).
+    ``extra["metrics_url"]`` of the returned child is its /metrics URL.
+    """
+    argv = [sys.executable, "-m", "scraper", "run", "--listen-host", "127.0.0.1",
+            "--listen-port", str(port), *options]
+    if kubeconfig is not None:
+        argv += ["--kubeconfig", str(kubeconfig)]
+    child = spawn(name, argv, workdir / f"{name}.log", env={"PYTHONUNBUFFERED": "1", **(env or {})})
+    child.extra["metrics_url"] = f"http://127.0.0.1:{port}/metrics"
+    child.extra["base_url"] = f"http://127.0.0.1:{port}"
+    return child
+
+
+def wait_http_ok(url: str, child: Child, timeout: float = 60.0) -> None:
+    """Poll ``url`` until it answers 200, while ``child`` runs.
+
+    Raises:
+        RuntimeError: ``child`` exited, or no 200 within ``timeout`` seconds
+            (the message holds the tail of the child's log).
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not child.running():
+            raise RuntimeError(f"{child.name} exited with code {child.process.returncode}:\n"
+                               f"{child.log_tail()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {timeout:.0f}s; {child.name} log:\n"
+                       f"{child.log_tail()}")
