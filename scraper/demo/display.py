@@ -47,7 +47,8 @@ def summary_line(name: str, status: TrainerStatus | None) -> str:
         return f"{name}: no trainerStatus yet"
     metrics = status.metrics_dict()
     shown = " ".join(f"{k}={metrics[k]}" for k in SHOWN_METRICS if k in metrics)
-    return (f"{name}: {status.progress_percentage if status.progress_percentage is not None else '-'}%"
+    percent = status.progress_percentage
+    return (f"{name}: {percent if percent is not None else '-'}%"
             f" eta {format_eta(status.estimated_remaining_seconds)} {shown}".rstrip())
 
 
@@ -67,8 +68,8 @@ def render(trainjobs: list[dict[str, Any]], *, now: datetime | None = None) -> T
         meta = trainjob.get("metadata", {})
         status = trainer_status(trainjob)
         if status is None:
-            table.add_row(meta.get("namespace", ""), meta.get("name", ""), "waiting for the scraper",
-                          "-", *["-"] * len(SHOWN_METRICS), "-")
+            table.add_row(meta.get("namespace", ""), meta.get("name", ""),
+                          "waiting for the scraper", "-", *["-"] * len(SHOWN_METRICS), "-")
             continue
         percent = status.progress_percentage
         bar = Table.grid(padding=(0, 1))

@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -35,7 +36,7 @@ class Child:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
-    extra: dict[str, object] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def log_tail(self, lines: int = 30) -> str:
         """The last ``lines`` lines of the log (empty when there is none)."""

@@ -69,11 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         def __getitem__(self, i: int) -> dict[str, Any]:
             return {"input_ids": self.rows[i], "labels": self.rows[i]}
 
-    class LogToFile(TrainerCallback):  # type: ignore[misc]
-        def on_log(self, _args: Any, state: Any, _control: Any, logs: Any = None,
-                   **_: Any) -> None:
-            if args.log_file is not None and logs:
-                with args.log_file.open("a") as out:
+    log_file = args.log_file
+
+    class LogToFile(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
+                   **kwargs: Any) -> None:
+            if log_file is not None and logs:
+                with log_file.open("a") as out:
                     out.write(json.dumps({"step": state.global_step, **logs}) + "\n")
 
     callbacks: list[Any] = [LogToFile()]
@@ -113,11 +115,11 @@ def _sdk_callback(base: type) -> Any:
     """A TrainerCallback that reports with the Kubeflow SDK's push client."""
     from kubeflow.trainer.backends.kubernetes.utils import update_trainjob_status
 
-    class SdkReporter(base):  # type: ignore[misc, valid-type]
-        last_metrics: dict[str, float] = {}
+    class SdkReporter(base):  # type: ignore[misc]
+        last_metrics: dict[str, float | int | str] = {}
 
-        def on_log(self, _args: Any, state: Any, _control: Any, logs: Any = None,
-                   **_: Any) -> None:
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
+                   **kwargs: Any) -> None:
             total = state.max_steps or 1
             numeric = {k: v for k, v in (logs or {}).items()
                        if isinstance(v, int | float) and k in {"loss", "eval_loss"}}
@@ -127,7 +129,7 @@ def _sdk_callback(base: type) -> Any:
                 metrics=self.last_metrics or None,
             )
 
-        def on_train_end(self, _args: Any, state: Any, _control: Any, **_: Any) -> None:
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             # The SDK drops calls within 5 s of the last one (its throttle); the final
             # update must not be dropped, so try again until it is sent (bounded).
             deadline = time.monotonic() + 10.0
