@@ -1,0 +1,299 @@
+"""The trainjob-scraper chart: lint, render with default and non-default values, schema.
+
+These tests need only the pinned helm binary (no API server).  What the API server
+says about the rendered objects is in test_chart_apiserver.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart_helpers import (
+    CHART,
+    CUSTOM,
+    FULLNAME,
+    MONITORING,
+    NAMESPACED,
+    RELEASE,
+    RELEASE_NAMESPACE,
+    VARIANTS,
+    Helm,
+    Rendered,
+)
+
+from scraper.config import DEFAULT_SELECTOR, load_settings
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_helm_lint_strict_passes(helm: Helm, variant: str) -> None:
+    result = helm.lint(VARIANTS[variant])
+    assert result.ok, f"helm lint --strict ({variant}):\n{result.stdout}\n{result.stderr}"
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_default_render_has_exactly_the_expected_objects(helm: Helm) -> None:
+    rendered = helm.template()
+    assert rendered.kinds() == sorted([
+        "ServiceAccount", "ConfigMap", "ConfigMap", "Service", "Deployment",
+        "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "PodDisruptionBudget",
+    ])
+    for obj in rendered.objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "trainjob-scraper"
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+            assert obj["metadata"]["namespace"] == RELEASE_NAMESPACE, obj["kind"]
+
+
+def _container(rendered: Rendered) -> dict[str, Any]:
+    deployment = rendered.one("Deployment")
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+def test_deployment_is_hardened_with_probes_and_resources(helm: Helm) -> None:
+    rendered = helm.template()
+    deployment = rendered.one("Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 2
+    assert pod["serviceAccountName"] == FULLNAME
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+    container = _container(rendered)
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["privileged"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+
+    assert container["image"] == "trainjob-scraper:0.1.0"  # appVersion
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["resources"]["requests"] == {"cpu": "100m", "memory": "128Mi"}
+    assert container["resources"]["limits"]["memory"] == "256Mi"
+    assert container["args"] == ["run", "--config=/etc/trainjob-scraper/config.yaml"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/etc/trainjob-scraper"]["readOnly"] is True
+    assert "/tmp" in mounts  # scratch space despite the read-only root filesystem
+    identity = [e for e in container["env"] if e["name"] == "TRAINJOB_SCRAPER_IDENTITY"]
+    assert identity[0]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def _settings_from(rendered: Rendered, tmp_path: Path) -> Any:
+    config_map = rendered.one("ConfigMap", FULLNAME)
+    path = tmp_path / "config.yaml"
+    path.write_text(config_map["data"]["config.yaml"])
+    return load_settings(config_file=path)
+
+
+def test_default_config_is_accepted_by_the_scraper(helm: Helm, tmp_path: Path) -> None:
+    settings = _settings_from(helm.template(), tmp_path)
+    assert settings.namespaces == []
+    assert settings.selector == DEFAULT_SELECTOR
+    assert settings.interval == 30.0
+    assert settings.scrape_timeout == 10.0
+    assert settings.listen_port == 8080
+    assert settings.leader_election is True
+    assert settings.lease_name == FULLNAME
+    assert settings.lease_namespace == RELEASE_NAMESPACE
+    assert (settings.retry_period, settings.renew_deadline, settings.lease_duration) == (
+        2.0, 10.0, 15.0)
+
+
+def test_custom_config_reaches_the_scraper(helm: Helm, tmp_path: Path) -> None:
+    rendered = helm.template(CUSTOM)
+    settings = _settings_from(rendered, tmp_path)
+    assert settings.interval == 15.0
+    assert settings.scrape_timeout == 3.0
+    assert settings.concurrency == 64
+    assert settings.default_port == 9400
+    assert settings.selector == "app=trainer"
+    assert settings.log_level == "DEBUG"
+    assert settings.max_body_bytes == 4194304
+    assert settings.write_qps == 2.5
+    assert settings.listen_port == 9090
+    assert settings.leader_election is False
+
+    container = _container(rendered)
+    assert container["image"] == "registry.example/ml/trainjob-scraper@sha256:" + "ab" * 32
+    assert container["args"][-1] == "--resync-interval=1m"
+    assert container["ports"][0]["containerPort"] == 9090
+    service = rendered.one("Service")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 80, "targetPort": "metrics", "protocol": "TCP"}]
+    assert rendered.one("Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == (
+        "preexisting")
+    assert not rendered.of_kind("ServiceAccount")
+    # no leader election: no Lease role
+    assert not [r for r in rendered.of_kind("Role") if "leader" in r["metadata"]["name"]]
+    assert rendered.one("PodDisruptionBudget")["spec"] == {
+        "minAvailable": 1, "selector": {"matchLabels": {
+            "app.kubernetes.io/name": "trainjob-scraper",
+            "app.kubernetes.io/instance": RELEASE}}}
+    pod_monitor = rendered.one("PodMonitor")
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert not rendered.of_kind("ServiceMonitor")
+
+
+def test_config_change_rolls_the_pods(helm: Helm) -> None:
+    def checksum(values: dict[str, Any]) -> str:
+        deployment = helm.template(values).one("Deployment")
+        annotation: str = deployment["spec"]["template"]["metadata"]["annotations"][
+            "checksum/config"]
+        return annotation
+
+    assert checksum({}) != checksum({"config": {"interval": "10s"}})
+
+
+def _rules(role: dict[str, Any]) -> set[tuple[str, str, str, tuple[str, ...]]]:
+    """(apiGroup, resource, verb, resourceNames) for every grant of a role."""
+    out = set()
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    out.add((group, resource, verb, tuple(rule.get("resourceNames", ()))))
+    return out
+
+
+#: Exactly the calls the scraper makes in a watched scope (see scraper/discovery.py and
+#: scraper/reconcile.py); any added verb must be justified here too.
+SCOPE_GRANTS = {
+    ("", "pods", "list", ()),
+    ("", "pods", "watch", ()),
+    ("trainer.kubeflow.org", "trainjobs", "get", ()),
+    ("trainer.kubeflow.org", "trainjobs", "list", ()),
+    ("trainer.kubeflow.org", "trainjobs/status", "patch", ()),
+    ("", "events", "create", ()),
+    ("", "events", "get", ()),
+    ("", "events", "patch", ()),
+}
+CRD_GRANT = {("apiextensions.k8s.io", "customresourcedefinitions", "get",
+              ("trainjobs.trainer.kubeflow.org",))}
+
+
+def test_cluster_rbac_grants_exactly_what_the_scraper_uses(helm: Helm) -> None:
+    rendered = helm.template()
+    assert _rules(rendered.one("ClusterRole")) == SCOPE_GRANTS | CRD_GRANT
+    binding = rendered.one("ClusterRoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                  "kind": "ClusterRole", "name": FULLNAME}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME,
+                                    "namespace": RELEASE_NAMESPACE}]
+    lease_role = rendered.one("Role", f"{FULLNAME}-leader-election")
+    assert lease_role["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert _rules(lease_role) == {
+        ("coordination.k8s.io", "leases", "create", ()),
+        ("coordination.k8s.io", "leases", "get", (FULLNAME,)),
+        ("coordination.k8s.io", "leases", "update", (FULLNAME,)),
+    }
+
+
+def test_namespace_list_gives_roles_per_namespace_and_no_cluster_scope(helm: Helm) -> None:
+    rendered = helm.template(NAMESPACED)
+    roles = {r["metadata"]["namespace"]: r for r in rendered.of_kind("Role")
+             if r["metadata"]["name"] == FULLNAME}
+    assert sorted(roles) == ["team-a", "team-b"]
+    for role in roles.values():
+        assert _rules(role) == SCOPE_GRANTS
+    bindings = {b["metadata"]["namespace"] for b in rendered.of_kind("RoleBinding")
+                if b["metadata"]["name"] == FULLNAME}
+    assert bindings == {"team-a", "team-b"}
+    # The only cluster-scoped grant left is reading the one CRD.
+    (cluster_role,) = rendered.of_kind("ClusterRole")
+    assert _rules(cluster_role) == CRD_GRANT
+
+
+def test_monitoring_values_render_servicemonitor_networkpolicy_dashboard(helm: Helm) -> None:
+    rendered = helm.template(MONITORING)
+    monitor = rendered.one("ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
+    service = rendered.one("Service")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+
+    policy = rendered.one("NetworkPolicy")["spec"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    api_rule, exporter_rule = policy["egress"]
+    assert api_rule == {"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}},
+                               {"ipBlock": {"cidr": "192.168.10.0/24"}}],
+                        "ports": [{"port": 6443, "protocol": "TCP"}]}
+    assert exporter_rule == {"to": [{"namespaceSelector": {}}],
+                             "ports": [{"port": 28080, "protocol": "TCP"},
+                                       {"port": 9400, "protocol": "TCP"}]}
+    assert policy["ingress"] == [{"ports": [{"port": "metrics", "protocol": "TCP"}],
+                                  "from": MONITORING["networkPolicy"]["metricsIngress"]["from"]}]
+
+    dashboard = rendered.one("ConfigMap", f"{FULLNAME}-dashboard")
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    assert dashboard["metadata"]["annotations"] == {"grafana_folder": "Training"}
+
+
+def test_networkpolicy_limits_exporter_egress_to_the_watched_namespaces(helm: Helm) -> None:
+    values = {**NAMESPACED, "networkPolicy": MONITORING["networkPolicy"]}
+    policy = helm.template(values).one("NetworkPolicy")["spec"]
+    assert policy["egress"][1]["to"] == [{"namespaceSelector": {"matchExpressions": [{
+        "key": "kubernetes.io/metadata.name", "operator": "In",
+        "values": ["team-a", "team-b"]}]}}]
+
+
+def test_dashboard_configmap_ships_the_repository_json(helm: Helm) -> None:
+    config_map = helm.template().one("ConfigMap", f"{FULLNAME}-dashboard")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads(config_map["data"]["trainjob-progress.json"])
+    assert shipped == json.loads((CHART / "dashboards" / "trainjob-progress.json").read_text())
+    assert not helm.template({"dashboard": {"enabled": False}}).of_kind("ConfigMap")[1:]
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        pytest.param({"replicaCount": "two"}, ["/replicaCount", "want integer"], id="type"),
+        pytest.param({"replicaCount": 0}, ["/replicaCount", "minimum"], id="minimum"),
+        pytest.param({"config": {"interval": "soon"}}, ["/config/interval", "'soon'"],
+                     id="duration"),
+        pytest.param({"config": {"namespaces": ["Team_A"]}}, ["/config/namespaces/0", "Team_A"],
+                     id="namespace-name"),
+        pytest.param({"config": {"intervall": "15s"}}, ["'intervall' not allowed"], id="typo"),
+        pytest.param({"replicaCount": 3, "leaderElection": {"enabled": False}},
+                     ["/leaderElection/enabled", "must be true"],
+                     id="replicas-need-leader-election"),
+        pytest.param({"networkPolicy": {"enabled": True}},
+                     ["/networkPolicy/apiServer/cidrs", "minItems"],
+                     id="networkpolicy-needs-cidrs"),
+        pytest.param({"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+                     ["/podMonitor/enabled", "must be false"], id="one-monitor"),
+        pytest.param({"image": {"pullPolicy": "Sometimes"}},
+                     ["/image/pullPolicy", "must be one of"], id="enum"),
+    ],
+)
+def test_bad_values_are_rejected_by_the_schema(
+    helm: Helm, values: dict[str, Any], expected: list[str]
+) -> None:
+    result = helm.template_result(values)
+    assert not result.ok, f"helm accepted {values}"
+    assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
+    for word in expected:
+        assert word in result.stderr, f"{word!r} not in:\n{result.stderr}"
+
+
+def test_chart_metadata() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["name"] == "trainjob-scraper"
+    assert chart["apiVersion"] == "v2"
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    # every top-level value is described by the schema (additionalProperties is false)
+    assert schema["additionalProperties"] is False
+    assert set(values) <= set(schema["properties"])
