@@ -1,0 +1,127 @@
+"""Child processes that never outlive the Python process that started them.
+
+Each child runs in its own session (process group), so stopping it also stops
+anything it forked.  Every live child is registered; an ``atexit`` hook and
+SIGTERM/SIGINT handlers kill the registered groups, so a failed, interrupted or
+terminated test run leaves no etcd or kube-apiserver behind.  On Linux the
+child additionally gets ``PR_SET_PDEATHSIG`` when started from the main thread,
+which covers even SIGKILL of the parent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+#: How long a child gets to exit after SIGTERM before SIGKILL (seconds).
+TERMINATE_GRACE_SECONDS = 5.0
+
+_PR_SET_PDEATHSIG = 1
+_live: dict[int, subprocess.Popen[bytes]] = {}
+_lock = threading.Lock()
+_handlers_installed = False
+_previous_handlers: dict[int, Any] = {}
+
+
+def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def spawn(args: Sequence[str], log_path: Path, *, env: dict[str, str] | None = None
+          ) -> subprocess.Popen[bytes]:
+    """Start ``args`` in a new session with stdout and stderr appended to ``log_path``.
+
+    Raises:
+        OSError: the executable cannot be started.
+    """
+    _install_handlers()
+    # PDEATHSIG fires when the parent *thread* exits, so only use it from the
+    # main thread, whose end is the end of the process.
+    preexec = (_pdeathsig if sys.platform.startswith("linux")
+               and threading.current_thread() is threading.main_thread() else None)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            list(args),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=preexec,
+            env=env,
+        )
+    with _lock:
+        _live[proc.pid] = proc
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = TERMINATE_GRACE_SECONDS) -> None:
+    """SIGTERM the process group of ``proc``, SIGKILL it after ``grace`` seconds.
+
+    Safe to call twice and on a process that already exited.
+    """
+    with _lock:
+        _live.pop(proc.pid, None)
+    _signal_group(proc, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+    # Kill the whole group even when the leader exited: a forked helper may remain.
+    _signal_group(proc, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    # The child is a session leader, so its pid is its process group id.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def kill_all() -> None:
+    """SIGKILL every registered process group at once (exit path: no grace)."""
+    with _lock:
+        procs = list(_live.values())
+        _live.clear()
+    for proc in procs:
+        _signal_group(proc, signal.SIGKILL)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=TERMINATE_GRACE_SECONDS)
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    kill_all()
+    previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        # e.g. Python's default SIGINT handler raising KeyboardInterrupt.
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _install_handlers() -> None:
+    global _handlers_installed
+    if _handlers_installed:
+        return
+    _handlers_installed = True
+    atexit.register(kill_all)
+    # signal.signal only works in the main thread; elsewhere atexit must do.
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(signum)
+        if previous == signal.SIG_IGN:
+            continue
+        _previous_handlers[signum] = previous
+        signal.signal(signum, _on_signal)

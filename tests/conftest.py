@@ -1,0 +1,110 @@
+"""Shared fixtures: a real local Kubernetes control plane and TrainJob CRDs.
+
+The control plane (etcd + kube-apiserver built from the Go modules under
+``tools/controlplane/``) starts once per session.  A test that needs it fails,
+with the reason, when it cannot start: it is never skipped.  The first run
+builds the binaries, which takes many minutes (progress is shown live).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from scraper.devcluster import objects
+from scraper.devcluster.assets import AssetsError
+from scraper.devcluster.controlplane import ControlPlane, ControlPlaneError
+from scraper.devcluster.crds import CrdError, install_trainjob_crds
+
+
+@pytest.fixture(scope="session")
+def control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
+    """The session's running :class:`ControlPlane` (admin kubeconfig, tokens, kubectl)."""
+    plane = ControlPlane()
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    # Show the (possibly long) first build's progress live instead of capturing it.
+    live = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+    try:
+        with live:
+            plane.start()
+    except (AssetsError, ControlPlaneError, OSError) as exc:
+        plane.stop()
+        pytest.fail(f"local control plane could not start: {exc}", pytrace=False)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def kube_api(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
+    """An admin ApiClient for the session's control plane."""
+    api = control_plane.api_client()
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture(scope="session")
+def trainjob_crd(kube_api: client.ApiClient) -> None:
+    """The current TrainJob CRD (with status.trainerStatus) and the JobSet CRD, installed."""
+    try:
+        install_trainjob_crds(kube_api)
+    except CrdError as exc:
+        pytest.fail(f"TrainJob CRDs could not be installed: {exc}", pytrace=False)
+
+
+@pytest.fixture
+def legacy_trainjob_crd(kube_api: client.ApiClient, trainjob_crd: None) -> Iterator[None]:
+    """The TrainJob CRD of Trainer releases without trainerStatus, for this test only.
+
+    The current CRD is restored afterwards, also when the test fails.
+    """
+    try:
+        install_trainjob_crds(kube_api, legacy=True)
+        yield
+    finally:
+        install_trainjob_crds(kube_api, legacy=False)
+
+
+def _namespace_name(test_name: str) -> str:
+    base = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:40].rstrip("-")
+    return f"t-{base}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture
+def namespace(kube_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for this test; its pods, Jobs and TrainJobs are deleted after.
+
+    The namespace itself is left in place: without a namespace controller its
+    deletion would never finish.
+    """
+    name = _namespace_name(request.node.name)
+    core = client.CoreV1Api(kube_api)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=name, labels={"trainjob-progress.dev/test": "true"})))
+    try:
+        yield name
+    finally:
+        _empty_namespace(kube_api, name)
+
+
+def _empty_namespace(kube_api: client.ApiClient, name: str) -> None:
+    # Best effort: a broken control plane must not hide the test's own failure.
+    with contextlib.suppress(client.ApiException, OSError):
+        custom = client.CustomObjectsApi(kube_api)
+        trainjobs: dict[str, Any] = {"items": []}
+        with contextlib.suppress(client.ApiException):
+            trainjobs = custom.list_namespaced_custom_object(
+                "trainer.kubeflow.org", "v1alpha1", name, "trainjobs")
+        for item in trainjobs["items"]:
+            objects.delete_trainjob(kube_api, name, item["metadata"]["name"])
+        for pod in client.CoreV1Api(kube_api).list_namespaced_pod(name).items:
+            objects.delete_pod(kube_api, name, pod.metadata.name)
