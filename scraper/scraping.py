@@ -180,7 +180,7 @@ def parse_text(body: bytes, etag: str | None = None) -> ScrapeResult:
     metrics: dict[str, str] = {}
     for family in families:
         for sample in family.samples:
-            name, labels, value = sample.name, sample.labels, sample.value
+            name, labels, value = sample.name, sample.labels, float(sample.value)
             if name == "trainjob_progress_ratio":
                 progress = value
             elif name == "trainjob_estimated_remaining_seconds":
@@ -209,6 +209,7 @@ def parse_text(body: bytes, etag: str | None = None) -> ScrapeResult:
 
 def _number_text(value: float) -> str:
     """Whole floats as integers (``3.0`` -> ``3``), others as the shortest repr."""
+    value = float(value)  # the parser gives ints for integral text
     if value.is_integer() and abs(value) < 1e15:
         return str(int(value))
     return metric_value_text(value)

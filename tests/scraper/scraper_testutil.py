@@ -1,0 +1,301 @@
+"""Helpers for the scraper tests: a scriptable exporter and scraper subprocesses.
+
+The scraper always runs as a real ``python -m scraper run`` process against the
+session's control plane, so signals, leader election and the HTTP endpoints are
+exercised as deployed.  Exporters listen on 127.0.0.1; trainer pods carry that
+IP and the exporter's port (the devcluster has no kubelet or pod network).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import urllib3
+from aiohttp import web
+from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter_lib.status import TrainerStatus
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
+             period: float = 0.2) -> Any:
+    """Poll ``predicate`` until it returns a truthy value; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # keep polling: the object may not exist yet
+            last_exc = exc
+        time.sleep(period)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}"
+                         + (f" (last error: {last_exc})" if last_exc else ""))
+
+
+def status_json(progress: int, *, remaining: int | None = None, loss: str = "0.5",
+                at: int = 1_700_000_000) -> dict[str, Any]:
+    """A valid exporter JSON body (camelCase)."""
+    body: dict[str, Any] = {
+        "progressPercentage": progress,
+        "metrics": [{"name": "loss", "value": loss}],
+        "lastUpdatedTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)),
+    }
+    if remaining is not None:
+        body["estimatedRemainingSeconds"] = remaining
+    return body
+
+
+# ---------------------------------------------------------------- fake exporter
+
+
+@dataclass
+class FakeExporter:
+    """An exporter whose behaviour a test sets: ``mode`` and ``body``.
+
+    Modes: ``json`` (body as JSON, ETag/304 like the real exporter), ``text``
+    (``body`` is Prometheus text), ``garbage`` (``body`` sent as JSON as is),
+    ``huge`` (a body of ``huge_bytes``), ``slow`` (answers after ``delay`` s),
+    ``redirect`` (302 to ``/elsewhere``), ``empty`` (204).
+    """
+
+    mode: str = "json"
+    body: Any = None
+    huge_bytes: int = 4 << 20
+    delay: float = 30.0
+    requests: int = 0
+    elsewhere_hits: int = 0
+    not_modified: int = 0
+    port: int = 0
+    _loop: asyncio.AbstractEventLoop | None = None
+    _runner: web.AppRunner | None = None
+    _thread: threading.Thread | None = None
+    _stopped: asyncio.Event | None = field(default=None)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        mode, body = self.mode, self.body
+        if mode == "empty":
+            return web.Response(status=204)
+        if mode == "redirect":
+            raise web.HTTPFound("/elsewhere")
+        if mode == "slow":
+            await asyncio.sleep(self.delay)
+            return web.json_response(body)
+        if mode == "huge":
+            return web.Response(body=b"{" + b" " * self.huge_bytes + b"}",
+                                content_type="application/json")
+        if mode == "garbage":
+            return web.Response(body=body if isinstance(body, bytes) else json.dumps(body),
+                                content_type="application/json")
+        if mode == "text":
+            return web.Response(text=body, content_type="text/plain")
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        etag = f'"{abs(hash(payload))}-json"'
+        if request.headers.get("If-None-Match") == etag:
+            self.not_modified += 1
+            return web.Response(status=304, headers={"ETag": etag})
+        return web.Response(body=payload, content_type="application/json",
+                            headers={"ETag": etag})
+
+    async def _elsewhere(self, request: web.Request) -> web.Response:
+        self.elsewhere_hits += 1
+        return web.json_response(status_json(99))
+
+    def start(self) -> FakeExporter:
+        ready = threading.Event()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            app = web.Application()
+            app.router.add_get("/metrics", self._handle)
+            app.router.add_get("/elsewhere", self._elsewhere)
+            self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+            loop.run_until_complete(self._runner.setup())
+            self.port = free_port()
+            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+            loop.run_until_complete(site.start())
+            self._stopped = asyncio.Event()
+            ready.set()
+            loop.run_until_complete(self._stopped.wait())
+            loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=serve, daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        """Stop listening: connections to the port are then refused."""
+        if self._loop is not None and self._stopped is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._stopped.set)
+            self._thread.join(10)
+            self._loop = None
+
+
+@pytest.fixture
+def exporter_factory() -> Iterator[Callable[..., FakeExporter]]:
+    started: list[FakeExporter] = []
+
+    def make(**kwargs: Any) -> FakeExporter:
+        exp = FakeExporter(**kwargs).start()
+        started.append(exp)
+        return exp
+
+    yield make
+    for exp in started:
+        exp.stop()
+
+
+# ---------------------------------------------------------------- scraper process
+
+
+class ScraperProcess:
+    """A ``python -m scraper run`` child process with its own /metrics port and log."""
+
+    def __init__(self, kubeconfig: Path, args: list[str], log_path: Path,
+                 env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        cmd = [sys.executable, "-m", "scraper", "run", f"--kubeconfig={kubeconfig}",
+               f"--listen-port={self.port}", "--listen-host=127.0.0.1", "--log-level=DEBUG",
+               *args]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+        self._http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=1, read=5),
+                                         retries=False)
+
+    def get(self, path: str) -> tuple[int, str]:
+        resp = self._http.request("GET", f"http://127.0.0.1:{self.port}{path}")
+        return resp.status, resp.data.decode()
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"scraper exited with {self.proc.returncode}:\n{self.log()}")
+            return self.get("/readyz")[0] == 200
+
+        wait_for(ready, timeout, "scraper /readyz")
+
+    def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        """Every sample of the scraper's /metrics as ``{(name, labels): value}``."""
+        status, text = self.get("/metrics")
+        assert status == 200
+        out = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out[(sample.name, frozenset(sample.labels.items()))] = sample.value
+        return out
+
+    def value(self, metric: str, /, **labels: str) -> float:
+        """One sample's value (0 when absent)."""
+        return self.metrics().get((metric, frozenset(labels.items())), 0.0)
+
+    def series(self, name: str) -> list[dict[str, str]]:
+        """The label sets of every sample named ``name``."""
+        return [dict(labels) for (n, labels) in self.metrics() if n == name]
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def terminate(self, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def scraper_factory(control_plane: Any, tmp_path: Path,
+                    request: pytest.FixtureRequest) -> Iterator[Callable[..., ScraperProcess]]:
+    """Start scrapers: ``make(*args, kubeconfig=None, env=None)``; all stopped after the test."""
+    started: list[ScraperProcess] = []
+
+    def make(*args: str, kubeconfig: Path | None = None,
+             env: dict[str, str] | None = None, ready: bool = True) -> ScraperProcess:
+        proc = ScraperProcess(kubeconfig or control_plane.kubeconfig_path, list(args),
+                              tmp_path / f"scraper-{len(started)}.log", env)
+        started.append(proc)
+        if ready:
+            proc.wait_ready()
+        return proc
+
+    yield make
+    for proc in started:
+        with contextlib.suppress(Exception):
+            proc.terminate()
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        for proc in started:
+            sys.stderr.write(f"--- {proc.log_path}\n{proc.log()[-6000:]}\n")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    rep = yield
+    setattr(item, "rep_" + rep.when, rep)
+    return rep
+
+
+# ---------------------------------------------------------------- cluster reads
+
+
+def trainer_status(kube_api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    obj = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", name)
+    return (obj.get("status") or {}).get("trainerStatus")
+
+
+def resource_version(kube_api: client.ApiClient, namespace: str, name: str) -> str:
+    obj = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", name)
+    return str(obj["metadata"]["resourceVersion"])
+
+
+def events(kube_api: client.ApiClient, namespace: str, name: str) -> list[client.CoreV1Event]:
+    """Events recorded on TrainJob ``name``."""
+    return [e for e in client.CoreV1Api(kube_api).list_namespaced_event(namespace).items
+            if e.involved_object.kind == "TrainJob" and e.involved_object.name == name]
+
+
+def progress_of(kube_api: client.ApiClient, namespace: str, name: str) -> int | None:
+    status = trainer_status(kube_api, namespace, name)
+    return None if status is None else TrainerStatus.from_api(status).progress_percentage

@@ -1,0 +1,156 @@
+"""Scraper pieces that need no cluster: configuration, CLI, offsets, parsing, pod rules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from scraper_testutil import REPO
+
+from scraper.cli import SUBCOMMANDS, build_parser
+from scraper.config import DEFAULT_SELECTOR, ConfigError, load_settings, parse_duration
+from scraper.discovery import Final, Ignore, Scrape, Wait, classify
+from scraper.scheduling import first_run, offset_seconds
+from scraper.scraping import Failure, FailureKind, Fresh, NothingYet, parse_text
+
+
+def test_flags_env_file_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "scraper.yaml"
+    cfg.write_text("interval: 45s\nwrite-qps: 2\nnamespaces: [a, b]\n")
+    settings = load_settings({}, cfg)
+    assert (settings.interval, settings.write_qps, settings.namespaces) == (45.0, 2.0, ["a", "b"])
+    monkeypatch.setenv("TRAINJOB_SCRAPER_INTERVAL", "2m")
+    assert load_settings({}, cfg).interval == 120.0
+    assert load_settings({"interval": "5"}, cfg).interval == 5.0
+    assert load_settings({}).selector == DEFAULT_SELECTOR
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({"selector": "app in (a,b"}, "selector='app in (a,b': unbalanced parentheses"),
+        ({"selector": "app==x y"}, "selector='app==x y': bad requirement"),
+        ({"interval": "500ms"}, "interval='500ms': must be between 1s and 1h"),
+        ({"interval": "2h"}, "interval='2h': must be between 1s and 1h"),
+        ({"interval": "soon"}, "interval='soon': not a duration"),
+        ({"listen_port": "99999"}, "listen_port='99999'"),
+        ({"default_port": "0"}, "default_port='0'"),
+        ({"namespaces": "ok,Bad_NS"}, "'Bad_NS' is not a namespace name"),
+    ],
+)
+def test_bad_option_named_with_its_value(flags: dict[str, str], expected: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(flags)
+    assert expected in str(err.value)
+
+
+def test_bad_file_option(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("intervall: 3s\n")
+    with pytest.raises(ConfigError, match="unknown option 'intervall'"):
+        load_settings({}, cfg)
+
+
+def test_lease_timings_checked() -> None:
+    with pytest.raises(ConfigError, match=r"retry_period .* < renew_deadline"):
+        load_settings({"leader_election": True, "renew_deadline": "20s"})
+
+
+def test_cli_help_and_errors() -> None:
+    help_text = subprocess.run([sys.executable, "-m", "scraper", "run", "--help"], cwd=REPO,
+                               capture_output=True, text=True, timeout=60, check=True).stdout
+    for option in ("--selector", "--interval", "--leader-election", "TRAINJOB_SCRAPER_INTERVAL",
+                   "--write-qps", "--config"):
+        assert option in help_text
+    bad = subprocess.run([sys.executable, "-m", "scraper", "run", "--interval", "0s",
+                          "--default-port", "http"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2
+    assert "interval='0s'" in bad.stderr and "default_port='http'" in bad.stderr
+
+
+def test_subcommands_are_pluggable() -> None:
+    added = []
+
+    def add_hello(subparsers):  # type: ignore[no-untyped-def]
+        p = subparsers.add_parser("hello")
+        p.set_defaults(handler=lambda args: added.append("ran") or 7)
+
+    SUBCOMMANDS.append(add_hello)
+    try:
+        args = build_parser().parse_args(["hello"])
+        assert args.handler(args) == 7 and added == ["ran"]
+    finally:
+        SUBCOMMANDS.remove(add_hello)
+
+
+def test_durations() -> None:
+    assert parse_duration("1h30m") == 5400
+    assert parse_duration("250ms") == 0.25
+    assert parse_duration(15) == 15.0
+    with pytest.raises(ValueError):
+        parse_duration("-3s")
+
+
+def test_offsets_deterministic_and_spread() -> None:
+    keys = [f"ns/pod-{i}" for i in range(200)]
+    offsets = [offset_seconds(k, 30) for k in keys]
+    assert offsets == [offset_seconds(k, 30) for k in keys]  # same in every process/run
+    assert all(0 <= o < 30 for o in offsets)
+    # Spread: every 3-second slot of the interval holds some targets.
+    assert len({int(o // 3) for o in offsets}) == 10
+    at = first_run("ns/pod-1", 30, now=1_000_000.0).timestamp()
+    assert 1_000_000.0 < at <= 1_000_030.0
+    assert (at % 30) == pytest.approx(offset_seconds("ns/pod-1", 30))
+
+
+def test_prometheus_text_fallback() -> None:
+    text = (
+        b"# TYPE trainjob_progress_ratio gauge\ntrainjob_progress_ratio 0.42\n"
+        b"trainjob_estimated_remaining_seconds 120.4\n"
+        b"trainjob_last_update_timestamp_seconds 1700000000\n"
+        b'trainjob_metric{name="loss"} 0.25\ntrainjob_metric{name="step"} 300\n'
+        b'trainjob_metric_info{name="phase",value="warmup"} 1\n'
+    )
+    result = parse_text(text, '"x"')
+    assert isinstance(result, Fresh)
+    s = result.status
+    assert (s.progress_percentage, s.estimated_remaining_seconds) == (42, 120)
+    assert s.metrics_dict() == {"loss": "0.25", "step": "300", "phase": "warmup"}
+    assert s.last_updated_time.timestamp() == 1_700_000_000
+    assert isinstance(parse_text(b"other_metric 1\n"), NothingYet)
+    bad = parse_text(b"trainjob_progress_ratio 1.7\ntrainjob_last_update_timestamp_seconds 1\n")
+    assert isinstance(bad, Failure) and bad.kind is FailureKind.INVALID
+    assert "progressPercentage=170" in bad.detail
+
+
+def _pod(phase: str = "Running", ip: str | None = "10.0.0.7", **annotations: str) -> dict:
+    return {
+        "metadata": {"namespace": "ns", "name": "p", "uid": "u",
+                     "labels": {"jobset.sigs.k8s.io/jobset-name": "tj"},
+                     "annotations": annotations},
+        "status": {"phase": phase, "podIP": ip},
+    }
+
+
+def test_pod_annotations() -> None:
+    kw = {"default_port": 28080, "default_path": "/metrics", "default_interval": 30.0}
+    d = classify(_pod(), **kw)
+    assert isinstance(d, Scrape) and d.target.url == "http://10.0.0.7:28080/metrics"
+    d = classify(_pod(**{"prometheus.io/port": "9000", "prometheus.io/path": "/m",
+                         "trainjob-progress.dev/interval": "5s"}), **kw)
+    assert isinstance(d, Scrape)
+    assert (d.target.url, d.target.interval) == ("http://10.0.0.7:9000/m", 5.0)
+    d = classify(_pod(**{"prometheus.io/port": "9000", "trainjob-progress.dev/port": "9100"}),
+                 **kw)
+    assert isinstance(d, Scrape) and ":9100/" in d.target.url  # ours first
+    assert isinstance(classify(_pod(**{"trainjob-progress.dev/scrape": "false"}), **kw), Ignore)
+    bad = classify(_pod(**{"trainjob-progress.dev/port": "http"}), **kw)
+    assert isinstance(bad, Ignore) and "'http'" in bad.reason
+    assert isinstance(classify(_pod(**{"trainjob-progress.dev/interval": "0.1s"}), **kw), Ignore)
+    assert isinstance(classify(_pod(ip=None), **kw), Wait)
+    assert isinstance(classify(_pod(phase="Pending"), **kw), Wait)
+    assert isinstance(classify(_pod(phase="Succeeded"), **kw), Final)
+    assert isinstance(classify(_pod(ip="fd00::7"), **kw), Scrape)
