@@ -144,6 +144,7 @@ class Renderer:
         return self._cached(content_type, lambda: self._render_prometheus(encoder, content_type))
 
     def _cached(self, key: str, make: Callable[[], Rendered | None]) -> Rendered | None:
+        self._source.status()  # lets a file-backed source notice a changed file first
         generation = self._source.generation
         with self._lock:
             if generation != self._generation:

@@ -76,7 +76,7 @@ def test_last_updated_time_required_and_rfc3339() -> None:
 
 
 def test_non_integer_progress_rejected() -> None:
-    with pytest.raises(StatusError, match="progressPercentage=50.5"):
+    with pytest.raises(StatusError, match=r"progressPercentage=50\.5"):
         status(progressPercentage=50.5)
 
 

@@ -1,0 +1,90 @@
+"""Push compatibility: the real Kubeflow SDK and raw requests against the exporter."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from kubeflow.trainer import update_trainjob_status
+
+import exporter_lib
+from exporter_lib import api
+from exporter_lib.push import MAX_BODY_BYTES, status_path
+
+Fetch = Callable[..., Any]
+
+
+def _post(fetch: Fetch, url: str, payload: Any, token: str | None, raw: bytes | None = None,
+          content_type: str = "application/json") -> Any:
+    headers = {"Content-Type": content_type}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    body = raw if raw is not None else json.dumps(payload).encode()
+    return fetch(url, method="POST", headers=headers, body=body)
+
+
+def _token() -> str:
+    with open(os.environ["KUBEFLOW_TRAINER_SERVER_TOKEN"]) as handle:
+        return handle.read().strip()
+
+
+def test_kubeflow_sdk_update_trainjob_status_reaches_exporter(exporter: api.Exporter) -> None:
+    url = exporter_lib.enable_push_compat(namespace="team-a", name="job-1")
+    assert url == f"{exporter.url}{status_path('team-a', 'job-1')}"
+    assert url.startswith("http://127.0.0.1:")
+    assert oct(os.stat(os.environ["KUBEFLOW_TRAINER_SERVER_TOKEN"]).st_mode & 0o777) == "0o600"
+    sent = update_trainjob_status(progress_percent=55, estimated_remaining_seconds=120,
+                                  metrics={"loss": 0.3125, "epoch": 2, "phase": "train"})
+    assert sent is True
+    status = exporter_lib.current_status()
+    assert status is not None
+    assert status.progress_percentage == 55 and status.estimated_remaining_seconds == 120
+    assert status.metrics_dict() == {"loss": "0.3125", "epoch": "2", "phase": "train"}
+
+
+def test_push_errors_are_kubernetes_status(exporter: api.Exporter, fetch: Fetch) -> None:
+    url = exporter.url + status_path("ns", "job")
+    refused = _post(fetch, url, {"trainerStatus": {}}, token="x")
+    assert refused.status == 403  # push compat not enabled: no token configured
+    exporter_lib.enable_push_compat()
+    token = _token()
+    cases = [
+        (_post(fetch, url, {"trainerStatus": {}}, token="wrong"), 401, "Unauthorized"),
+        (_post(fetch, url, {"trainerStatus": {}}, token=None), 401, "Unauthorized"),
+        (_post(fetch, url, None, token, raw=b"{not json"), 400, "BadRequest"),
+        (_post(fetch, url, {"status": {}}, token), 400, "BadRequest"),
+        (_post(fetch, url, {}, token, content_type="text/plain"), 415, "UnsupportedMediaType"),
+        (_post(fetch, url, None, token, raw=b" " * (MAX_BODY_BYTES + 1)), 413,
+         "RequestEntityTooLarge"),
+        (_post(fetch, exporter.url + "/apis/other", {}, token), 404, "NotFound"),
+    ]
+    for resp, code, reason in cases:
+        assert resp.status == code, (code, resp.body)
+        body = json.loads(resp.body)
+        assert body["kind"] == "Status" and body["apiVersion"] == "v1"
+        assert body["status"] == "Failure" and body["code"] == code and body["reason"] == reason
+    invalid = _post(fetch, url, {"trainerStatus": {
+        "progressPercentage": 101, "lastUpdatedTime": "2025-01-01T00:00:00Z",
+        "metrics": [{"name": "x" * 65, "value": "1"}]}}, token)
+    assert invalid.status == 422
+    body = json.loads(invalid.body)
+    assert body["reason"] == "Invalid"
+    fields = {c["field"] for c in body["details"]["causes"]}
+    assert fields == {"trainerStatus.progressPercentage", "trainerStatus.metrics[0].name"}
+    assert "101" in body["message"] and "100" in body["message"]
+    assert exporter_lib.current_status() is None  # nothing applied
+
+
+def test_push_replaces_whole_status(exporter: api.Exporter, fetch: Fetch) -> None:
+    exporter_lib.update(progress_percentage=10, metrics={"old": 1})
+    exporter_lib.enable_push_compat()
+    resp = _post(fetch, os.environ["KUBEFLOW_TRAINER_SERVER_URL"], {"trainerStatus": {
+        "progressPercentage": 20, "lastUpdatedTime": "2025-01-01T00:00:00.5+00:00",
+        "metrics": [{"name": "loss", "value": "0.50"}]}}, _token())
+    assert resp.status == 200
+    status = exporter_lib.current_status()
+    assert status is not None and status.progress_percentage == 20
+    assert status.metrics_dict() == {"loss": "0.50"}  # exactly as pushed
+    assert json.loads(resp.body)["trainerStatus"]["progressPercentage"] == 20
