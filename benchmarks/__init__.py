@@ -1,0 +1,1 @@
+"""Performance measurements that print numbers (``python -m benchmarks``; see __main__)."""

@@ -1,0 +1,237 @@
+"""Target farms on 127.0.0.1: nginx serving one static payload on N ports, and real
+exporter_lib exporters (in a few child processes) whose status changes in a loop.
+
+Every farm is a context manager that kills what it started, also on errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+from benchmarks.payload import render_payloads
+
+NGINX = "/usr/sbin/nginx"
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (all bound at once, then released)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds; waits for the process."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout)
+
+
+def wait_http(url: str, timeout: float, headers: dict[str, str] | None = None) -> None:
+    """Poll ``url`` until it answers 2xx; raise RuntimeError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            req = urllib.request.Request(url, headers=headers or {})
+            with urllib.request.urlopen(req, timeout=2) as resp:
+                if 200 <= resp.status < 300:
+                    return
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer within {timeout}s: {last}")
+
+
+NGINX_CONF = """\
+worker_processes 1;
+daemon off;
+pid {root}/nginx.pid;
+error_log {root}/error.log warn;
+worker_rlimit_nofile {nofile};
+events {{ worker_connections 16384; }}
+http {{
+    access_log off;
+    client_body_temp_path {root}/tmp/body;
+    proxy_temp_path {root}/tmp/proxy;
+    fastcgi_temp_path {root}/tmp/fastcgi;
+    uwsgi_temp_path {root}/tmp/uwsgi;
+    scgi_temp_path {root}/tmp/scgi;
+    types {{
+        "text/plain; version=0.0.4; charset=utf-8" prom;
+        application/json json;
+    }}
+    # JSON when the scraper asks for it; the Prometheus text format otherwise.
+    map $http_accept $payload {{
+        ~*application/json /payload.json;
+        default /payload.prom;
+    }}
+    keepalive_requests 100000000;
+    keepalive_timeout 600s;
+    etag on;
+    server {{
+{listens}
+        root {root}/www;
+        location / {{
+            try_files $payload =404;
+        }}
+    }}
+}}
+"""
+
+
+class NginxFarm:
+    """nginx serving the payload on ``count`` ports: N distinct targets like N pods.
+
+    Static files get an ``ETag`` from nginx, and ``If-None-Match`` gets ``304``.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.ports: list[int] = []
+        self._dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def urls(self, n: int | None = None) -> list[str]:
+        return [f"http://127.0.0.1:{p}/metrics" for p in self.ports[: n or self.count]]
+
+    def __enter__(self) -> NginxFarm:
+        if not os.access(NGINX, os.X_OK):
+            raise RuntimeError(f"{NGINX} missing: install Debian's nginx-light "
+                               "(scripts/bootstrap test does)")
+        self._dir = Path(tempfile.mkdtemp(prefix="bench-nginx-"))
+        try:
+            # The worker may run as another user (nginx started as root): make it readable.
+            self._dir.chmod(0o755)
+            (self._dir / "www").mkdir(mode=0o755)
+            (self._dir / "tmp").mkdir()
+            text, js = render_payloads()
+            (self._dir / "www" / "payload.prom").write_bytes(text)
+            (self._dir / "www" / "payload.json").write_bytes(js)
+            self.ports = free_ports(self.count)
+            listens = "\n".join(f"        listen 127.0.0.1:{p};" for p in self.ports)
+            conf = self._dir / "nginx.conf"
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            nofile = 65536 if hard == resource.RLIM_INFINITY else min(65536, hard)
+            conf.write_text(NGINX_CONF.format(root=self._dir, listens=listens, nofile=nofile))
+            log = open(self._dir / "stderr.log", "wb")  # noqa: SIM115 - closed below
+            try:
+                self._proc = subprocess.Popen(
+                    [NGINX, "-p", str(self._dir), "-c", str(conf), "-e", str(self._dir /
+                                                                            "error.log")],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            finally:
+                log.close()
+            wait_http(self.urls(1)[0], 15)
+            wait_http(self.urls()[-1], 15)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            # SIGQUIT: graceful stop of master and worker.
+            self._proc.send_signal(signal.SIGQUIT)
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                stop_process(self._proc)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class ExporterFarm:
+    """``count`` real exporter_lib exporters in ``processes`` child processes.
+
+    Each child (``python -m benchmarks.exporter_farm``) serves its share of the ports
+    and calls ``update()`` on every exporter every ``period`` seconds for at most
+    ``duration`` seconds, then exits by itself.  Each update carries a ``stamp`` metric
+    (wall-clock time of the update) so a reader can tell updates apart and time them.
+    ``log_dir`` receives one JSON file per child with every (port, stamp) it set.
+    """
+
+    def __init__(self, count: int, *, period: float, duration: float, processes: int = 2,
+                 jitter: bool = False) -> None:
+        self.count = count
+        self.period = period
+        self.duration = duration
+        self.processes = max(1, min(processes, count))
+        self.jitter = jitter
+        self.ports: list[int] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._dir: Path | None = None
+
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}/metrics" for p in self.ports]
+
+    def __enter__(self) -> ExporterFarm:
+        self._dir = Path(tempfile.mkdtemp(prefix="bench-exporters-"))
+        try:
+            self.ports = free_ports(self.count)
+            for i in range(self.processes):
+                share = self.ports[i:: self.processes]
+                cmd = [sys.executable, "-m", "benchmarks.exporter_farm",
+                       "--ports", ",".join(map(str, share)), "--period", str(self.period),
+                       "--duration", str(self.duration), "--log", str(self._dir / f"{i}.json")]
+                if self.jitter:
+                    cmd.append("--jitter")
+                self._procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
+            for url in (self.urls()[0], self.urls()[-1]):
+                wait_http(url, 30, {"Accept": "application/json"})
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def stamps(self) -> dict[int, list[float]]:
+        """Per port, the stamps set (after the children wrote their logs at exit)."""
+        out: dict[int, list[float]] = {}
+        assert self._dir is not None
+        for path in self._dir.glob("*.json"):
+            with contextlib.suppress(OSError, ValueError):
+                for port, stamps in json.loads(path.read_text()).items():
+                    out[int(port)] = stamps
+        return out
+
+    def stop(self) -> None:
+        """Stop the children (each writes its stamp log on SIGTERM)."""
+        for proc in self._procs:
+            stop_process(proc)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
