@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import shutil
 import socket
 import ssl
@@ -117,6 +118,9 @@ class ControlPlane:
         self._assets = ensure_assets(self._assets_dir)
         if self._workdir is None:
             self._workdir = Path(tempfile.mkdtemp(prefix="trainjob-devcluster-"))
+            # Removed also when the process exits or is signalled without stop().
+            processes.on_kill_all(id(self), functools.partial(
+                shutil.rmtree, self._workdir, ignore_errors=True))
         self._workdir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         # A port picked free can be taken before the server binds it; retry then.
@@ -127,6 +131,8 @@ class ControlPlane:
             except ControlPlaneError as exc:
                 self._stop_processes()
                 if "address already in use" not in str(exc) or attempt == 2:
+                    # Keep the workdir: the error names it for the full logs.
+                    processes.on_kill_all(id(self), None)
                     raise
         self.startup_seconds = time.monotonic() - started
 
@@ -226,6 +232,7 @@ class ControlPlane:
         if was_running and self._own_workdir and self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+            processes.on_kill_all(id(self), None)
 
     @property
     def running(self) -> bool:

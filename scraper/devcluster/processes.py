@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -28,6 +28,7 @@ TERMINATE_GRACE_SECONDS = 5.0
 
 _PR_SET_PDEATHSIG = 1
 _live: dict[int, subprocess.Popen[bytes]] = {}
+_cleanups: dict[int, Callable[[], None]] = {}
 _lock = threading.Lock()
 _handlers_installed = False
 _previous_handlers: dict[int, Any] = {}
@@ -88,7 +89,10 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
 
 
 def kill_all() -> None:
-    """SIGKILL every registered process group at once (exit path: no grace)."""
+    """SIGKILL every registered process group at once (exit path: no grace).
+
+    Then runs the callbacks registered with :func:`on_kill_all`.
+    """
     with _lock:
         procs = list(_live.values())
         _live.clear()
@@ -97,6 +101,24 @@ def kill_all() -> None:
     for proc in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=TERMINATE_GRACE_SECONDS)
+    with _lock:
+        cleanups = list(_cleanups.values())
+        _cleanups.clear()
+    for cleanup in cleanups:
+        with contextlib.suppress(Exception):
+            cleanup()
+
+
+def on_kill_all(key: int, cleanup: Callable[[], None] | None) -> None:
+    """Run ``cleanup`` after :func:`kill_all` (exit or signal); ``None`` unregisters ``key``.
+
+    For leftovers other than processes, e.g. a temporary directory.
+    """
+    with _lock:
+        if cleanup is None:
+            _cleanups.pop(key, None)
+        else:
+            _cleanups[key] = cleanup
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import os
 import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from scraper.devcluster.assets import Assets
 from scraper.devcluster.controlplane import ControlPlane, ControlPlaneError
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _script(path: Path, body: str) -> None:
@@ -76,3 +84,44 @@ def test_context_manager_stops_processes(control_plane: ControlPlane) -> None:
     assert not any(_alive(pid) for pid in pids)
     assert not workdir.exists()
     assert not plane.running
+
+
+_OWNER = """
+import sys, time
+from scraper.devcluster.controlplane import ControlPlane
+plane = ControlPlane(assets_dir=sys.argv[1])
+plane.start()
+print(plane.workdir, *plane.pids, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL],
+                         ids=["SIGTERM", "SIGINT", "SIGKILL"])
+def test_no_orphans_when_the_owner_is_signalled(control_plane: ControlPlane,
+                                                sig: signal.Signals) -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, str(control_plane.kubectl_path.parent)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert owner.stdout is not None
+        ready, _, _ = select.select([owner.stdout], [], [], 60)
+        assert ready, "owner did not start its control plane within 60 s"
+        workdir, *pids = owner.stdout.readline().split()
+        assert len(pids) == 2, owner.stderr.read() if owner.stderr else ""
+
+        owner.send_signal(sig)
+        owner.wait(timeout=30)
+    finally:
+        owner.kill()
+        owner.wait(timeout=10)
+
+    # SIGKILL leaves it to PR_SET_PDEATHSIG, which the kernel delivers promptly.
+    deadline = time.monotonic() + 10
+    while any(_alive(int(pid)) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(int(pid)) for pid in pids)
+    if sig != signal.SIGKILL:  # nothing can clean up after SIGKILL but the kernel
+        assert not Path(workdir).exists()
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
