@@ -9,9 +9,11 @@ streams its progress to stderr and returns the directory it prints last.
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,8 @@ from pathlib import Path
 BUILD_TIMEOUT_SECONDS = 2 * 60 * 60
 
 REQUIRED_BINARIES = ("kube-apiserver", "etcd", "kubectl")
+#: Lines of the script's stderr quoted in an :class:`AssetsError`.
+STDERR_TAIL_LINES = 20
 
 
 class AssetsError(RuntimeError):
@@ -83,25 +87,34 @@ def ensure_assets(assets_dir: str | None = None) -> Assets:
     process's stderr as they come.  The result is cached per process.
 
     Raises:
-        AssetsError: the script failed, timed out (:data:`BUILD_TIMEOUT_SECONDS`),
-            or its directory lacks a binary.
+        AssetsError: the script failed (the message quotes its last stderr lines),
+            timed out (:data:`BUILD_TIMEOUT_SECONDS`), or its directory lacks a binary.
     """
     if assets_dir is not None:
         return Assets.from_directory(assets_dir)
     script = repo_root() / "scripts" / "controlplane-assets"
+    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    # The script's own timeouts bound each build; this bounds the whole run.
+    timer = threading.Timer(BUILD_TIMEOUT_SECONDS, proc.kill)
+    timer.start()
+    tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
     try:
-        # stderr is inherited (fd 2): the build's progress reaches the user as it comes.
-        result = subprocess.run(
-            ["bash", str(script)],
-            stdout=subprocess.PIPE,
-            stderr=None,
-            text=True,
-            timeout=BUILD_TIMEOUT_SECONDS,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise AssetsError(f"{script} took longer than {BUILD_TIMEOUT_SECONDS}s") from exc
-    lines = [line for line in result.stdout.splitlines() if line.strip()]
-    if result.returncode != 0 or not lines:
-        raise AssetsError(f"{script} failed with exit code {result.returncode} (see its stderr)")
+        assert proc.stderr is not None and proc.stdout is not None
+        # Relay progress line by line as it comes (fd 2: shown even under
+        # pytest's capture when the caller disables it), keeping a tail for errors.
+        for line in proc.stderr:
+            tail.append(line.rstrip("\n"))
+            os.write(2, line.encode(errors="replace"))
+        stdout = proc.stdout.read()
+        returncode = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if returncode != 0 or not lines:
+        why = "timed out" if returncode == -9 else f"failed with exit code {returncode}"
+        raise AssetsError(f"{script} {why}:\n" + "\n".join(tail))
     return Assets.from_directory(lines[-1].strip())
