@@ -426,6 +426,8 @@ class ScraperApp:
     # ------------------------------------------------------------ telemetry
 
     def _views(self) -> Iterable[JobView]:
+        if not self._leading:
+            return []  # a standby scrapes nothing: it would only export stale zeros
         by_job: dict[tuple[str, str], JobView] = {}
         for state in self._states.values():
             key = (state.view.namespace, state.view.trainjob)

@@ -435,6 +435,8 @@ class Reconciler:
                         {"count": count, "lastTimestamp": now},
                         _request_timeout=REQUEST_TIMEOUT,
                     )
+                    if len(self._event_counts) > 10_000:  # bound memory on long runs
+                        self._event_counts.clear()
                     self._event_counts[event_name] = count
             log.info("event %s on TrainJob %s/%s: %s", reason, namespace, name, message)
         except Exception as exc:

@@ -65,6 +65,8 @@ def test_standby_takes_over_when_leader_dies_and_only_one_writes(
     assert standby.metrics().get(("trainjob_scraper_status_writes_total",
                                   frozenset({("result", "written")})), 0) == 0
     assert standby.value("trainjob_scraper_scrapes_total", result="ok") == 0
+    assert standby.series("trainjob_scraper_target_up") == []  # no stale per-job series
+    assert standby.get("/readyz")[0] == 200  # warm: it has listed the pods too
     lease = client.CoordinationV1Api(kube_api).read_namespaced_lease("trainjob-scraper",
                                                                      namespace)
     assert lease.spec.holder_identity == ("replica-a" if leader is a else "replica-b")
