@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
 
 from exporter_lib.status import (
     METRIC_NAME_MAX_LENGTH,
@@ -153,7 +152,10 @@ class State:
         metrics: list[tuple[str, MetricValue]],
         stamp: float,
     ) -> TrainerStatus:
-        data: dict[str, Any] = {
+        # Validated again although the inline checks already hold: pydantic-core's
+        # validation measured faster than model_construct() for 256 metrics, and it
+        # guards the wire contract against a bug in those checks.
+        data: dict[str, object] = {
             "lastUpdatedTime": datetime.fromtimestamp(stamp, UTC),
             "metrics": [{"name": n, "value": metric_value_text(v)} for n, v in metrics],
         }
@@ -163,7 +165,7 @@ class State:
             data["estimatedRemainingSeconds"] = remaining
         try:
             return TrainerStatus.from_api(data)
-        except StatusError as exc:  # the inline checks should make this unreachable
+        except StatusError as exc:  # unreachable unless an inline check has a bug
             self._warn_once("build", f"dropping metrics that failed validation: {exc}")
             data["metrics"] = []
             return TrainerStatus.from_api(data)

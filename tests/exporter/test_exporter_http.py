@@ -195,3 +195,16 @@ def test_json_accept_variants(metrics_url: str, fetch: Fetch) -> None:
         assert json.loads(resp.body)["progressPercentage"] == 9
     assert fetch(metrics_url, headers={"Accept": "application/json;q=0"}).headers[
         "Content-Type"].startswith("text/plain")
+
+
+def test_fast_text_encoder_matches_prometheus_client(exporter: api.Exporter) -> None:
+    from prometheus_client.exposition import generate_latest
+
+    from exporter_lib.exposition import encode_text
+
+    exporter_lib.update(progress_percentage=33, estimated_remaining_seconds=7, metrics={
+        "loss": 0.1, "big": 1e300, "tiny": 5e-324, "nan": float("nan"), "inf": float("inf"),
+        "neg": "-inf", "int": 12345678901234567, "m": 1234567.5, "z": -0.0, "e": "1e-5",
+        "small": 0.0001, "minus": -2e6, "text": 'q"uo\\te\nline', 'n"a\\me\n': "v"})
+    registry = exporter.renderer.registry
+    assert encode_text(exporter.source) == generate_latest(registry)

@@ -131,6 +131,8 @@ def test_update_metrics_rules_and_log_once(caplog: pytest.LogCaptureFixture) -> 
     metrics = state.status().metrics_dict()  # type: ignore[union-attr]
     assert metrics == {"loss": "0.1", "step": "3", "ok": "true", "phase": "train",
                        "n" * 64: "v" * 64, "nan": "nan", "big": str(10**63)}
+    built = state.status()
+    assert built is not None and TrainerStatus.from_api(built.to_api()) == built  # valid
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == len(bad)  # once each, though reported three times
     assert any("metrics['long']" in w and "1..64" in w for w in warnings)
