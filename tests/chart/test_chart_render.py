@@ -175,7 +175,6 @@ SCOPE_GRANTS = {
     ("trainer.kubeflow.org", "trainjobs", "list", ()),
     ("trainer.kubeflow.org", "trainjobs/status", "patch", ()),
     ("", "events", "create", ()),
-    ("", "events", "get", ()),
     ("", "events", "patch", ()),
 }
 CRD_GRANT = {("apiextensions.k8s.io", "customresourcedefinitions", "get",
@@ -197,6 +196,16 @@ def test_cluster_rbac_grants_exactly_what_the_scraper_uses(helm: Helm) -> None:
         ("coordination.k8s.io", "leases", "get", (FULLNAME,)),
         ("coordination.k8s.io", "leases", "update", (FULLNAME,)),
     }
+
+
+def test_chart_ships_the_rules_file_scoped_not_widened(helm: Helm) -> None:
+    """The chart's grants are files/clusterrole-rules.yaml's, only scoped tighter."""
+    file_rules = yaml.safe_load((CHART / "files" / "clusterrole-rules.yaml").read_text())
+    from_file = {grant[:3] for grant in _rules({"rules": file_rules})}
+    rendered = helm.template()
+    shipped = _rules(rendered.one("ClusterRole")) | _rules(
+        rendered.one("Role", f"{FULLNAME}-leader-election"))
+    assert {grant[:3] for grant in shipped} == from_file
 
 
 def test_namespace_list_gives_roles_per_namespace_and_no_cluster_scope(helm: Helm) -> None:

@@ -101,36 +101,57 @@ would print 1048576 as 1.048576e+06.
 {{- end }}
 
 {{/*
-Rules the scraper needs in every watched namespace (cluster-wide when
-config.namespaces is empty): exactly the calls it makes, nothing else.
-Keep in sync with docs/operator-guide.md ("RBAC").
+The scraper's rules come from files/clusterrole-rules.yaml (one source of truth,
+also used by the scraper's own RBAC test); the chart scopes them by resource:
+  trainjob-scraper.rules      pods, trainjobs, trainjobs/status, events: the watched scope
+  trainjob-scraper.crdRule    customresourcedefinitions, limited to the TrainJob CRD
+  trainjob-scraper.leaseRules leases, in the release namespace, get/update by name
 */}}
-{{- define "trainjob-scraper.rules" -}}
-# Discovery: list + watch of the rank-0 trainer pods (IPs, annotations, termination messages).
-- apiGroups: [""]
-  resources: ["pods"]
-  verbs: ["list", "watch"]
-# Reads what a TrainJob holds before writing (get) and the periodic resync (list).
-- apiGroups: ["trainer.kubeflow.org"]
-  resources: ["trainjobs"]
-  verbs: ["get", "list"]
-# Server-side apply of status.trainerStatus (field manager trainjob-scraper).
-- apiGroups: ["trainer.kubeflow.org"]
-  resources: ["trainjobs/status"]
-  verbs: ["patch"]
-# Warning Events on a TrainJob (invalid status, scrape failures); a repeat bumps the count.
-- apiGroups: [""]
-  resources: ["events"]
-  verbs: ["create", "get", "patch"]
+{{- define "trainjob-scraper.fileRules" -}}
+{{- $rules := .Files.Get "files/clusterrole-rules.yaml" | fromYamlArray }}
+{{- range $rules }}
+{{- $special := 0 }}
+{{- range .resources }}{{ if has . (list "leases" "customresourcedefinitions") }}{{ $special = add1 $special }}{{ end }}{{ end }}
+{{- if and $special (ne (len .resources) 1) }}
+{{- fail (printf "files/clusterrole-rules.yaml: keep leases and customresourcedefinitions in rules of their own (got %v)" .resources) }}
+{{- end }}
+{{- end }}
+{{- toJson $rules }}
 {{- end }}
 
-{{/*
-Cluster-scoped: read the TrainJob CRD (only that one) to tell a Trainer release
-without status.trainerStatus from the start.
-*/}}
+{{- define "trainjob-scraper.rules" -}}
+{{- $out := list }}
+{{- range (include "trainjob-scraper.fileRules" . | fromJsonArray) }}
+{{- if not (has (first .resources) (list "leases" "customresourcedefinitions")) }}
+{{- $out = append $out . }}
+{{- end }}
+{{- end }}
+{{- if $out }}{{ toYaml $out }}{{ end }}
+{{- end }}
+
 {{- define "trainjob-scraper.crdRule" -}}
-- apiGroups: ["apiextensions.k8s.io"]
-  resources: ["customresourcedefinitions"]
-  resourceNames: ["trainjobs.trainer.kubeflow.org"]
-  verbs: ["get"]
+{{- $out := list }}
+{{- range (include "trainjob-scraper.fileRules" . | fromJsonArray) }}
+{{- if eq (first .resources) "customresourcedefinitions" }}
+{{- $out = append $out (dict "apiGroups" .apiGroups "resources" .resources "resourceNames" (list "trainjobs.trainer.kubeflow.org") "verbs" .verbs) }}
+{{- end }}
+{{- end }}
+{{- if $out }}{{ toYaml $out }}{{ end }}
+{{- end }}
+
+{{/* `create` cannot be limited to a name (it is not known at authorization time). */}}
+{{- define "trainjob-scraper.leaseRules" -}}
+{{- $out := list }}
+{{- range (include "trainjob-scraper.fileRules" $ | fromJsonArray) }}
+{{- if eq (first .resources) "leases" }}
+{{- $named := without .verbs "create" }}
+{{- if has "create" .verbs }}
+{{- $out = append $out (dict "apiGroups" .apiGroups "resources" .resources "verbs" (list "create")) }}
+{{- end }}
+{{- if $named }}
+{{- $out = append $out (dict "apiGroups" .apiGroups "resources" .resources "resourceNames" (list (include "trainjob-scraper.leaseName" $)) "verbs" $named) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $out }}{{ toYaml $out }}{{ end }}
 {{- end }}
