@@ -9,15 +9,17 @@
   (e.g. ``estimatedRemainingSeconds`` going away) are removed, as SSA does for
   an owner.
 * A write happens only when the new status differs from the one the TrainJob
-  holds (:meth:`TrainerStatus.same_report`: progress, remaining seconds and
-  metrics; a new ``lastUpdatedTime`` alone is not news).  "Holds" is the
+  holds (:func:`already_holds`: progress, remaining seconds and metrics; a new
+  ``lastUpdatedTime`` alone is not news).  "Holds" is the
   object as last read (GET on first sight, the periodic list, or the apply
   response).
 * Writes and Events share a client-side token bucket (QPS, burst).  409, 429,
   5xx and connection errors are retried with capped exponential backoff and
   jitter; 404 means the TrainJob is gone (:class:`TrainJobGone`).
 * A CRD without ``status.trainerStatus`` is detected from its schema (if the
-  scraper may read CRDs) or from an apply response without the field (pruned);
+  scraper may read CRDs) or from the apply's answer: the API server refuses to
+  apply an undeclared field (500 "field not declared in schema"), and a response
+  without the field means it was pruned;
   either way one actionable ERROR log line and a Warning Event per TrainJob.
 
 Every Kubernetes call runs in a worker thread (the client is blocking).
@@ -44,7 +46,8 @@ from tenacity import (
     AsyncRetrying,
     retry_if_exception,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from exporter_lib.status import (
@@ -96,8 +99,19 @@ class Held:
     status: TrainerStatus | None
 
 
+def _not_in_schema(exc: ApiException) -> bool:
+    """True for the API server's answer to applying a field the CRD does not declare.
+
+    Server-side apply refuses such a patch with 500 "failed to create typed patch
+    object ... field not declared in schema" instead of pruning the field.
+    """
+    return exc.status == 500 and "not declared in schema" in str(exc.body or "")
+
+
 def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, ApiException):
+        if _not_in_schema(exc):
+            return False
         return exc.status in (409, 429) or (exc.status or 0) >= 500
     return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError)
 
@@ -112,6 +126,23 @@ def held_from_object(obj: dict[str, Any]) -> Held:
         except StatusError:
             status = None
     return Held((obj.get("metadata") or {}).get("uid", ""), status)
+
+
+def already_holds(held: TrainerStatus | None, new: TrainerStatus) -> bool:
+    """True when applying ``new`` would not change what the TrainJob holds.
+
+    ``lastUpdatedTime`` is ignored (a repeat of the same values is no news).  A
+    field ``new`` leaves unset is ignored as well: the apply would not send it,
+    so a value another manager set there stays either way.  (The exporter never
+    unsets a field once reported, so this cannot hide a removal of our own.)
+    """
+    if held is None:
+        return False
+    return (
+        new.metrics == held.metrics
+        and new.progress_percentage in (None, held.progress_percentage)
+        and new.estimated_remaining_seconds in (None, held.estimated_remaining_seconds)
+    )
 
 
 def schema_has_trainer_status(crd: dict[str, Any]) -> bool:
@@ -301,7 +332,7 @@ class Reconciler:
 
     async def _apply(self, namespace: str, name: str, status: TrainerStatus) -> WriteOutcome:
         held = await self.held(namespace, name)
-        if status.same_report(held.status):
+        if already_holds(held.status, status):
             return WriteOutcome.UNCHANGED
         if self.supported is False:
             recheck = time.monotonic() - self._unsupported_since > UNSUPPORTED_RECHECK_SECONDS
@@ -316,6 +347,11 @@ class Reconciler:
             if exc.status == 404:
                 self.forget(namespace, name)
                 raise TrainJobGone(f"{namespace}/{name}") from None
+            if _not_in_schema(exc):
+                self._mark_unsupported("server-side apply answered that status.trainerStatus "
+                                       "is not declared in its schema")
+                await self._tell_unsupported(namespace, name, held.uid)
+                return WriteOutcome.NOT_STORED
             log.warning("status write to TrainJob %s/%s failed: HTTP %s %s",
                         namespace, name, exc.status, exc.reason)
             return WriteOutcome.FAILED
@@ -347,7 +383,7 @@ class Reconciler:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(_retryable),
             stop=stop_after_attempt(self._attempts),
-            wait=wait_exponential_jitter(initial=0.2, max=5.0),
+            wait=wait_exponential(multiplier=0.2, max=5.0) + wait_random(0, 0.2),
             reraise=True,
         ):
             with attempt:
