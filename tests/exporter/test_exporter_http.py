@@ -197,14 +197,19 @@ def test_json_accept_variants(metrics_url: str, fetch: Fetch) -> None:
         "Content-Type"].startswith("text/plain")
 
 
-def test_fast_text_encoder_matches_prometheus_client(exporter: api.Exporter) -> None:
-    from prometheus_client.exposition import generate_latest
-
-    from exporter_lib.exposition import encode_text
+def test_text_exposition_round_trips_tricky_values(exporter: api.Exporter) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
 
     exporter_lib.update(progress_percentage=33, estimated_remaining_seconds=7, metrics={
-        "loss": 0.1, "big": 1e300, "tiny": 5e-324, "nan": float("nan"), "inf": float("inf"),
-        "neg": "-inf", "int": 12345678901234567, "m": 1234567.5, "z": -0.0, "e": "1e-5",
-        "small": 0.0001, "minus": -2e6, "text": 'q"uo\\te\nline', 'n"a\\me\n': "v"})
-    registry = exporter.renderer.registry
-    assert encode_text(exporter.source) == generate_latest(registry)
+        "loss": 0.1, "big": 1e300, "tiny": 5e-324, "inf": float("inf"), "neg": "-inf",
+        "z": -0.0, "e": "1e-5", "text": 'q"uo\\te\nline', 'n"a\\me\n': "v"})
+    body = exporter.renderer.render("text/plain").body.decode()  # type: ignore[union-attr]
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(body) for s in family.samples}
+    assert samples[("trainjob_progress_ratio", ())] == 0.33
+    assert samples[("trainjob_estimated_remaining_seconds", ())] == 7
+    for name, value in {"loss": 0.1, "big": 1e300, "tiny": 5e-324, "inf": float("inf"),
+                        "neg": float("-inf"), "z": -0.0, "e": 1e-5}.items():
+        assert samples[("trainjob_metric", (("name", name),))] == value
+    assert samples[("trainjob_metric_info", (("name", "text"), ("value", 'q"uo\\te\nline')))] == 1
+    assert samples[("trainjob_metric_info", (("name", 'n"a\\me\n'), ("value", "v")))] == 1
