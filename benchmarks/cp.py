@@ -1,0 +1,216 @@
+"""Our scraper as deployed (``python -m scraper run``) against the real local control plane.
+
+N TrainJobs with rank-0 pods whose exporter is an nginx farm port (unchanged payloads):
+CPU per scrape with discovery, API writes in a window without changes (should be 0).
+Then M more TrainJobs whose pods point at real exporters that change every ~2.5
+intervals: p50/p99 freshness (exporter update -> the TrainJob's status, seen through
+a watch) and API writes versus real status changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+
+from benchmarks.farm import ExporterFarm, free_ports, stop_process
+from benchmarks.procstat import cpu_seconds, rss_bytes
+from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+from scraper.devcluster import ControlPlane, install_trainjob_crds, objects
+
+STATIC_NS = "bench-static"
+LIVE_NS = "bench-live"
+
+
+def _make_jobs(api: client.ApiClient, namespace: str, ports: list[int]) -> None:
+    def one(i_port: tuple[int, int]) -> None:
+        i, port = i_port
+        name = f"job-{i}"
+        objects.create_trainjob(api, namespace, name)
+        objects.create_trainer_pod(api, namespace, name, port=port, owner_chain=False)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, enumerate(ports)))
+
+
+def _metric_sum(text: str, name: str, label: str | None = None) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (label is None or label in line):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class _Scraper:
+    """``python -m scraper run`` as a child process."""
+
+    def __init__(self, kubeconfig: Path, interval: float, workdir: Path) -> None:
+        self.port = free_ports(1)[0]
+        self._log = open(workdir / "scraper.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "scraper", "run", "--kubeconfig", str(kubeconfig),
+             "--interval", str(interval), "--listen-host", "127.0.0.1",
+             "--listen-port", str(self.port), "--namespaces", f"{STATIC_NS},{LIVE_NS}",
+             "--write-qps", "500", "--write-burst", "500", "--log-level", "WARNING"],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
+            return str(r.read().decode())
+
+    def counts(self) -> tuple[float, float]:
+        """(scrapes, status writes) so far."""
+        text = self.metrics()
+        return (_metric_sum(text, "trainjob_scraper_scrapes_total"),
+                _metric_sum(text, "trainjob_scraper_status_writes_total", 'result="written"'))
+
+    def wait_for(self, predicate: Any, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                if predicate():
+                    return True
+            time.sleep(0.5)
+        return False
+
+    def stop(self) -> None:
+        stop_process(self.proc, timeout=15)
+        self._log.close()
+
+
+class _Watcher:
+    """Records (wall time seen, stamp metric) of every TrainJob status in ``namespace``."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.seen: list[tuple[str, float, float]] = []  # (job, stamp, wall time seen)
+        self._watch = watch.Watch()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(api, namespace), daemon=True)
+        self._thread.start()
+
+    def _run(self, api: client.ApiClient, namespace: str) -> None:
+        custom = client.CustomObjectsApi(api)
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                for event in self._watch.stream(
+                        custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
+                        namespace, TRAINJOB_PLURAL, timeout_seconds=30):
+                    now = time.time()
+                    if event["type"] != "MODIFIED":  # (re)list ADDED events are not writes
+                        continue
+                    obj = event["object"]
+                    ts = (obj.get("status") or {}).get("trainerStatus") or {}
+                    for m in ts.get("metrics") or []:
+                        if m.get("name") == "stamp":
+                            self.seen.append((obj["metadata"]["name"], float(m["value"]), now))
+                    if self._stop.is_set():
+                        break
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._watch.stop()
+        self._thread.join(timeout=35)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def measure(static_ports: list[int], interval: float, live: int, warmup: float,
+            window: float) -> dict[str, Any]:
+    """Run both control-plane scenarios; returns their figures."""
+    out: dict[str, Any] = {"targets": len(static_ports), "live_targets": live,
+                           "interval": interval}
+    plane = ControlPlane()
+    scraper: _Scraper | None = None
+    watcher: _Watcher | None = None
+    farm: ExporterFarm | None = None
+    try:
+        t = time.monotonic()
+        plane.start()
+        api = plane.api_client()
+        install_trainjob_crds(api)
+        core = client.CoreV1Api(api)
+        for ns in (STATIC_NS, LIVE_NS):
+            core.create_namespace({"metadata": {"name": ns}})
+        _make_jobs(api, STATIC_NS, static_ports)
+        out["setup_seconds"] = time.monotonic() - t
+        scraper = _Scraper(plane.kubeconfig_path, interval, plane.workdir)
+        n = len(static_ports)
+        # Every static TrainJob gets its one initial status, then nothing changes.
+        if not scraper.wait_for(lambda: scraper.counts()[1] >= n, 60 + n / 20):
+            raise RuntimeError(f"scraper did not write {n} initial statuses; see its log")
+        time.sleep(warmup)
+        pid = scraper.proc.pid
+        (s0, w0), c0, t0 = scraper.counts(), cpu_seconds(pid), time.monotonic()
+        time.sleep(window)
+        (s1, w1), c1, t1 = scraper.counts(), cpu_seconds(pid), time.monotonic()
+        out["unchanged"] = {"window": t1 - t0, "cpu_seconds": c1 - c0, "scrapes": s1 - s0,
+                            "writes": w1 - w0, "real_changes": 0, "rss": rss_bytes(pid)}
+
+        # Live exporters: each changes every ~2.5 intervals at its own phase.
+        live_window = max(window, 8 * interval)
+        farm = ExporterFarm(live, period=2.5 * interval, jitter=True,
+                            duration=warmup + live_window + 60 + 4 * interval)
+        farm.__enter__()
+        watcher = _Watcher(api, LIVE_NS)
+        _make_jobs(api, LIVE_NS, farm.ports)
+        if not scraper.wait_for(lambda: scraper.counts()[1] >= n + live, 60):
+            raise RuntimeError("scraper did not pick up the live TrainJobs")
+        time.sleep(warmup)
+        (s0, w0), c0, a = scraper.counts(), cpu_seconds(pid), time.time()
+        time.sleep(live_window)
+        (s1, w1), c1, b = scraper.counts(), cpu_seconds(pid), time.time()
+        time.sleep(interval + 2)  # let the last changes of the window land
+        farm.stop()
+        watcher.stop()
+        stamps = farm.stamps()
+        port_job = {p: f"job-{i}" for i, p in enumerate(farm.ports)}
+        # Real changes: updates made during [a, b - interval - 1] (each one must be written).
+        changes = {(port_job[p], s) for p, ss in stamps.items() for s in ss
+                   if a <= s <= b - interval - 1}
+        first_seen: dict[tuple[str, float], float] = {}
+        writes_checked = 0  # MODIFIED events carrying a checked change: one per write
+        for job, stamp, seen in watcher.seen:
+            first_seen.setdefault((job, stamp), seen)
+            writes_checked += (job, stamp) in changes
+        fresh = [first_seen[c] - c[1] for c in changes if c in first_seen]
+        out["changing"] = {
+            "window": b - a, "cpu_seconds": c1 - c0, "scrapes": s1 - s0, "writes": w1 - w0,
+            "real_changes_in_window": sum(1 for ss in stamps.values() for s in ss if a <= s <= b),
+            "changes_checked": len(changes), "changes_seen": len(fresh),
+            "writes_checked": writes_checked,
+            "freshness_p50": percentile(fresh, 0.5), "freshness_p99": percentile(fresh, 0.99),
+            "freshness_max": max(fresh) if fresh else None,
+        }
+    except Exception as exc:  # report what failed; the other phases still count
+        out["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        if scraper is not None:
+            with contextlib.suppress(OSError):
+                out["scraper_log_tail"] = (plane.workdir / "scraper.log").read_text()[-2000:]
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        if scraper is not None:
+            scraper.stop()
+        if farm is not None:
+            farm.__exit__(None, None, None)
+        plane.stop()
+    return out
+
+
+if __name__ == "__main__":  # manual use: python -m benchmarks.cp PORT...
+    print(json.dumps(measure([int(p) for p in sys.argv[1:]], 1.0, 5, 2.0, 5.0), indent=1,
+                     default=str))

@@ -1,0 +1,131 @@
+"""Child process: our scraper's scheduling + scraping + change detection, discovery bypassed.
+
+``python -m benchmarks.our_scraper --urls-file F --interval S --warmup W --window D``
+
+Target objects go straight into a :class:`scraper.app.ScraperApp`'s scheduler, so every
+scrape runs the production path (``ScraperApp._scrape``: APScheduler job, aiohttp GET with
+``If-None-Match``, JSON validation, telemetry, ``Reconciler.apply`` with its same-report
+check, lock, token bucket and worker-thread hop).  Only the Kubernetes API is left out:
+the reconciler holds TrainJob statuses in memory and its server-side apply returns the
+object it would have written (see :class:`OfflineReconciler`); the control-plane phase
+of the benchmark measures real writes.
+
+Prints one JSON object: scrapes by result, CPU seconds (utime+stime of this process
+from ``/proc/self/stat``), RSS before and after scheduling the targets, writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from kubernetes import client as k8s
+
+from benchmarks.procstat import cpu_seconds, rss_bytes
+from exporter_lib.status import TrainerStatus
+from scraper.app import ScraperApp, _TargetState
+from scraper.config import ScraperSettings
+from scraper.reconcile import Held, Reconciler
+from scraper.scraping import ExporterScraper, ScrapeLimits
+from scraper.targets import Target
+from scraper.telemetry import JobView
+
+NAMESPACE = "bench"
+
+
+class OfflineReconciler(Reconciler):
+    """A :class:`Reconciler` whose TrainJobs live in memory instead of the API server."""
+
+    writes = 0
+
+    async def held(self, namespace: str, name: str) -> Held:
+        return self._held.setdefault((namespace, name), Held("uid", None))
+
+    def _ssa(self, namespace: str, name: str, status: TrainerStatus) -> dict[str, Any]:
+        OfflineReconciler.writes += 1
+        return {"metadata": {"uid": "uid"}, "status": {"trainerStatus": status.to_api()}}
+
+
+def scrape_counts(app: ScraperApp) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for metric in app.telemetry.scrapes.collect():  # this counter only: cheap
+        if metric.name == "trainjob_scraper_scrapes":
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    out[sample.labels["result"]] = sample.value
+    return out
+
+
+async def run(urls: list[str], interval: float, warmup: float, window: float,
+              concurrency: int) -> dict[str, Any]:
+    settings = ScraperSettings(interval=interval, concurrency=concurrency, write_qps=1000,
+                               write_burst=10000, listen_host="127.0.0.1", listen_port=0,
+                               log_level="WARNING")
+    app = ScraperApp(settings, api_client=k8s.ApiClient())
+    app.reconciler = OfflineReconciler(
+        app.api, identity="bench", qps=settings.write_qps, burst=settings.write_burst,
+        attempts=1, on_write=lambda outcome: app.telemetry.writes.labels(outcome.value).inc())
+    app._scraper = ExporterScraper(ScrapeLimits(settings.scrape_timeout, settings.max_body_bytes,
+                                                settings.concurrency))
+    app.scheduler.start()
+    rss_before = rss_bytes()
+    try:
+        for i, url in enumerate(urls):
+            target = Target(NAMESPACE, f"job-{i}", f"job-{i}-node-0-0", f"uid-{i}", url, interval)
+            app._states[target.key] = _TargetState(
+                JobView(NAMESPACE, target.trainjob, target.pod_name), target=target,
+                uid=target.pod_uid)
+            app.scheduler.schedule(target)
+        await asyncio.sleep(warmup)
+        c0, w0, s0 = cpu_seconds(), OfflineReconciler.writes, scrape_counts(app)
+        t0 = time.monotonic()
+        await asyncio.sleep(window)
+        c1, w1, s1 = cpu_seconds(), OfflineReconciler.writes, scrape_counts(app)
+        t1 = time.monotonic()
+        rss_after = rss_bytes()
+    finally:
+        # Jobs still in flight are cancelled when the loop ends: not worth a traceback.
+        logging.getLogger("apscheduler").setLevel(logging.CRITICAL)
+        app.scheduler.shutdown()
+        await asyncio.sleep(0.2)
+        await app._scraper.close()
+    results = {k: s1.get(k, 0.0) - s0.get(k, 0.0) for k in set(s0) | set(s1)}
+    return {
+        "targets": len(urls),
+        "interval": interval,
+        "window": t1 - t0,
+        "cpu_seconds": c1 - c0,
+        "scrapes": sum(results.values()),
+        "results": results,
+        "writes": w1 - w0,
+        "rss_before": rss_before,
+        "rss_after": rss_after,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--urls-file", required=True)
+    parser.add_argument("--interval", type=float, required=True)
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--cpu", type=int, default=None, help="pin this process to one core")
+    args = parser.parse_args()
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+    with open(args.urls_file) as handle:
+        urls = json.load(handle)
+    result = asyncio.run(run(urls, args.interval, args.warmup, args.window, args.concurrency))
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Prometheus (Debian's binary) scraping the farm: CPU seconds per scrape from /proc."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from typing import Any
+
+from benchmarks.procstat import cpu_seconds, rss_bytes
+from scraper.devcluster.prometheus import PrometheusServer, _duration
+
+
+class FarmPrometheus(PrometheusServer):
+    """One scrape job over all farm targets (one scrape pool, as for N pods)."""
+
+    def __init__(self, addresses: list[str], *, scrape_interval: float) -> None:
+        super().__init__([], scrape_interval=scrape_interval, startup_timeout=60)
+        self.addresses = addresses
+
+    def config(self) -> dict[str, Any]:
+        interval = _duration(self.scrape_interval)
+        return {
+            "global": {"scrape_interval": interval,
+                       "scrape_timeout": _duration(self.scrape_interval * 0.9),
+                       "evaluation_interval": "1h"},
+            "scrape_configs": [{"job_name": "farm", "metrics_path": "/metrics",
+                                "static_configs": [{"targets": self.addresses}]}],
+        }
+
+    @property
+    def pid(self) -> int:
+        proc = self._proc
+        assert proc is not None
+        return proc.pid
+
+    def scrapes_total(self) -> float:
+        """Scrapes done so far (``prometheus_target_interval_length_seconds_count``)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("prometheus_target_interval_length_seconds_count"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def measure(urls: list[str], interval: float, warmup: float, window: float) -> dict[str, Any]:
+    """Run Prometheus on ``urls`` (``http://host:port/metrics``) and measure one window."""
+    addresses = [u.split("//", 1)[1].split("/", 1)[0] for u in urls]
+    prom = FarmPrometheus(addresses, scrape_interval=interval)
+    prom.start()
+    try:
+        time.sleep(warmup)
+        c0, s0, t0 = cpu_seconds(prom.pid), prom.scrapes_total(), time.monotonic()
+        time.sleep(window)
+        c1, s1, t1 = cpu_seconds(prom.pid), prom.scrapes_total(), time.monotonic()
+        rss = rss_bytes(prom.pid)
+        ups = prom.query("sum(up)").get("result") or []
+    finally:
+        prom.stop()
+    return {
+        "targets": len(urls),
+        "interval": interval,
+        "window": t1 - t0,
+        "cpu_seconds": c1 - c0,
+        "scrapes": s1 - s0,
+        "rss": rss,
+        "up": float(ups[0]["value"][1]) if ups else None,
+    }
