@@ -94,7 +94,11 @@ async def _serve(settings: ScraperSettings) -> int:
     except Exception as exc:
         print(f"trainjob-scraper: cannot reach Kubernetes: {exc}", file=sys.stderr)
         return 1
-    await app.run(stop)
+    try:
+        await app.run(stop)
+    except OSError as exc:  # e.g. the listen port is taken
+        print(f"trainjob-scraper: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -218,6 +218,9 @@ class Reconciler:
             log.info("cannot read CRD %s (HTTP %s); will detect a missing trainerStatus "
                      "from apply responses", CRD_NAME, exc.status)
             return None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            log.warning("cannot read CRD %s (%s); will retry", CRD_NAME, exc)
+            return None
         ok = schema_has_trainer_status(json.loads(resp.data))
         if not ok:
             self._mark_unsupported("its openAPIV3Schema has no status.trainerStatus")

@@ -99,3 +99,22 @@ def test_crd_without_trainer_status_is_reported(
     time.sleep(2)
     assert scraper.value("trainjob_scraper_status_writes_total", result="written") == 0
     assert scraper.value("trainjob_scraper_status_writes_total", result="not_stored") >= 1
+
+
+@pytest.mark.usefixtures("trainjob_crd")
+def test_watch_resumes_after_the_server_ends_it(
+    kube_api: client.ApiClient, namespace: str, exporter_factory: Callable[..., FakeExporter],
+    scraper_factory: Callable[..., ScraperProcess],
+) -> None:
+    from scraper.discovery import WATCH_TIMEOUT_SECONDS
+
+    exp = exporter_factory(body=status_json(64))
+    objects.create_trainjob(kube_api, namespace, "late")
+    scraper = scraper_factory("--interval=1s", f"--namespaces={namespace}")
+    # Past the server-side watch timeout: the watch must have been resumed from its
+    # resourceVersion (not restarted as an error) to see the new pod.
+    time.sleep(WATCH_TIMEOUT_SECONDS + 3)
+    objects.create_trainer_pod(kube_api, namespace, "late", port=exp.port)
+    wait_for(lambda: progress_of(kube_api, namespace, "late") == 64, 20, "late pod written")
+    assert scraper.value("trainjob_scraper_watch_restarts_total", reason="error") == 0
+    assert scraper.value("trainjob_scraper_watch_restarts_total", reason="gone") == 0
