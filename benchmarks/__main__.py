@@ -129,6 +129,7 @@ def table(res: dict[str, Any]) -> str:
         (o_static["rss_after"] - o_static["rss_before"]) / o_static["targets"] / 1024
     rss_prom = None if not p_static else p_static["rss"] / p_static["targets"] / 1024
     p99 = cp_live.get("freshness_p99")
+    per_write = cp_live["writes"] / cp_live["scrapes"] if cp_live.get("scrapes") else None
     writes, changes = cp_live.get("writes_checked"), cp_live.get("changes_checked")
     lines = [
         f"N = {n} targets, interval {interval:g} s, payload {res['series']} series "
@@ -159,7 +160,7 @@ def table(res: dict[str, Any]) -> str:
         f"{fmt((cpd.get('unchanged') or {}).get('writes'))} | | 0 | "
         f"{verdict(None if not cpd.get('unchanged') else cpd['unchanged']['writes'] == 0)} |",
         f"| API writes per scrape (live window) | | "
-        f"{fmt(None if not cp_live.get('scrapes') else cp_live['writes'] / cp_live['scrapes'], '.3f')} "
+        f"{fmt(per_write, '.3f')} "
         "| | | |",
         f"| RSS per target | {fmt(rss_prom, '.1f')} KiB (total/N) | {fmt(rss_ours, '.1f')} KiB "
         "(growth/N) | | | |",
