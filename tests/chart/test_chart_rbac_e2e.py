@@ -13,8 +13,9 @@ One end-to-end run on the local control plane:
   a second TrainJob's pod serves a status breaking the API limits, so the scraper
   records a Warning Event (the Events grant is used too);
 * a real Prometheus scrapes the scraper every second; every PromQL expression of
-  the Grafana dashboard is executed there (none may fail to parse) and the core
-  panels must return data;
+  the Grafana dashboard (template variables substituted as Grafana would) is
+  executed there: none may fail to parse, and every panel but "Pod watch
+  restarts" must return data (the core panels only for this run's namespace);
 * with the same token, requests outside the scraper's job are denied (403).
 """
 
@@ -282,6 +283,9 @@ def test_chart_rbac_runs_a_full_cycle_and_denies_everything_else(
                 fullname, release_namespace)
             assert lease.spec.holder_identity == f"{fullname}-0"
             assert "trainjob_scraper_leader 1.0" in scraper.metrics()
+            # the endpoints the chart's probes use
+            assert _get(f"http://127.0.0.1:{scraper.port}/healthz")[0] == 200
+            assert _get(f"http://127.0.0.1:{scraper.port}/readyz")[0] == 200
 
             # the invalid report is refused with a Warning Event on its TrainJob
             def invalid_event() -> list[Any]:
@@ -327,10 +331,11 @@ def _check_dashboard_queries(prometheus: PrometheusServer, namespace: str,
         if not body["data"]["result"]:
             empty.append(title)
         if title in CORE_PANELS:
-            assert body["data"]["result"], f"core panel {title!r} has no data: {promql}"
             for sample in body["data"]["result"]:
                 if "namespace" in sample["metric"]:
                     assert sample["metric"]["namespace"] == namespace
+    # Every panel has data after this run, except the watch restarts (none need happen).
+    assert set(empty) <= {"Pod watch restarts"}, f"panels without data: {empty}"
     # the training-metric panel shows the numeric metrics only ("phase" is text)
     metrics = prometheus.query(
         f'trainjob_metric{{namespace="{namespace}", trainjob="{trainjob}"}}')["result"]
