@@ -223,6 +223,7 @@ def release_namespace(control_plane: ControlPlane) -> str:
 def test_chart_rbac_runs_a_full_cycle_and_denies_everything_else(
     control_plane: ControlPlane, kube_api: client.ApiClient, trainjob_crd: None,
     namespace: str, release_namespace: str, helm: Helm, tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     release = f"rbac-{secrets.token_hex(3)}"
     fullname = f"{release}-trainjob-scraper"
@@ -234,6 +235,9 @@ def test_chart_rbac_runs_a_full_cycle_and_denies_everything_else(
     manifest = tmp_path / "rbac.yaml"
     manifest.write_text(yaml.safe_dump_all(rbac))
     control_plane.kubectl("apply", "--server-side", f"--filename={manifest}")
+    # cluster-scoped leftovers would outlive the test's namespace
+    request.addfinalizer(lambda: control_plane.kubectl(
+        "delete", "--ignore-not-found", "--wait=false", f"--filename={manifest}", check=False))
     token = control_plane.service_account_token(release_namespace, fullname)
     kubeconfig = control_plane.kubeconfig_for_token(token, tmp_path / "scraper.kubeconfig")
     config = tmp_path / "config.yaml"
