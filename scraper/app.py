@@ -214,6 +214,7 @@ class ScraperApp:
         else:
             for key in self.scheduler.scheduled_keys():
                 self.scheduler.unschedule(key)
+        self.telemetry.targets.set(len(self.scheduler.scheduled_keys()))
 
     # ------------------------------------------------------------ discovery
 
@@ -250,7 +251,7 @@ class ScraperApp:
             state = None
         if deleted:
             final = final_from_deleted(pod)
-            if final is not None and (state is None or not state.finalized):
+            if final is not None and self._leading and (state is None or not state.finalized):
                 self._spawn(self._finalize(final, None))
             self._drop(key)
             return
