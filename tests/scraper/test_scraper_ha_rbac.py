@@ -84,8 +84,13 @@ def test_standby_takes_over_when_leader_dies_and_only_one_writes(
     wait_for(lambda: progress_of(kube_api, namespace, "ha") == 40, 20, "progress 40")
     assert standby.value("trainjob_scraper_status_writes_total", result="written") == 1
 
-    # Graceful stop releases the Lease at once.
+    # Graceful stop: quick, clean, and the Lease is released at once.
+    stopping = time.monotonic()
     assert standby.terminate() == 0
+    assert time.monotonic() - stopping < 5
+    log = standby.log()
+    assert log.index("stopping: no new scrapes") < log.index("released Lease") < log.index(
+        "stopped")
     lease = client.CoordinationV1Api(kube_api).read_namespaced_lease("trainjob-scraper",
                                                                      namespace)
     assert lease.spec.holder_identity in (None, "")
