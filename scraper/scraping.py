@@ -118,7 +118,14 @@ class ExporterScraper:
         async with self._slots:
             try:
                 async with asyncio.timeout(timeout):
-                    return await self._get(target.url, headers)
+                    try:
+                        return await self._get(target.url, headers)
+                    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                        if isinstance(exc, aiohttp.ClientConnectorError):
+                            raise
+                        # A pooled keep-alive connection the exporter closed while idle:
+                        # not the exporter's fault, so try once more on a fresh one.
+                        return await self._get(target.url, headers)
             except TimeoutError:
                 return Failure(FailureKind.TIMEOUT, f"no complete answer within {timeout:g}s")
             except aiohttp.ClientConnectorError as exc:
