@@ -45,7 +45,7 @@ def log(message: str) -> None:
 
 
 def run_ours(urls: list[str], interval: float, warmup: float, window: float,
-             cpu: int | None = None) -> dict[str, Any]:
+             cpu: int | None = None, profile: Path | None = None) -> dict[str, Any]:
     """Our scraper (discovery bypassed) in a child process; see benchmarks/our_scraper.py."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(urls, handle)
@@ -54,6 +54,10 @@ def run_ours(urls: list[str], interval: float, warmup: float, window: float,
                "--interval", str(interval), "--warmup", str(warmup), "--window", str(window)]
         if cpu is not None:
             cmd += ["--cpu", str(cpu)]
+        if profile is not None:  # py-spy (dev extra) samples the child without pausing it
+            spy = Path(sys.executable).with_name("py-spy")
+            cmd = [str(spy), "record", "--nonblocking", "-r", "250", "-f", "raw",
+                   "-o", str(profile), "--", *cmd]
         done = subprocess.run(cmd, capture_output=True, text=True,
                               timeout=warmup + window + 120, check=False)
         if done.returncode != 0:
@@ -62,6 +66,21 @@ def run_ours(urls: list[str], interval: float, warmup: float, window: float,
         return result
     finally:
         os.unlink(handle.name)
+
+
+def profile_summary(raw: Path, top: int = 25) -> list[str]:
+    """Inclusive share of the event-loop samples per function (imports and idle left out)."""
+    incl: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if "run_forever" not in stack or "_find_and_load" in stack or "select (" in stack:
+            continue
+        total += int(count)
+        for frame in {f.split(" (")[0] for f in stack.split(";")}:
+            incl[frame] = incl.get(frame, 0) + int(count)
+    ranked = sorted(incl.items(), key=lambda kv: -kv[1])[:top]
+    return [f"{100 * v / max(1, total):5.1f}%  {k}" for k, v in ranked]
 
 
 def per_scrape_us(r: dict[str, Any] | None) -> float | None:
@@ -184,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-controlplane", action="store_true")
     parser.add_argument("--skip-capacity", action="store_true")
     parser.add_argument("--skip-exporter-bench", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile our unchanged-payload run with py-spy")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     quick = args.quick
@@ -213,6 +234,12 @@ def main(argv: list[str] | None = None) -> int:
             log("ours (discovery bypassed), unchanged payloads")
             res["ours_static"] = run_ours(farm.urls(n), interval, warmup, window)
             log(f"  {per_scrape_us(res['ours_static']):.0f} us/scrape")
+            if args.profile:
+                args.out.mkdir(parents=True, exist_ok=True)
+                raw = args.out / f"profile-{time.strftime('%Y%m%d-%H%M%S')}.txt"
+                run_ours(farm.urls(n), interval, warmup, window, profile=raw)
+                res["profile_top"] = profile_summary(raw)
+                log("profile (inclusive, event loop):\n" + "\n".join(res["profile_top"]))
             if not args.skip_capacity:
                 res["capacity"] = capacity(farm, interval, steps, warmup, max(4.0, window / 2))
             if not args.skip_controlplane:
