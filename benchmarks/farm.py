@@ -144,7 +144,7 @@ class NginxFarm:
             hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
             nofile = 65536 if hard == resource.RLIM_INFINITY else min(65536, hard)
             conf.write_text(NGINX_CONF.format(root=self._dir, listens=listens, nofile=nofile))
-            log = open(self._dir / "stderr.log", "wb")  # noqa: SIM115 - closed below
+            log = open(self._dir / "stderr.log", "wb")
             try:
                 self._proc = subprocess.Popen(
                     [NGINX, "-p", str(self._dir), "-c", str(conf), "-e", str(self._dir /
