@@ -81,6 +81,20 @@ class Helm:
         self.binary = binary
         self.workdir = workdir
 
+    def env(self, **extra: str) -> dict[str, str]:
+        """helm's environment: kept away from the user's config, cache and registries.
+
+        HOME is set too: without it client-go's discovery cache lands in ``./.kube``.
+        """
+        return {
+            "HOME": str(self.workdir),
+            "HELM_CACHE_HOME": str(self.workdir / "cache"),
+            "HELM_CONFIG_HOME": str(self.workdir / "config"),
+            "HELM_DATA_HOME": str(self.workdir / "data"),
+            "PATH": "/usr/bin:/bin",
+            **extra,
+        }
+
     def run(self, *args: str, values: Mapping[str, Any] | None = None) -> HelmResult:
         cmd = [str(self.binary), *args]
         if values is not None:
@@ -89,15 +103,8 @@ class Helm:
             ) as handle:
                 yaml.safe_dump(dict(values), handle)
             cmd.append(f"--values={handle.name}")
-        env = {
-            # Keep helm away from the user's config, cache and registries.
-            "HELM_CACHE_HOME": str(self.workdir / "cache"),
-            "HELM_CONFIG_HOME": str(self.workdir / "config"),
-            "HELM_DATA_HOME": str(self.workdir / "data"),
-            "PATH": "/usr/bin:/bin",
-        }
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=HELM_TIMEOUT_SECONDS, env=env,
+            cmd, capture_output=True, text=True, timeout=HELM_TIMEOUT_SECONDS, env=self.env(),
             check=False,
         )
         return HelmResult(proc.returncode, proc.stdout, proc.stderr)

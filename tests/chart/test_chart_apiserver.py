@@ -7,7 +7,6 @@ their kind, metadata and namespace, not the Prometheus Operator's own schema.
 
 from __future__ import annotations
 
-import os
 import secrets
 import subprocess
 from pathlib import Path
@@ -88,13 +87,7 @@ def test_dry_run_catches_what_the_schema_lets_through(
 def _helm_cluster(
     helm: Helm, control_plane: ControlPlane, *args: str
 ) -> subprocess.CompletedProcess[str]:
-    env = {
-        "HELM_CACHE_HOME": str(helm.workdir / "cache"),
-        "HELM_CONFIG_HOME": str(helm.workdir / "config"),
-        "HELM_DATA_HOME": str(helm.workdir / "data"),
-        "KUBECONFIG": str(control_plane.kubeconfig_path),
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-    }
+    env = helm.env(KUBECONFIG=str(control_plane.kubeconfig_path))
     return subprocess.run([str(helm.binary), *args], capture_output=True, text=True,
                           timeout=HELM_TIMEOUT_SECONDS, env=env, check=False)
 
