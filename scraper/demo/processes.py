@@ -1,17 +1,14 @@
 """Child processes of the demo and the end-to-end tests: a training run and the scraper.
 
 Each runs as its own OS process, as in a cluster: the training process knows
-only its exporter port, the scraper only a kubeconfig.  Both are started in
-their own session so that :meth:`Child.stop` ends the whole process group, and
-both write their output to a log file whose tail goes into errors.
+only its exporter port, the scraper only a kubeconfig.  Both are started by
+:mod:`scraper.devcluster.processes` (own session, never outliving this
+process) and write their output to a log file whose tail goes into errors.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,12 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from scraper.devcluster import processes
 
 
 @dataclass
@@ -58,27 +50,16 @@ class Child:
 
     def stop(self, grace: float = 10.0) -> int | None:
         """SIGTERM the process group, SIGKILL it after ``grace`` seconds; return the exit code."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=grace)
+        processes.stop(self.process, grace)
         return self.process.returncode
 
 
 def spawn(name: str, argv: Sequence[str], log_path: Path,
           env: Mapping[str, str] | None = None) -> Child:
-    """Start ``argv`` in its own session with stdout and stderr to ``log_path``."""
+    """Start ``argv`` (see :func:`scraper.devcluster.processes.spawn`) with ``env`` added."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, start_new_session=True,
-        )
+    log_path.unlink(missing_ok=True)
+    process = processes.spawn(argv, log_path, env={**os.environ, **(env or {})})
     return Child(name, process, log_path)
 
 

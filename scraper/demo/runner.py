@@ -36,13 +36,8 @@ from rich.live import Live
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
 from scraper.demo.display import render, summary_line, trainer_status
-from scraper.demo.processes import (
-    Child,
-    free_port,
-    start_scraper,
-    start_training,
-    wait_http_ok,
-)
+from scraper.demo.processes import Child, start_scraper, start_training, wait_http_ok
+from scraper.devcluster.processes import free_port
 
 NAMESPACE = "trainjob-demo"
 TRAINJOB = "demo-train"

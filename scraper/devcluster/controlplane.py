@@ -15,7 +15,6 @@ import base64
 import contextlib
 import functools
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -47,11 +46,6 @@ KUBECTL_TIMEOUT_SECONDS = 120.0
 class ControlPlaneError(RuntimeError):
     """The control plane failed to start, or an operation on it failed."""
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -140,7 +134,7 @@ class ControlPlane:
         assert self._assets is not None and self._workdir is not None
         work = self._workdir
         self._pki = write_pki(work / "pki", service_ip=SERVICE_CLUSTER_IP_RANGE[:-4] + "1")
-        etcd_port, peer_port, self._port = _free_port(), _free_port(), _free_port()
+        etcd_port, peer_port, self._port = (processes.free_port() for _ in range(3))
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         data_dir = work / f"etcd-data-{etcd_port}"

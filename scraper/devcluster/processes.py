@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +33,13 @@ _cleanups: dict[int, Callable[[], None]] = {}
 _lock = threading.Lock()
 _handlers_installed = False
 _previous_handlers: dict[int, Any] = {}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the caller binds it soon after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec

@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from scraper.devcluster.processes import free_port
 
 __all__ = [
     "PrometheusError",
@@ -89,12 +90,6 @@ def find_prometheus() -> str:
         "(scripts/bootstrap test does)"
     )
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _duration(seconds: float) -> str:
@@ -194,7 +189,7 @@ class PrometheusServer:
 
         last_error = ""
         for _attempt in range(3):  # a free port can be taken between probe and bind
-            self.port = _free_port()
+            self.port = free_port()
             self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
             self._proc = subprocess.Popen(
                 [

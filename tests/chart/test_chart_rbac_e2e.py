@@ -26,7 +26,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -55,6 +54,7 @@ from kubernetes import client
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from scraper.devcluster import objects
 from scraper.devcluster.controlplane import ControlPlane
+from scraper.devcluster.processes import free_port
 from scraper.devcluster.prometheus import PrometheusServer, ScrapeTarget
 
 START_TIMEOUT = 60.0
@@ -79,12 +79,6 @@ EXPORTER_SCRIPT = textwrap.dedent(
     """
 )
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _stop(proc: subprocess.Popen[Any]) -> None:
@@ -177,7 +171,7 @@ class Scraper:
 
 @contextlib.contextmanager
 def _scraper(config: Path, kubeconfig: Path, tmp_path: Path, identity: str) -> Iterator[Scraper]:
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "scraper.log"
     env = _child_env()
     env["TRAINJOB_SCRAPER_IDENTITY"] = identity  # as the chart's Deployment sets it

@@ -33,9 +33,10 @@ import transformers
 from kubernetes import client
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
-from scraper.demo.processes import Child, free_port, start_scraper, start_training, wait_http_ok
+from scraper.demo.processes import Child, start_scraper, start_training, wait_http_ok
 from scraper.devcluster.controlplane import ControlPlane
 from scraper.devcluster.objects import create_trainer_pod, create_trainjob, terminate_pod
+from scraper.devcluster.processes import free_port
 from scraper.devcluster.prometheus import PrometheusServer, ScrapeTarget
 
 TRAINJOB = "e2e-train"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,7 @@ from exporter_lib.files import (
 )
 from exporter_lib.state import State
 from exporter_lib.status import TrainerStatus
+from scraper.devcluster.processes import free_port
 
 Fetch = Callable[..., Any]
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,16 +148,11 @@ def test_concurrent_reader_never_sees_partial_status_file(tmp_path: Path) -> Non
     assert final.metrics_dict()["i"] == "399"  # stop() flushes the newest status
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def test_sidecar_serves_a_status_file(tmp_path: Path, fetch: Fetch) -> None:
     status_file = tmp_path / "status.json"
     termination = tmp_path / "termination-log"
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen(
         [sys.executable, "-m", "exporter_lib", "serve", "--status-file", str(status_file),

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,14 +29,10 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter_lib.status import TrainerStatus
+from scraper.devcluster.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
