@@ -212,6 +212,10 @@ class State:
 
     def _clean_metrics(self, metrics: Mapping[str, object]) -> dict[str, MetricValue]:
         clean: dict[str, MetricValue] = {}
+        if not isinstance(metrics, Mapping):
+            self._reject("metrics", metrics, "must be a mapping of name to value; dropped",
+                         key="metrics type")
+            return clean
         for name, value in metrics.items():
             if type(name) is not str or not 0 < len(name) <= METRIC_NAME_MAX_LENGTH:
                 self._reject("metrics", name, "name must be a string of "

@@ -165,6 +165,17 @@ def test_update_never_raises_on_garbage() -> None:
     assert state.status() is not None
 
 
+def test_update_metrics_not_a_mapping_keeps_the_rest(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="exporter_lib")
+    state = fresh()
+    state.update(progress_percentage=5, metrics=[("loss", 1.0)])  # type: ignore[arg-type]
+    s = state.status()
+    assert s is not None and s.progress_percentage == 5 and s.metrics == ()
+    assert [r.getMessage() for r in caplog.records] == [
+        "metrics=[('loss', 1.0)]: must be a mapping of name to value; dropped "
+        "(Trainer v1alpha1 API limits; logged once)"]
+
+
 def test_numpy_like_scalars_via_item() -> None:
     class Scalar:
         def item(self) -> float:
