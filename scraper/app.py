@@ -104,6 +104,7 @@ class ScraperApp:
         self.api = api_client or load_kube_client(settings)
         self.telemetry = Telemetry(self._views)
         self._states: dict[str, _TargetState] = {}
+        self._warned_pods: set[str] = set()  # uids of misconfigured pods already logged
         self._leading = not settings.leader_election
         self._elector: LeaseElector | None = None
         if settings.leader_election:
@@ -250,6 +251,7 @@ class ScraperApp:
             self._drop(key)  # same name, new pod: start over
             state = None
         if deleted:
+            self._warned_pods.discard(uid)
             final = final_from_deleted(pod)
             if final is not None and self._leading and (state is None or not state.finalized):
                 self._spawn(self._finalize(final, None))
@@ -261,7 +263,12 @@ class ScraperApp:
         if isinstance(decision, Ignore | Wait):
             if state is not None:
                 self._drop(key)
-            log.debug("pod %s not scraped: %s", key, decision.reason)
+            if isinstance(decision, Ignore) and decision.misconfigured:
+                if uid not in self._warned_pods:  # once per pod, not once per watch event
+                    self._warned_pods.add(uid)
+                    log.warning("pod %s not scraped: %s", key, decision.reason)
+            else:
+                log.debug("pod %s not scraped: %s", key, decision.reason)
             return
         if state is None:
             trainjob = decision.target.trainjob if isinstance(decision, Scrape) else \

@@ -81,9 +81,14 @@ class Wait:
 
 @dataclass(frozen=True)
 class Ignore:
-    """Never scrape this pod (opted out, no TrainJob label, bad annotation)."""
+    """Never scrape this pod (opted out, no TrainJob label, bad annotation).
+
+    ``misconfigured`` marks a pod that asked to be scraped but whose annotations
+    are wrong: its owner must hear of it, an opted-out pod is silence by choice.
+    """
 
     reason: str
+    misconfigured: bool = False
 
 
 Decision = Scrape | Final | Wait | Ignore
@@ -131,20 +136,20 @@ def classify(
         if not 1 <= port <= 65535:
             raise ValueError
     except ValueError:
-        return Ignore(f"port annotation {port_text!r} is not a port (1..65535)")
+        return Ignore(f"port annotation {port_text!r} is not a port (1..65535)", misconfigured=True)
     path = annotations.get(ANNOTATION_PATH) or annotations.get(PROMETHEUS_PATH) or default_path
     if not path.startswith("/"):
-        return Ignore(f"path annotation {path!r} must start with '/'")
+        return Ignore(f"path annotation {path!r} must start with '/'", misconfigured=True)
     interval = default_interval
     if ANNOTATION_INTERVAL in annotations:
         try:
             interval = parse_duration(annotations[ANNOTATION_INTERVAL])
         except ValueError as exc:
-            return Ignore(f"{ANNOTATION_INTERVAL}: {exc}")
+            return Ignore(f"{ANNOTATION_INTERVAL}: {exc}", misconfigured=True)
         if not INTERVAL_MIN_SECONDS <= interval <= INTERVAL_MAX_SECONDS:
             return Ignore(
                 f"{ANNOTATION_INTERVAL}={annotations[ANNOTATION_INTERVAL]!r}: "
-                "must be between 1s and 1h"
+                "must be between 1s and 1h", misconfigured=True,
             )
     host = f"[{ip}]" if ":" in ip else ip
     url = f"http://{host}:{port}{path}"

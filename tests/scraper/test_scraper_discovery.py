@@ -102,6 +102,36 @@ def test_crd_without_trainer_status_is_reported(
 
 
 @pytest.mark.usefixtures("trainjob_crd")
+def test_misconfigured_annotation_is_logged_once_and_opt_out_is_silent(
+    kube_api: client.ApiClient, namespace: str,
+    scraper_factory: Callable[..., ScraperProcess],
+) -> None:
+    objects.create_trainjob(kube_api, namespace, "badport")
+    objects.create_trainjob(kube_api, namespace, "optout")
+    scraper = scraper_factory("--interval=1s", f"--namespaces={namespace}")
+    pod = objects.create_trainer_pod(
+        kube_api, namespace, "badport", port=28080,
+        annotations={"trainjob-progress.dev/port": "http"})
+    objects.create_trainer_pod(kube_api, namespace, "optout", port=28080,
+                               annotations={"trainjob-progress.dev/scrape": "false"})
+    # More watch events for the same pod must not repeat the warning.
+    client.CoreV1Api(kube_api).patch_namespaced_pod(
+        pod.metadata.name, namespace, {"metadata": {"labels": {"touched": "yes"}}})
+
+    def warned() -> list[str]:
+        return [line for line in scraper.log().splitlines()
+                if "WARNING" in line and "not scraped" in line]
+
+    wait_for(warned, 20, "a warning for the misconfigured pod")
+    time.sleep(2)
+    lines = warned()
+    assert len(lines) == 1, lines
+    assert f"{namespace}/{pod.metadata.name}" in lines[0] and "'http'" in lines[0]
+    assert "port annotation" in lines[0]
+    assert scraper.value("trainjob_scraper_targets") == 0
+
+
+@pytest.mark.usefixtures("trainjob_crd")
 def test_watch_resumes_after_the_server_ends_it(
     kube_api: client.ApiClient, namespace: str, exporter_factory: Callable[..., FakeExporter],
     scraper_factory: Callable[..., ScraperProcess],
