@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
-from kubernetes.watch import Watch
+from kubernetes.watch.watch import iter_resp_lines
 
 from scraper.config import INTERVAL_MAX_SECONDS, INTERVAL_MIN_SECONDS, parse_duration
 from scraper.targets import Target
@@ -236,7 +236,6 @@ class PodWatcher:
         self._on_restart = on_restart
         self._max_backoff = max_backoff
         self._stop = threading.Event()
-        self._watch: Watch | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"pod-watch-{namespace or 'all'}", daemon=True
         )
@@ -253,8 +252,6 @@ class PodWatcher:
         holds up interpreter exit.
         """
         self._stop.set()
-        if self._watch is not None:
-            self._watch.stop()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -295,32 +292,41 @@ class PodWatcher:
                 return items, meta.get("resourceVersion", "")
 
     def _watch_from(self, resource_version: str) -> str:
-        """Watch until the server closes the stream; return the last resourceVersion."""
-        self._watch = Watch()
+        """Watch until the server closes the stream; return the last resourceVersion.
+
+        The stream is read here, not through ``kubernetes.watch.Watch.stream``: with
+        ``deserialize=False`` that method fails with ``KeyError('raw_object')`` on
+        the ERROR event by which the API server reports an expired resourceVersion
+        (HTTP 200, a Status of code 410), so a 410 never reached the relist below.
+        """
         func = (
             self._core.list_namespaced_pod if self._namespace else
             self._core.list_pod_for_all_namespaces
         )
         args = (self._namespace,) if self._namespace else ()
+        resp = func(
+            *args,
+            label_selector=self._selector,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            watch=True,
+            timeout_seconds=WATCH_TIMEOUT_SECONDS,
+            _request_timeout=WATCH_TIMEOUT_SECONDS + 30,
+            _preload_content=False,
+        )
         try:
-            for event in self._watch.stream(
-                func,
-                *args,
-                label_selector=self._selector,
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=WATCH_TIMEOUT_SECONDS,
-                _request_timeout=WATCH_TIMEOUT_SECONDS + 30,
-                deserialize=False,
-            ):
+            for line in iter_resp_lines(resp):
                 if self._stop.is_set():
                     break
+                if not line.strip():
+                    continue
+                event = json.loads(line)
                 kind = event.get("type")
                 obj = event.get("object") or {}
                 if kind == "ERROR":
-                    raise _Gone() if obj.get("code") == 410 else ApiException(
-                        status=obj.get("code"), reason=obj.get("message")
-                    )
+                    if obj.get("code") == 410:
+                        raise _Gone()
+                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
                 resource_version = (obj.get("metadata") or {}).get(
                     "resourceVersion", resource_version
                 )
@@ -331,7 +337,8 @@ class PodWatcher:
                 raise _Gone() from None
             raise
         finally:
-            self._watch = None
+            resp.close()
+            resp.release_conn()
         return resource_version
 
     def _run(self) -> None:
