@@ -168,11 +168,14 @@ class ScraperApp:
             log.info("stopping: no new scrapes; waiting up to %gs for in-flight writes",
                      s.shutdown_timeout)
             self._leading = False  # closes the write fence for anything not yet started
-            self.scheduler.shutdown()
+            # Wait for in-flight writes before shutting the scheduler down: its
+            # shutdown cancels the running scrape jobs, and so the writes inside them.
+            # Meanwhile jobs that fire return at once (not leading).
             drained = await self.reconciler.drain(s.shutdown_timeout)
             if not drained:
                 log.warning("in-flight status writes did not finish within %gs",
                             s.shutdown_timeout)
+            self.scheduler.shutdown()
             for t in list(self._tasks):
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
