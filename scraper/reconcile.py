@@ -44,6 +44,7 @@ from kubernetes.client import ApiClient, ApiextensionsV1Api, CoreV1Api, CustomOb
 from kubernetes.client.exceptions import ApiException
 from tenacity import (
     AsyncRetrying,
+    RetryCallState,
     retry_if_exception,
     stop_after_attempt,
     wait_exponential,
@@ -106,6 +107,29 @@ def _not_in_schema(exc: ApiException) -> bool:
     object ... field not declared in schema" instead of pruning the field.
     """
     return exc.status == 500 and "not declared in schema" in str(exc.body or "")
+
+
+#: Backoff between tries of one write: 0.2 s doubling to 5 s, plus up to 0.2 s jitter.
+_BACKOFF = wait_exponential(multiplier=0.2, max=5.0) + wait_random(0, 0.2)
+#: Longest ``Retry-After`` honoured (seconds); a longer one is capped so a stop stays prompt.
+RETRY_AFTER_MAX_SECONDS = 30.0
+
+
+def _wait(retry_state: RetryCallState) -> float:
+    """Seconds before the next try: the backoff, but never sooner than ``Retry-After``.
+
+    The API server sends ``Retry-After`` with 429 (API Priority and Fairness) and
+    some 5xx; retrying sooner only adds to the load that caused them.
+    """
+    backoff = float(_BACKOFF(retry_state))
+    exc = retry_state.outcome.exception() if retry_state.outcome else None
+    if isinstance(exc, ApiException) and exc.headers:
+        try:
+            asked = float(exc.headers.get("Retry-After", ""))
+        except ValueError:
+            return backoff
+        return max(backoff, min(asked, RETRY_AFTER_MAX_SECONDS))
+    return backoff
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -386,7 +410,7 @@ class Reconciler:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(_retryable),
             stop=stop_after_attempt(self._attempts),
-            wait=wait_exponential(multiplier=0.2, max=5.0) + wait_random(0, 0.2),
+            wait=_wait,
             reraise=True,
         ):
             with attempt:

@@ -107,6 +107,9 @@ def test_status_write_retried_on_503_and_429_then_lands_once(
     time.sleep(2.5)  # a few more scrapes of the same report: no more writes
     patches = proxy.requests("PATCH", path)
     assert _statuses(patches) == [503, 503, 200, 429, 429, 200]
+    # The proxy's 429s carry Retry-After: 1, as the API server's do: honoured over the
+    # shorter backoff.
+    assert all(1.0 <= gap < 2.0 for gap in _gaps(patches[3:])), _gaps(patches[3:])
     assert scraper.value("trainjob_scraper_status_writes_total", result="written") == 2
     assert scraper.value("trainjob_scraper_status_writes_total", result="failed") == 0
     assert proxy.pending_faults() == 0
