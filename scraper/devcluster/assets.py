@@ -96,7 +96,7 @@ def ensure_assets(assets_dir: str | None = None) -> Assets:
     proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     # The script's own timeouts bound each build; this bounds the whole run.
-    timer = threading.Timer(BUILD_TIMEOUT_SECONDS, proc.kill)
+    timer = threading.Timer(BUILD_TIMEOUT_SECONDS, proc.terminate)
     timer.start()
     tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
     try:
@@ -111,10 +111,16 @@ def ensure_assets(assets_dir: str | None = None) -> Assets:
     finally:
         timer.cancel()
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            # SIGTERM first: the script's trap then stops its go build, which runs in a
+            # session of its own and would outlive a SIGKILLed script.
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     lines = [line for line in stdout.splitlines() if line.strip()]
     if returncode != 0 or not lines:
-        why = "timed out" if returncode == -9 else f"failed with exit code {returncode}"
+        why = "timed out" if returncode in (-9, -15, 143) else f"failed with exit code {returncode}"
         raise AssetsError(f"{script} {why}:\n" + "\n".join(tail))
     return Assets.from_directory(lines[-1].strip())
