@@ -10,6 +10,25 @@ import argparse
 from pathlib import Path
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return value
+
+
+def _interval(text: str) -> str:
+    from scraper.config import INTERVAL_MAX_SECONDS, INTERVAL_MIN_SECONDS, parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not INTERVAL_MIN_SECONDS <= seconds <= INTERVAL_MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be between 1s and 1h")
+    return text
+
+
 def _handler(args: argparse.Namespace) -> int:
     from scraper.demo import runner
 
@@ -25,8 +44,8 @@ and its rank-0 trainer pod, run a real training process instrumented with
 exporter_lib, run the scraper, show TrainJob status.trainerStatus live, then the
 final status as kubectl reads it.
 
-Cluster mode (--kubeconfig or $KUBECONFIG): run the scraper against that cluster and
-show its TrainJobs live.
+Cluster mode (--kubeconfig, or $KUBECONFIG unless --local): run the scraper against
+that cluster and show its TrainJobs live.
 """
 
 
@@ -41,13 +60,16 @@ def add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--framework", choices=("numpy", "transformers"), default="numpy",
                         help="training code: a numpy network (default, seconds) or a tiny "
                         "Hugging Face Transformers model (needs torch and transformers)")
-    parser.add_argument("--epochs", type=int, default=4,
-                        help="training epochs (default 4, about a minute on two cores)")
-    parser.add_argument("--interval", default="2s",
+    parser.add_argument("--epochs", type=_positive_int, default=4,
+                        help="training epochs (default 4: about 30 s of training on two cores; "
+                        "the first run also builds the control plane, 10-20 minutes)")
+    parser.add_argument("--interval", default="2s", type=_interval,
                         help="scrape interval given to the scraper (default 2s)")
     parser.add_argument("--kubeconfig", type=Path, default=None,
                         help="run the scraper against this cluster instead of a local "
                         "control plane (also taken from $KUBECONFIG)")
+    parser.add_argument("--local", action="store_true",
+                        help="use a local control plane even when $KUBECONFIG is set")
     parser.add_argument("--namespace", default=None,
                         help="cluster mode: only this namespace (default: all)")
     parser.add_argument("--duration", type=float, default=None,

@@ -47,8 +47,11 @@ FINAL_STATUS_TIMEOUT_SECONDS = 60.0
 def main(args: argparse.Namespace) -> int:
     """Run the demo; return the exit code (0: the final status landed)."""
     console = Console(stderr=False)
-    kubeconfig = args.kubeconfig or (Path(os.environ["KUBECONFIG"])
-                                     if os.environ.get("KUBECONFIG") else None)
+    kubeconfig = args.kubeconfig
+    if kubeconfig is None and os.environ.get("KUBECONFIG") and not args.local:
+        kubeconfig = Path(os.environ["KUBECONFIG"].split(os.pathsep)[0])
+        console.print(f"KUBECONFIG is set: cluster mode against {kubeconfig} "
+                      "(--local runs the local control plane instead)")
     # SIGTERM ends the demo like Ctrl-C, so the ExitStack tears everything down.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
@@ -195,7 +198,11 @@ def _follow(console: Console, read: Callable[[], list[dict[str, Any]]], *,
 
 def _cluster_mode(console: Console, kubeconfig: Path, args: argparse.Namespace) -> int:
     console.rule(f"[bold]trainjob-progress demo against {kubeconfig}")
-    api = config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        api = config.new_client_from_config(config_file=str(kubeconfig))
+    except (config.ConfigException, OSError) as exc:
+        console.print(f"[red]cannot use kubeconfig {kubeconfig}: {exc}[/]")
+        return 2
     objects = client.CustomObjectsApi(api)
 
     def read() -> list[dict[str, Any]]:
