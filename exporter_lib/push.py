@@ -20,6 +20,8 @@ an open write endpoint on the pod network would let anyone set the status.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hmac
 import json
 import os
@@ -171,6 +173,11 @@ def _length(header: str | None) -> int:
     return length
 
 
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
 class TokenFile:
     """A random bearer token kept in a private file; created on first use, thread-safe."""
 
@@ -186,6 +193,8 @@ class TokenFile:
                 token = secrets.token_urlsafe(32)
                 if self._path is None:
                     fd, self._path = tempfile.mkstemp(prefix="trainjob-exporter-", suffix=".token")
+                    # Ours to remove: a token left in /tmp would outlive the process it guards.
+                    atexit.register(_remove_quietly, self._path)
                 else:
                     fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with os.fdopen(fd, "w") as handle:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -88,3 +90,19 @@ def test_push_replaces_whole_status(exporter: api.Exporter, fetch: Fetch) -> Non
     assert status is not None and status.progress_percentage == 20
     assert status.metrics_dict() == {"loss": "0.50"}  # exactly as pushed
     assert json.loads(resp.body)["trainerStatus"]["progressPercentage"] == 20
+
+
+def test_generated_token_file_is_removed_at_exit() -> None:
+    code = (
+        "import os, exporter_lib\n"
+        "exporter_lib.start(port=0, host='127.0.0.1')\n"
+        "exporter_lib.enable_push_compat()\n"
+        "path = os.environ['KUBEFLOW_TRAINER_SERVER_TOKEN']\n"
+        "assert os.stat(path).st_mode & 0o777 == 0o600\n"
+        "print(path)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=True)
+    path = result.stdout.strip()
+    assert path.endswith(".token")
+    assert not os.path.exists(path)
