@@ -6,9 +6,9 @@ Local mode (no ``--kubeconfig`` and no ``KUBECONFIG``):
 2. install the TrainJob and JobSet CRDs, create a TrainJob and the rank-0 trainer
    Pod as Kubeflow Trainer and JobSet would (no kubelet runs here, so the Pod's
    IP 127.0.0.1 and its Running phase are written through the status subresource);
-3. start a real training process (numpy by default, Transformers on request)
+3. start the scraper (``trainjob-scraper run``) against the local API server;
+4. start a real training process (numpy by default, Transformers on request)
    whose exporter serves on the Pod's annotated port;
-4. start the scraper (``trainjob-scraper run``) against the local API server;
 5. show the TrainJob's ``status.trainerStatus`` live, as the API holds it;
 6. when training ends, copy its termination message into the Pod's status as the
    kubelet would, wait for the scraper to apply that final status, and print
@@ -85,7 +85,7 @@ def _local_mode(console: Console, args: argparse.Namespace) -> int:
         workdir = stack.enter_context(_workdir(args.keep))
         console.rule("[bold]trainjob-progress demo")
         console.print("1/5 control plane: building or reusing kube-apiserver, etcd, kubectl "
-                      "(the first build takes several minutes and prints progress)")
+                      "(the first build takes 10-20 minutes on two cores and prints progress)")
         plane = ControlPlane()
         stack.callback(plane.stop)
         plane.start()
@@ -102,18 +102,18 @@ def _local_mode(console: Console, args: argparse.Namespace) -> int:
         pod = create_trainer_pod(api, NAMESPACE, TRAINJOB, port=port)
         pod_name = pod.metadata.name
 
-        console.print(f"3/5 training ({args.framework}, {args.epochs} epochs) with exporter_lib")
-        training = start_training(workdir, port=port, framework=args.framework,
-                                  args=["--epochs", str(args.epochs)])
-        stack.callback(training.stop)
-
-        console.print(f"4/5 scraper: trainjob-scraper run --interval {args.interval}")
+        console.print(f"3/5 scraper: trainjob-scraper run --interval {args.interval}")
         scraper_child = start_scraper(
             workdir, kubeconfig=plane.kubeconfig_path, port=free_port(),
             options=["--interval", args.interval, "--namespaces", NAMESPACE],
         )
         stack.callback(scraper_child.stop)
         wait_http_ok(scraper_child.extra["base_url"] + "/readyz", scraper_child)
+
+        console.print(f"4/5 training ({args.framework}, {args.epochs} epochs) with exporter_lib")
+        training = start_training(workdir, port=port, framework=args.framework,
+                                  args=["--epochs", str(args.epochs)])
+        stack.callback(training.stop)
 
         console.print("5/5 live status (Ctrl-C stops the demo)")
         objects = client.CustomObjectsApi(api)
