@@ -387,7 +387,9 @@ def load_settings(
 def _describe(exc: ValidationError) -> list[str]:
     problems = []
     for err in exc.errors(include_url=False):
-        option = ".".join(str(p) for p in err["loc"]) or "settings"
+        # Named as on the command line and in the file (--listen-port, listen-port):
+        # the spelling a user typed, not the Python field name.
+        option = ".".join(str(p).replace("_", "-") for p in err["loc"]) or "settings"
         value = err.get("input")
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":

@@ -35,8 +35,8 @@ def test_flags_env_file_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         ({"interval": "500ms"}, "interval='500ms': must be between 1s and 1h"),
         ({"interval": "2h"}, "interval='2h': must be between 1s and 1h"),
         ({"interval": "soon"}, "interval='soon': not a duration"),
-        ({"listen_port": "99999"}, "listen_port='99999'"),
-        ({"default_port": "0"}, "default_port='0'"),
+        ({"listen_port": "99999"}, "listen-port='99999'"),
+        ({"default_port": "0"}, "default-port='0'"),
         ({"namespaces": "ok,Bad_NS"}, "'Bad_NS' is not a namespace name"),
     ],
 )
@@ -68,7 +68,7 @@ def test_cli_help_and_errors() -> None:
                           "--default-port", "http"], cwd=REPO, capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2
-    assert "interval='0s'" in bad.stderr and "default_port='http'" in bad.stderr
+    assert "interval='0s'" in bad.stderr and "default-port='http'" in bad.stderr
 
 
 def test_subcommands_are_pluggable() -> None:
