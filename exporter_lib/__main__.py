@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     exporter = Exporter(source, _ReadOnly(), host=args.host, port=args.port, status_file=None,
                         termination_message_path=args.termination_message_path, serve=True)
     if not exporter.serving:
+        # In-process, a busy port must not stop training; here serving is the whole job.
+        print(f"exporter_lib serve: cannot listen on {args.host}:{args.port} (see the warning "
+              "above); nothing to do without it, exiting", file=sys.stderr)
         return 1
     print(f"serving {args.status_file} on http://{args.host}:{exporter.port}/metrics",
           file=sys.stderr, flush=True)

@@ -11,7 +11,10 @@ from pathlib import Path
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
     return value
@@ -72,7 +75,7 @@ def add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="use a local control plane even when $KUBECONFIG is set")
     parser.add_argument("--namespace", default=None,
                         help="cluster mode: only this namespace (default: all)")
-    parser.add_argument("--duration", type=float, default=None,
+    parser.add_argument("--duration", type=_positive_int, default=None,
                         help="cluster mode: stop after this many seconds (default: Ctrl-C)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (logs, kubeconfig) after the demo")

@@ -47,13 +47,24 @@ FINAL_STATUS_TIMEOUT_SECONDS = 60.0
 def main(args: argparse.Namespace) -> int:
     """Run the demo; return the exit code (0: the final status landed)."""
     console = Console(stderr=False)
+    if not console.is_terminal:
+        console.soft_wrap = True  # a log or pipe: keep paths and lines whole
     kubeconfig = args.kubeconfig
     if kubeconfig is None and os.environ.get("KUBECONFIG") and not args.local:
         kubeconfig = Path(os.environ["KUBECONFIG"].split(os.pathsep)[0])
         console.print(f"KUBECONFIG is set: cluster mode against {kubeconfig} "
                       "(--local runs the local control plane instead)")
-    # SIGTERM ends the demo like Ctrl-C, so the ExitStack tears everything down.
+    # SIGTERM ends the demo like Ctrl-C, so the ExitStack tears everything down; SIGINT
+    # too when a shell started us in the background with SIGINT ignored.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if kubeconfig is None and args.framework == "transformers" and not _have(
+            "torch", "transformers"):
+        console.print("[red]--framework transformers needs torch and transformers: "
+                      "run scripts/bootstrap test (installs them into .venv) first[/]")
+        return 2
+    if args.duration is not None and kubeconfig is None:
+        console.print("[yellow]--duration applies to cluster mode only; ignored[/]")
     try:
         if kubeconfig is not None:
             return _cluster_mode(console, kubeconfig, args)
@@ -61,6 +72,12 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; everything started by the demo was stopped[/]")
         return 130
+
+
+def _have(*modules: str) -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in modules)
 
 
 @contextmanager
