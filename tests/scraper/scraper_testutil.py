@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import urllib3
+import yaml
 from aiohttp import web
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
@@ -32,6 +33,8 @@ from exporter_lib.status import TrainerStatus
 from scraper.devcluster.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+#: The least-privilege rules the chart ships (the chart renders its ClusterRole from them).
+RULES = REPO / "charts" / "trainjob-scraper" / "files" / "clusterrole-rules.yaml"
 
 
 
@@ -294,3 +297,33 @@ def events(kube_api: client.ApiClient, namespace: str, name: str) -> list[client
 def progress_of(kube_api: client.ApiClient, namespace: str, name: str) -> int | None:
     status = trainer_status(kube_api, namespace, name)
     return None if status is None else TrainerStatus.from_api(status).progress_percentage
+
+
+@contextlib.contextmanager
+def scraper_service_account(kube_api: client.ApiClient, control_plane: Any,
+                            namespace: str) -> Iterator[str]:
+    """ServiceAccount ``scraper`` in ``namespace`` bound to :data:`RULES`; yields its token.
+
+    The ClusterRole and its binding are deleted afterwards, also when the test fails.
+    """
+    rbac = client.RbacAuthorizationV1Api(kube_api)
+    role = f"trainjob-scraper-{namespace}"
+    rbac.create_cluster_role({"apiVersion": "rbac.authorization.k8s.io/v1",
+                              "kind": "ClusterRole", "metadata": {"name": role},
+                              "rules": yaml.safe_load(RULES.read_text())})
+    try:
+        rbac.create_cluster_role_binding({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": namespace}],
+        })
+        yield control_plane.service_account_token(namespace, "scraper")
+    finally:
+        for delete in (rbac.delete_cluster_role_binding, rbac.delete_cluster_role):
+            try:
+                delete(role)
+            except client.ApiException as exc:
+                if exc.status != 404:  # absent if its creation failed
+                    raise

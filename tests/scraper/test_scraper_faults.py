@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fault_proxy import FaultProxy, Seen, write_kubeconfig
 from kubernetes import client
 from scraper_testutil import (
-    REPO,
     FakeExporter,
     ScraperProcess,
     progress_of,
+    scraper_service_account,
     status_json,
     wait_for,
 )
@@ -34,7 +33,6 @@ from scraper.devcluster import objects
 
 pytestmark = [pytest.mark.usefixtures("trainjob_crd"), pytest.mark.timeout(60)]
 
-RULES = REPO / "charts" / "trainjob-scraper" / "files" / "clusterrole-rules.yaml"
 FINAL = '{"progressPercentage":100,"lastUpdatedTime":"2025-01-01T00:00:00Z"}'
 
 
@@ -42,29 +40,9 @@ FINAL = '{"progressPercentage":100,"lastUpdatedTime":"2025-01-01T00:00:00Z"}'
 def proxied(kube_api: client.ApiClient, namespace: str, control_plane: Any,
             tmp_path: Path) -> Iterator[tuple[FaultProxy, Path]]:
     """A fault proxy in front of the API server and a kubeconfig through it (SA token)."""
-    rbac = client.RbacAuthorizationV1Api(kube_api)
-    role = f"trainjob-scraper-{namespace}"
-    rbac.create_cluster_role({"apiVersion": "rbac.authorization.k8s.io/v1",
-                              "kind": "ClusterRole", "metadata": {"name": role},
-                              "rules": yaml.safe_load(RULES.read_text())})
-    try:
-        rbac.create_cluster_role_binding({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": role},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                        "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": namespace}],
-        })
-        token = control_plane.service_account_token(namespace, "scraper")
-        with FaultProxy(control_plane.server_url, control_plane.ca_cert_path) as proxy:
-            yield proxy, write_kubeconfig(tmp_path / "proxy.kubeconfig", proxy.url, token)
-    finally:
-        for delete in (rbac.delete_cluster_role_binding, rbac.delete_cluster_role):
-            try:
-                delete(role)
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+    with (scraper_service_account(kube_api, control_plane, namespace) as token,
+          FaultProxy(control_plane.server_url, control_plane.ca_cert_path) as proxy):
+        yield proxy, write_kubeconfig(tmp_path / "proxy.kubeconfig", proxy.url, token)
 
 
 def _status_path(namespace: str, trainjob: str) -> str:

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from scraper_testutil import (
-    REPO,
     FakeExporter,
     ScraperProcess,
     events,
     progress_of,
+    scraper_service_account,
     status_json,
     wait_for,
 )
@@ -25,7 +23,6 @@ from scraper.devcluster import objects
 
 pytestmark = pytest.mark.usefixtures("trainjob_crd")
 
-RULES = REPO / "charts" / "trainjob-scraper" / "files" / "clusterrole-rules.yaml"
 LEASE = ["--leader-election", "--lease-duration=4s", "--renew-deadline=3s",
          "--retry-period=0.5s"]
 
@@ -101,21 +98,7 @@ def test_least_privilege_cluster_role(
     exporter_factory: Callable[..., FakeExporter],
     scraper_factory: Callable[..., ScraperProcess],
 ) -> None:
-    rules = yaml.safe_load(RULES.read_text())
-    rbac = client.RbacAuthorizationV1Api(kube_api)
-    role = f"trainjob-scraper-{namespace}"
-    rbac.create_cluster_role({"apiVersion": "rbac.authorization.k8s.io/v1",
-                              "kind": "ClusterRole", "metadata": {"name": role},
-                              "rules": rules})
-    try:
-        rbac.create_cluster_role_binding({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": role},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                        "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": namespace}],
-        })
-        token = control_plane.service_account_token(namespace, "scraper")
+    with scraper_service_account(kube_api, control_plane, namespace) as token:
         kubeconfig = control_plane.kubeconfig_for_token(token, tmp_path / "sa.kubeconfig")
 
         exp = exporter_factory(body=status_json(15))
@@ -140,7 +123,3 @@ def test_least_privilege_cluster_role(
         denied = control_plane.kubectl("get", "secrets", "-n", namespace, token=token,
                                        check=False)
         assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
-    finally:
-        rbac.delete_cluster_role(role)
-        with contextlib.suppress(client.ApiException):  # absent if its creation failed
-            rbac.delete_cluster_role_binding(role)
