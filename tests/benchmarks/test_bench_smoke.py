@@ -36,7 +36,7 @@ def test_nginx_farm_serves_json_text_and_304() -> None:
 
 def test_bypassed_scraper_scrapes_every_target_each_interval() -> None:
     with NginxFarm(3) as farm:
-        result = run_ours(farm.urls(), 1.0, 2.0, 2.0)
+        result = run_ours(farm.urls(), 1.0, 2.0, 4.0)  # about 12 scrapes: margin under load
     assert result["targets"] == 3
     assert result["results"].get("not_modified", 0) >= 3  # 304s after the first scrape
     assert result["cpu_seconds"] > 0
