@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import sys
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,6 +44,19 @@ class ExporterHTTPServer(ThreadingHTTPServer):
         self.renderer = renderer
         self.push = push
         super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Log a failed request instead of the stdlib's traceback on stderr.
+
+        A scraper that restarts, times out or closes with a reset is routine; its
+        traceback would land in the training log on every occurrence, so peer
+        disconnects are logged at DEBUG and anything else once per request at WARNING.
+        """
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            log.debug("exporter connection from %s ended: %r", client_address, exc)
+            return
+        log.warning("exporter request from %s failed", client_address, exc_info=True)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -93,6 +93,12 @@ class ExporterScraper:
             ),
             headers={"User-Agent": USER_AGENT},
             auto_decompress=False,  # a compressed body could exceed the cap once inflated
+            # Targets are separate pods: a cookie one sets must not reach another.
+            cookie_jar=aiohttp.DummyCookieJar(),
+            # scrape() bounds each whole exchange with one asyncio.timeout; aiohttp's
+            # default timers (300 s total, 30 s connect) would add timer handles per
+            # request and never fire first.
+            timeout=aiohttp.ClientTimeout(),
         )
         self._slots = asyncio.Semaphore(limits.concurrency)
 

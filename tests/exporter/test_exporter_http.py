@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -213,3 +214,22 @@ def test_text_exposition_round_trips_tricky_values(exporter: api.Exporter) -> No
         assert samples[("trainjob_metric", (("name", name),))] == value
     assert samples[("trainjob_metric_info", (("name", "text"), ("value", 'q"uo\\te\nline')))] == 1
     assert samples[("trainjob_metric_info", (("name", 'n"a\\me\n'), ("value", "v")))] == 1
+
+
+def test_peer_resets_leave_no_traceback_in_the_training_log(
+        metrics_url: str, fetch: Fetch, capfd: pytest.CaptureFixture[str]) -> None:
+    host, port = metrics_url.split("/")[2].split(":")
+    exporter_lib.update(progress_percentage=5)
+    for partial in (b"", b"GET /metrics HTTP/1.1\r\nHost: x\r\n"):
+        for _ in range(5):
+            sock = socket.create_connection((host, int(port)), timeout=5)
+            if partial:
+                sock.sendall(partial)
+            # SO_LINGER 0: close() sends RST, as a scraper killed mid-request would.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            time.sleep(0.05)  # let the handler thread block in recv first
+            sock.close()
+    time.sleep(0.3)
+    assert fetch(metrics_url, headers={"Accept": "application/json"}).status == 200
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "ConnectionResetError" not in err, err

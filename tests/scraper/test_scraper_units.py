@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,8 +15,9 @@ from scraper_testutil import REPO
 from scraper.cli import SUBCOMMANDS, build_parser
 from scraper.config import DEFAULT_SELECTOR, ConfigError, load_settings, parse_duration
 from scraper.discovery import Final, Ignore, Scrape, Wait, classify
-from scraper.scheduling import first_run, offset_seconds
+from scraper.scheduling import PHASES, TargetScheduler, first_run, offset_seconds
 from scraper.scraping import Failure, FailureKind, Fresh, NothingYet, parse_text
+from scraper.targets import Target
 
 
 def test_flags_env_file_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,3 +158,45 @@ def test_pod_annotations() -> None:
     assert isinstance(classify(_pod(phase="Pending"), **kw), Wait)
     assert isinstance(classify(_pod(phase="Succeeded"), **kw), Final)
     assert isinstance(classify(_pod(ip="fd00::7"), **kw), Scrape)
+
+
+def test_offsets_fall_on_the_phase_grid() -> None:
+    keys = [f"ns/pod-{i}" for i in range(400)]
+    for interval in (1.0, 30.0, 3600.0):
+        step = interval / PHASES
+        offsets = {offset_seconds(k, interval) for k in keys}
+        # Every phase is used (400 keys over 20 phases) and nothing lies between them.
+        assert len(offsets) == PHASES
+        assert all(o / step == pytest.approx(round(o / step)) for o in offsets)
+
+
+async def test_scheduler_runs_each_target_once_per_interval_at_its_phase() -> None:
+    runs: dict[str, list[float]] = {}
+
+    async def scrape(key: str) -> None:
+        runs.setdefault(key, []).append(time.time())
+        await asyncio.sleep(0.3)  # slower than a phase step: runs must still not overlap
+
+    scheduler = TargetScheduler(scrape)
+    scheduler.start()
+    targets = [Target("ns", f"job-{i}", f"pod-{i}", "uid", f"http://127.0.0.1:1/{i}", 1.0)
+               for i in range(30)]
+    try:
+        for target in targets:
+            scheduler.schedule(target)
+        await asyncio.sleep(3.2)
+        scheduler.unschedule(targets[0].key)
+        before = len(runs.get(targets[0].key, []))
+        await asyncio.sleep(1.2)
+    finally:
+        scheduler.shutdown()
+    assert set(runs) == {t.key for t in targets}
+    assert len(runs[targets[0].key]) == before  # unscheduled: no more runs
+    for target in targets[1:]:
+        stamps = runs[target.key]
+        assert 3 <= len(stamps) <= 5, (target.key, stamps)
+        gaps = [b - a for a, b in itertools.pairwise(stamps)]
+        assert all(0.7 < g < 1.3 for g in gaps), (target.key, gaps)
+        # Each run starts at the target's phase (within the lateness of a loaded CI machine).
+        phase = offset_seconds(target.key, 1.0)
+        assert all(abs((s - phase + 0.5) % 1.0 - 0.5) < 0.25 for s in stamps), (phase, stamps)
