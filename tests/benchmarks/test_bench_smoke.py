@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from benchmarks.__main__ import run_ours
+from benchmarks.__main__ import problems, run_ours, table
 from benchmarks.farm import NginxFarm
 from benchmarks.procstat import cpu_seconds, rss_bytes
 
@@ -45,3 +45,27 @@ def test_bypassed_scraper_scrapes_every_target_each_interval() -> None:
 def test_procstat_reads_this_process() -> None:
     assert cpu_seconds() > 0
     assert rss_bytes() > 1 << 20
+
+
+def test_a_run_with_targets_down_or_failed_scrapes_gets_no_ratio() -> None:
+    def prom(up: float) -> dict[str, float]:
+        return {"targets": 10, "cpu_seconds": 0.01, "scrapes": 100.0, "rss": 1 << 20, "up": up}
+
+    def ours(results: dict[str, float]) -> dict[str, object]:
+        return {"targets": 10, "cpu_seconds": 0.02, "scrapes": sum(results.values()),
+                "results": results, "writes": 0, "rss_before": 0, "rss_after": 1 << 20}
+
+    res: dict[str, object] = {
+        "targets": 10, "interval": 1.0, "series": 15, "machine": "test",
+        "loadavg_start": "0", "payload_bytes": {"text": 1, "json": 1},
+        "prom_static": prom(10), "ours_static": ours({"not_modified": 100.0}),
+        "prom_changing": prom(3), "ours_changing": ours({"ok": 90.0, "timeout": 10.0}),
+    }
+    assert problems(res) == [
+        "Prometheus, changing: only 3 of 10 targets up",
+        "ours, changing: 10 of 100 scrapes failed ({'ok': 90.0, 'timeout': 10.0})",
+    ]
+    report = table(res)
+    assert "| 100 us | 200 us | 2.00x | <= 0.5x | NOT met |" in report  # unchanged: valid
+    assert "| 100 us | 200 us | n/a | <= 1.0x | n/a |" in report  # changing: no verdict
+    assert "**Not a valid comparison**" in report
