@@ -45,7 +45,8 @@ def log(message: str) -> None:
 
 
 def run_ours(urls: list[str], interval: float, warmup: float, window: float,
-             cpu: int | None = None, profile: Path | None = None) -> dict[str, Any]:
+             cpu: int | None = None, profile: Path | None = None,
+             writes: bool = True) -> dict[str, Any]:
     """Our scraper (discovery bypassed) in a child process; see benchmarks/our_scraper.py."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(urls, handle)
@@ -54,6 +55,8 @@ def run_ours(urls: list[str], interval: float, warmup: float, window: float,
                "--interval", str(interval), "--warmup", str(warmup), "--window", str(window)]
         if cpu is not None:
             cmd += ["--cpu", str(cpu)]
+        if not writes:
+            cmd.append("--no-writes")
         if profile is not None:  # py-spy (dev extra) samples the child without pausing it
             spy = Path(sys.executable).with_name("py-spy")
             cmd = [str(spy), "record", "--nonblocking", "-r", "250", "-f", "raw",
@@ -135,7 +138,8 @@ def problems(res: dict[str, Any]) -> list[str]:
         r = res.get(key)
         if r and (r.get("up") is None or r["up"] < r["targets"]):
             out.append(f"{label}: only {fmt(r.get('up'))} of {r['targets']} targets up")
-    for key, label in (("ours_static", "ours, unchanged"), ("ours_changing", "ours, changing")):
+    for key, label in (("ours_static", "ours, unchanged"), ("ours_changing", "ours, changing"),
+                       ("ours_changing_no_writes", "ours, changing, no writes")):
         r = res.get(key)
         if r:
             good = sum(r["results"].get(k, 0.0) for k in ("ok", "not_modified"))
@@ -166,6 +170,7 @@ def table(res: dict[str, Any]) -> str:
     n, interval = res["targets"], res["interval"]
     r_static = None if ps is None or os_ is None else os_ / ps
     r_live = None if pl is None or ol is None else ol / pl
+    ol_nw = per_scrape_us(res.get("ours_changing_no_writes"))
     bad = problems(res)
     # A ratio over a run with targets down or scrapes failed is no verdict at all.
     if any("unchanged" in b for b in bad):
@@ -191,6 +196,9 @@ def table(res: dict[str, Any]) -> str:
         f"| CPU per scrape, changing payload (exporter_lib exporters) | {fmt(pl)} us | "
         f"{fmt(ol)} us | {fmt(r_live, '.2f', 'x')} | <= {TARGET_CHANGING_RATIO}x | "
         f"{verdict(None if r_live is None else r_live <= TARGET_CHANGING_RATIO)} |",
+        f"| CPU per scrape, changing payload, status write path left out | {fmt(pl)} us | "
+        f"{fmt(ol_nw)} us | {fmt(None if pl is None or ol_nw is None else ol_nw / pl, '.2f', 'x')}"
+        " | | |",
         f"| CPU per scrape with discovery (control plane, unchanged) | | {fmt(cp_static)} us | "
         "| | |",
         f"| CPU per scrape with discovery, changing, incl. real API writes | | "
@@ -286,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  Prometheus {per_scrape_us(res['prom_changing']):.0f} us/scrape")
             res["ours_changing"] = run_ours(live.urls(), interval, warmup, window)
             log(f"  ours {per_scrape_us(res['ours_changing']):.0f} us/scrape")
+            res["ours_changing_no_writes"] = run_ours(live.urls(), interval, warmup, window,
+                                                      writes=False)
+            log(f"  ours without the write path "
+                f"{per_scrape_us(res['ours_changing_no_writes']):.0f} us/scrape")
         if not args.skip_exporter_bench:
             log("exporter_bench")
             res["exporter_bench"] = exporter_bench()

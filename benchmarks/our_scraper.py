@@ -31,7 +31,7 @@ from benchmarks.procstat import cpu_seconds, rss_bytes
 from exporter_lib.status import TrainerStatus
 from scraper.app import ScraperApp, _TargetState
 from scraper.config import ScraperSettings
-from scraper.reconcile import Held, Reconciler
+from scraper.reconcile import Held, Reconciler, WriteOutcome, already_holds
 from scraper.scraping import ExporterScraper, ScrapeLimits
 from scraper.targets import Target
 from scraper.telemetry import JobView
@@ -52,6 +52,20 @@ class OfflineReconciler(Reconciler):
         return {"metadata": {"uid": "uid"}, "status": {"trainerStatus": status.to_api()}}
 
 
+class ScrapeOnlyReconciler(OfflineReconciler):
+    """Change detection without the write: how much of a changing scrape the write costs.
+
+    Compares against the held status as :meth:`Reconciler.apply` does, then stops before
+    the retry wrapper, the token bucket and the worker-thread hop into the client.
+    """
+
+    async def apply(self, namespace: str, name: str, status: TrainerStatus) -> WriteOutcome:
+        held = await self.held(namespace, name)
+        if not already_holds(held.status, status):
+            self._held[(namespace, name)] = Held("uid", status)
+        return WriteOutcome.UNCHANGED
+
+
 def scrape_counts(app: ScraperApp) -> dict[str, float]:
     out: dict[str, float] = {}
     for metric in app.telemetry.scrapes.collect():  # this counter only: cheap
@@ -63,12 +77,13 @@ def scrape_counts(app: ScraperApp) -> dict[str, float]:
 
 
 async def run(urls: list[str], interval: float, warmup: float, window: float,
-              concurrency: int) -> dict[str, Any]:
+              concurrency: int, writes: bool = True) -> dict[str, Any]:
     settings = ScraperSettings(interval=interval, concurrency=concurrency, write_qps=1000,
                                write_burst=10000, listen_host="127.0.0.1", listen_port=0,
                                log_level="WARNING")
     app = ScraperApp(settings, api_client=k8s.ApiClient())
-    app.reconciler = OfflineReconciler(
+    reconciler = OfflineReconciler if writes else ScrapeOnlyReconciler
+    app.reconciler = reconciler(
         app.api, identity="bench", qps=settings.write_qps, burst=settings.write_burst,
         attempts=1, on_write=lambda outcome: app.telemetry.writes.labels(outcome.value).inc())
     app._scraper = ExporterScraper(ScrapeLimits(settings.scrape_timeout, settings.max_body_bytes,
@@ -117,12 +132,15 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--cpu", type=int, default=None, help="pin this process to one core")
+    parser.add_argument("--no-writes", action="store_true",
+                        help="detect changes but leave out the status write path")
     args = parser.parse_args()
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     with open(args.urls_file) as handle:
         urls = json.load(handle)
-    result = asyncio.run(run(urls, args.interval, args.warmup, args.window, args.concurrency))
+    result = asyncio.run(run(urls, args.interval, args.warmup, args.window, args.concurrency,
+                             writes=not args.no_writes))
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
 
