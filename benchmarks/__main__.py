@@ -65,7 +65,9 @@ def run_ours(urls: list[str], interval: float, warmup: float, window: float,
                               timeout=warmup + window + 120, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"our_scraper failed: {done.stderr[-2000:]}")
-        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        # py-spy adds its own lines to stdout; the child's JSON is the last "{" line.
+        last = [line for line in done.stdout.splitlines() if line.startswith("{")][-1]
+        result: dict[str, Any] = json.loads(last)
         return result
     finally:
         os.unlink(handle.name)
