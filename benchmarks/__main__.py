@@ -12,6 +12,8 @@ Phases (each bounded in time; every process started is stopped in ``finally``):
    live pods: freshness and API writes versus real changes.
 5. exporter farm (N real exporter_lib exporters updated every interval/2): Prometheus,
    ours, and ours with the status write path left out.
+6. ``benchmarks/breakdown.py``: timer wakeup, APScheduler job run, aiohttp GET -> 304
+   and the write's thread hop, each alone.
 
 Writes ``benchmarks/results/bench-<time>.{md,json}`` and prints the table.
 """
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import cp, prom
+from benchmarks import breakdown, cp, prom
 from benchmarks.farm import ExporterFarm, NginxFarm
 from benchmarks.payload import render_payloads, series_count
 
@@ -241,6 +243,9 @@ def table(res: dict[str, Any]) -> str:
         lines += ["", f"Control-plane phase failed: `{cpd['error'][:300]}`"]
     lines += ["", "Exporter (benchmarks/exporter_bench.py):", "", "```",
               res.get("exporter_bench", "(skipped)"), "```"]
+    if res.get("breakdown"):
+        lines += ["", "Where a scrape's CPU goes, CPU per operation (benchmarks/breakdown.py):",
+                  "", "```", *res["breakdown"], "```"]
     return "\n".join(lines)
 
 
@@ -316,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       writes=False)
             log(f"  ours without the write path "
                 f"{per_scrape_us(res['ours_changing_no_writes']):.0f} us/scrape")
+        log("breakdown: the scrape's pieces one at a time")
+        res["breakdown"] = breakdown.measure(n)
     finally:
         res["seconds"] = time.monotonic() - started
         res["loadavg_end"] = " ".join(f"{x:.1f}" for x in os.getloadavg())

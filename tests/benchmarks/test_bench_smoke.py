@@ -9,6 +9,7 @@ import urllib.request
 
 import pytest
 
+from benchmarks import breakdown
 from benchmarks.__main__ import problems, run_ours, table
 from benchmarks.farm import NginxFarm
 from benchmarks.procstat import cpu_seconds, rss_bytes
@@ -69,3 +70,12 @@ def test_a_run_with_targets_down_or_failed_scrapes_gets_no_ratio() -> None:
     assert "| 100 us | 200 us | 2.00x | <= 0.5x | NOT met |" in report  # unchanged: valid
     assert "| 100 us | 200 us | n/a | <= 1.0x | n/a |" in report  # changing: no verdict
     assert "**Not a valid comparison**" in report
+
+
+def test_breakdown_measures_each_piece() -> None:
+    lines = breakdown.measure(40, window=1.0)
+    assert [line.split(",")[0].split(" ")[0] for line in lines] == \
+        ["asyncio", "APScheduler", "aiohttp", "asyncio.to_thread(no-op)"]
+    for line in lines:
+        value = float(line.rsplit(": ", 1)[1].removesuffix(" us"))
+        assert 0 < value < 1e6, line  # a real CPU cost per operation, in microseconds
