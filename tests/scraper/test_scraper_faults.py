@@ -58,6 +58,16 @@ def _gaps(seen: list[Seen]) -> list[float]:
     return [b.started - a.started for a, b in itertools.pairwise(seen)]
 
 
+def _instrumented_job(kube_api: client.ApiClient, namespace: str, name: str, progress: int,
+                      exporter_factory: Callable[..., FakeExporter],
+                      ) -> tuple[FakeExporter, Any]:
+    """An exporter reporting ``progress``, its TrainJob and its rank-0 pod."""
+    exp = exporter_factory(body=status_json(progress))
+    objects.create_trainjob(kube_api, namespace, name)
+    pod = objects.create_trainer_pod(kube_api, namespace, name, port=exp.port)
+    return exp, pod
+
+
 def test_status_write_retried_on_503_and_429_then_lands_once(
     kube_api: client.ApiClient, namespace: str, proxied: tuple[FaultProxy, Path],
     exporter_factory: Callable[..., FakeExporter],
@@ -66,9 +76,7 @@ def test_status_write_retried_on_503_and_429_then_lands_once(
     proxy, kubeconfig = proxied
     path = _status_path(namespace, "retry")
     proxy.fail("PATCH", path, 503, times=2)
-    exp = exporter_factory(body=status_json(10))
-    objects.create_trainjob(kube_api, namespace, "retry")
-    objects.create_trainer_pod(kube_api, namespace, "retry", port=exp.port)
+    exp, _ = _instrumented_job(kube_api, namespace, "retry", 10, exporter_factory)
     scraper = scraper_factory("--interval=1s", f"--namespaces={namespace}",
                               kubeconfig=kubeconfig)
     wait_for(lambda: progress_of(kube_api, namespace, "retry") == 10, 20, "progress 10")
@@ -101,9 +109,7 @@ def test_conflict_retried_and_final_status_lands_after_transient_5xx(
     proxy, kubeconfig = proxied
     path = _status_path(namespace, "final")
     proxy.fail("PATCH", path, 409, times=1)
-    exp = exporter_factory(body=status_json(40))
-    objects.create_trainjob(kube_api, namespace, "final")
-    pod = objects.create_trainer_pod(kube_api, namespace, "final", port=exp.port)
+    _, pod = _instrumented_job(kube_api, namespace, "final", 40, exporter_factory)
     scraper = scraper_factory("--interval=1s", f"--namespaces={namespace}",
                               kubeconfig=kubeconfig)
     wait_for(lambda: progress_of(kube_api, namespace, "final") == 40, 20, "progress 40")
@@ -130,9 +136,7 @@ def test_sigterm_during_a_write_waits_for_it_then_releases_the_lease(
     proxy, kubeconfig = proxied
     path = _status_path(namespace, "slow")
     lease_path = f"^/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/"
-    exp = exporter_factory(body=status_json(30))
-    objects.create_trainjob(kube_api, namespace, "slow")
-    objects.create_trainer_pod(kube_api, namespace, "slow", port=exp.port)
+    _instrumented_job(kube_api, namespace, "slow", 30, exporter_factory)
     proxy.delay("PATCH", path, 2.0)  # the API server is slow to answer this write
     scraper = scraper_factory(
         "--interval=1s", f"--namespaces={namespace}", f"--lease-namespace={namespace}",
@@ -170,9 +174,7 @@ def test_expired_watch_relists_at_once(
 ) -> None:
     proxy, kubeconfig = proxied
     pods = _pods_path(namespace)
-    first = exporter_factory(body=status_json(5))
-    objects.create_trainjob(kube_api, namespace, "before")
-    objects.create_trainer_pod(kube_api, namespace, "before", port=first.port)
+    _instrumented_job(kube_api, namespace, "before", 5, exporter_factory)
     scraper = scraper_factory("--interval=1s", f"--namespaces={namespace}",
                               kubeconfig=kubeconfig)
     wait_for(lambda: progress_of(kube_api, namespace, "before") == 5, 20, "progress 5")
@@ -194,9 +196,7 @@ def test_expired_watch_relists_at_once(
     assert scraper.value("trainjob_scraper_watch_restarts_total", reason="error") == 0
 
     # Watching again: a pod created now is discovered and written.
-    second = exporter_factory(body=status_json(6))
-    objects.create_trainjob(kube_api, namespace, "after")
-    objects.create_trainer_pod(kube_api, namespace, "after", port=second.port)
+    _instrumented_job(kube_api, namespace, "after", 6, exporter_factory)
     wait_for(lambda: progress_of(kube_api, namespace, "after") == 6, 20, "progress 6")
     assert len(proxy.requests("GET", pods, watch=False)) == 2
 
@@ -215,9 +215,7 @@ def test_broken_watch_backs_off_and_discovers_a_pod_created_meanwhile(
     proxy.fail("GET", pods, 503, times=3, watch=False)
     broken = time.monotonic()
     assert proxy.end_watches(abort=True) == 1
-    exp = exporter_factory(body=status_json(55))
-    objects.create_trainjob(kube_api, namespace, "meanwhile")
-    objects.create_trainer_pod(kube_api, namespace, "meanwhile", port=exp.port)
+    _instrumented_job(kube_api, namespace, "meanwhile", 55, exporter_factory)
     wait_for(lambda: progress_of(kube_api, namespace, "meanwhile") == 55, 30, "progress 55")
 
     lists = [r for r in proxy.requests("GET", pods, watch=False) if r.started > broken]
