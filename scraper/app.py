@@ -127,7 +127,8 @@ class ScraperApp:
             may_write=self._may_write,
             on_write=lambda outcome: self.telemetry.writes.labels(outcome.value).inc(),
         )
-        self.scheduler = TargetScheduler(self._scrape)
+        self.scheduler = TargetScheduler(
+            self._scrape, on_skipped=lambda key: self.telemetry.skipped_runs.inc())
         self._scraper: ExporterScraper | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._synced_scopes: set[str | None] = set()

@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 PHASES = 20
 
 ScrapeFunc = Callable[[str], Awaitable[None]]
+
+#: Seconds between two "runs skipped" warnings (the counter counts every one).
+SKIP_WARNING_PERIOD = 60.0
 
 
 def offset_seconds(key: str, interval: float) -> float:
@@ -54,6 +58,11 @@ def first_run(key: str, interval: float, now: float | None = None) -> datetime:
     if at <= now:
         at += interval
     return datetime.fromtimestamp(at, UTC)
+
+
+def _drop_skip_warnings(record: logging.LogRecord) -> bool:
+    """Logging filter: False for APScheduler's per-run "skipped" warning."""
+    return "maximum number of running instances reached" not in record.getMessage()
 
 
 class _OnLoopScheduler(AsyncIOScheduler):  # type: ignore[misc]  # APScheduler 3 is untyped
@@ -83,10 +92,33 @@ class TargetScheduler:
     rather than dropped.
     """
 
-    def __init__(self, scrape: ScrapeFunc) -> None:
+    def __init__(self, scrape: ScrapeFunc,
+                 on_skipped: Callable[[str], None] | None = None) -> None:
+        """``on_skipped(key)`` is called for every run skipped because the target's
+        previous run had not finished (the scraper is behind its schedule)."""
         self._scrape = scrape
+        self._on_skipped = on_skipped
         self._scheduler = _OnLoopScheduler(timezone=UTC)
+        self._scheduler.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES)
+        # APScheduler warns once per skipped run: a line per target per interval
+        # when the scraper falls behind.  _skipped() counts them and warns per minute.
+        logging.getLogger("apscheduler.scheduler").addFilter(_drop_skip_warnings)
         self._scheduled: dict[str, Target] = {}
+        self._skips_since_warning = 0
+        self._last_warning = float("-inf")
+
+    def _skipped(self, event: JobSubmissionEvent) -> None:
+        if self._on_skipped is not None:
+            self._on_skipped(event.job_id)
+        self._skips_since_warning += 1
+        now = time.monotonic()
+        if now - self._last_warning >= SKIP_WARNING_PERIOD:
+            log.warning("%d scheduled scrape(s) skipped since the last warning (latest: %s): "
+                        "the previous scrape of the target was still running or waiting "
+                        "for a slot; raise --concurrency or the interval, or give the "
+                        "scraper more CPU", self._skips_since_warning, event.job_id)
+            self._skips_since_warning = 0
+            self._last_warning = now
 
     def start(self) -> None:
         """Start the scheduler on the running event loop."""

@@ -94,6 +94,9 @@ class Telemetry:
                                       "Times the pod watch started over", ["reason"], registry=r)
         self.leader = Gauge("trainjob_scraper_leader", "1 while this replica leads",
                             registry=r)
+        self.skipped_runs = Counter(
+            "trainjob_scraper_skipped_runs", "Scheduled scrapes skipped because the "
+            "target's previous scrape had not finished (the scraper is behind)", registry=r)
         r.register(_JobCollector(views))
         self.ready = asyncio.Event()
         self._runner: web.AppRunner | None = None

@@ -200,3 +200,27 @@ async def test_scheduler_runs_each_target_once_per_interval_at_its_phase() -> No
         # Each run starts at the target's phase (within the lateness of a loaded CI machine).
         phase = offset_seconds(target.key, 1.0)
         assert all(abs((s - phase + 0.5) % 1.0 - 0.5) < 0.25 for s in stamps), (phase, stamps)
+
+
+async def test_skipped_runs_are_counted_and_warned_once_a_minute(
+        caplog: pytest.LogCaptureFixture) -> None:
+    skipped: list[str] = []
+
+    async def scrape(key: str) -> None:
+        await asyncio.sleep(1.6)  # longer than the interval: the next run finds it running
+
+    scheduler = TargetScheduler(scrape, on_skipped=skipped.append)
+    scheduler.start()
+    targets = [Target("ns", f"job-{i}", f"pod-{i}", "uid", f"http://127.0.0.1:1/{i}", 1.0)
+               for i in range(3)]
+    try:
+        with caplog.at_level("INFO"):
+            for target in targets:
+                scheduler.schedule(target)
+            await asyncio.sleep(4.2)
+    finally:
+        scheduler.shutdown()
+    assert len(skipped) >= 3 and set(skipped) <= {t.key for t in targets}, skipped
+    assert not [r for r in caplog.records if "maximum number of running" in r.getMessage()]
+    ours = [r for r in caplog.records if "skipped since the last warning" in r.getMessage()]
+    assert len(ours) == 1 and ours[0].levelname == "WARNING", [r.getMessage() for r in ours]
