@@ -6,7 +6,7 @@ and a restarted scraper scrapes each target at the same phase as before.
 
 Unlike Prometheus, which spreads offsets to the millisecond, offsets fall on one
 of :data:`PHASES` evenly spaced phases.  Every event-loop wakeup costs CPU of its
-own (about 50 us on a 2-core VM, measured by ``benchmarks``), so targets that
+own (about 50-65 us on a 2-core VM, ``python -m benchmarks.breakdown``), so targets that
 share a phase share one wakeup, one pass of APScheduler's job loop and one
 ``epoll`` round for their requests.  20 phases still spread N targets into
 bursts of about N/20.
