@@ -123,7 +123,8 @@ def measure(n: int, window: float = WINDOW) -> list[str]:
              f"APScheduler job run, no-op scrape, {n} targets, {PHASES} phases: "
              f"{asyncio.run(scheduler_noop(n, window)):.0f} us"]
     with NginxFarm(n) as farm:
-        lines.append(f"aiohttp ClientSession GET -> 304, {n // PHASES} at once x {PHASES}/s: "
+        lines.append(f"aiohttp ClientSession GET -> 304, {max(1, n // PHASES)} at once x "
+                     f"{PHASES}/s: "
                      f"{asyncio.run(aiohttp_304(farm.urls(n), window)):.0f} us")
     lines.append(f"asyncio.to_thread(no-op), the status write's hop: "
                  f"{asyncio.run(thread_hop()):.0f} us")
@@ -132,8 +133,10 @@ def measure(n: int, window: float = WINDOW) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.breakdown")
-    parser.add_argument("--targets", type=int, default=1000)
+    parser.add_argument("--targets", type=int, default=1000, help="at least 1")
     args = parser.parse_args()
+    if args.targets < 1:
+        parser.error(f"--targets={args.targets}: must be at least 1")
     print("\n".join(measure(args.targets)))
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import sys
 import time
@@ -66,6 +65,10 @@ class ScrapeOnlyReconciler(OfflineReconciler):
         return WriteOutcome.UNCHANGED
 
 
+def skipped(app: ScraperApp) -> float:
+    return app.telemetry.registry.get_sample_value("trainjob_scraper_skipped_runs_total") or 0.0
+
+
 def scrape_counts(app: ScraperApp) -> dict[str, float]:
     out: dict[str, float] = {}
     for metric in app.telemetry.scrapes.collect():  # this counter only: cheap
@@ -99,14 +102,14 @@ async def run(urls: list[str], interval: float, warmup: float, window: float,
             app.scheduler.schedule(target)
         await asyncio.sleep(warmup)
         c0, w0, s0 = cpu_seconds(), OfflineReconciler.writes, scrape_counts(app)
+        k0 = skipped(app)
         t0 = time.monotonic()
         await asyncio.sleep(window)
         c1, w1, s1 = cpu_seconds(), OfflineReconciler.writes, scrape_counts(app)
+        k1 = skipped(app)
         t1 = time.monotonic()
         rss_after = rss_bytes()
     finally:
-        # Jobs still in flight are cancelled when the loop ends: not worth a traceback.
-        logging.getLogger("apscheduler").setLevel(logging.CRITICAL)
         app.scheduler.shutdown()
         await asyncio.sleep(0.2)
         await app._scraper.close()
@@ -119,6 +122,9 @@ async def run(urls: list[str], interval: float, warmup: float, window: float,
         "scrapes": sum(results.values()),
         "results": results,
         "writes": w1 - w0,
+        # Runs APScheduler skipped because the target's previous scrape had not finished.
+        "skipped": k1 - k0,
+        "expected": len(urls) * (t1 - t0) / interval,
         "rss_before": rss_before,
         "rss_after": rss_after,
     }

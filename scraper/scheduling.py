@@ -14,6 +14,7 @@ bursts of about N/20.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -65,6 +66,15 @@ def _drop_skip_warnings(record: logging.LogRecord) -> bool:
     return "maximum number of running instances reached" not in record.getMessage()
 
 
+def _drop_cancelled_runs(record: logging.LogRecord) -> bool:
+    """Logging filter: False for APScheduler's ERROR about a run that was cancelled.
+
+    Shutdown cancels the scrapes in flight on purpose; APScheduler's executor would
+    log each one as "raised an exception" with a CancelledError traceback.
+    """
+    return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
+
+
 class _OnLoopScheduler(AsyncIOScheduler):  # type: ignore[misc]  # APScheduler 3 is untyped
     """APScheduler's asyncio scheduler, woken by its timer without a thread hop.
 
@@ -103,21 +113,22 @@ class TargetScheduler:
         # APScheduler warns once per skipped run: a line per target per interval
         # when the scraper falls behind.  _skipped() counts them and warns per minute.
         logging.getLogger("apscheduler.scheduler").addFilter(_drop_skip_warnings)
+        logging.getLogger("apscheduler.executors.default").addFilter(_drop_cancelled_runs)
         self._scheduled: dict[str, Target] = {}
-        self._skips_since_warning = 0
+        self._skips = 0
         self._last_warning = float("-inf")
 
     def _skipped(self, event: JobSubmissionEvent) -> None:
         if self._on_skipped is not None:
             self._on_skipped(event.job_id)
-        self._skips_since_warning += 1
+        self._skips += 1
         now = time.monotonic()
         if now - self._last_warning >= SKIP_WARNING_PERIOD:
-            log.warning("%d scheduled scrape(s) skipped since the last warning (latest: %s): "
-                        "the previous scrape of the target was still running or waiting "
-                        "for a slot; raise --concurrency or the interval, or give the "
-                        "scraper more CPU", self._skips_since_warning, event.job_id)
-            self._skips_since_warning = 0
+            log.warning("scheduled scrape of %s skipped: its previous scrape was still running "
+                        "or waiting for a slot (%d skipped since start; counted in "
+                        "trainjob_scraper_skipped_runs_total, warned at most once a minute); "
+                        "raise --concurrency or the interval, or give the scraper more CPU",
+                        event.job_id, self._skips)
             self._last_warning = now
 
     def start(self) -> None:

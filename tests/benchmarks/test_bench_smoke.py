@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from benchmarks import breakdown
-from benchmarks.__main__ import problems, run_ours, table
+from benchmarks.__main__ import problems, rate_text, rate_verdict, run_ours, table
 from benchmarks.farm import NginxFarm
 from benchmarks.procstat import cpu_seconds, rss_bytes
 
@@ -52,24 +52,52 @@ def test_a_run_with_targets_down_or_failed_scrapes_gets_no_ratio() -> None:
     def prom(up: float) -> dict[str, float]:
         return {"targets": 10, "cpu_seconds": 0.01, "scrapes": 100.0, "rss": 1 << 20, "up": up}
 
-    def ours(results: dict[str, float]) -> dict[str, object]:
+    def ours(results: dict[str, float], skipped: float = 0.0) -> dict[str, object]:
         return {"targets": 10, "cpu_seconds": 0.02, "scrapes": sum(results.values()),
-                "results": results, "writes": 0, "rss_before": 0, "rss_after": 1 << 20}
+                "results": results, "writes": 0, "rss_before": 0, "rss_after": 1 << 20,
+                "skipped": skipped, "expected": 100.0}
 
     res: dict[str, object] = {
         "targets": 10, "interval": 1.0, "series": 15, "machine": "test",
         "loadavg_start": "0", "payload_bytes": {"text": 1, "json": 1},
         "prom_static": prom(10), "ours_static": ours({"not_modified": 100.0}),
         "prom_changing": prom(3), "ours_changing": ours({"ok": 90.0, "timeout": 10.0}),
+        "ours_changing_no_writes": ours({"ok": 80.0}, skipped=20.0),
     }
     assert problems(res) == [
-        "Prometheus, changing: only 3 of 10 targets up",
-        "ours, changing: 10 of 100 scrapes failed ({'ok': 90.0, 'timeout': 10.0})",
+        ("changing", "Prometheus, changing: only 3 of 10 targets up"),
+        ("changing", "ours, changing: 10 of 100 scrapes failed ({'ok': 90.0, 'timeout': 10.0})"),
     ]
     report = table(res)
     assert "| 100 us | 200 us | 2.00x | <= 0.5x | NOT met |" in report  # unchanged: valid
     assert "| 100 us | 200 us | n/a | <= 1.0x | n/a |" in report  # changing: no verdict
     assert "**Not a valid comparison**" in report
+    assert "**Our scraper fell behind**" in report
+    assert "- ours, changing, no writes: behind schedule: 80 of 100 expected scrapes, " \
+        "20 runs skipped" in report
+
+    # Behind schedule with a ratio under the target is still not met.
+    res["prom_static"] = prom(10) | {"cpu_seconds": 0.1}
+    res["ours_static"] = ours({"not_modified": 100.0}, skipped=3.0)
+    assert "| 1000 us | 200 us | 0.20x | <= 0.5x | NOT met (behind schedule) |" in table(res)
+    # No Prometheus CPU ticks in the window: no ratio rather than a division by zero.
+    res["prom_static"] = prom(10) | {"cpu_seconds": 0.0}
+    assert "| 0 us | 200 us | n/a | <= 0.5x | n/a |" in table(res)
+
+
+def test_capacity_verdict_only_for_what_was_tried() -> None:
+    def step(rate: int, ok: bool) -> dict[str, object]:
+        return {"targets": rate, "interval": 1.0, "sustained": ok}
+
+    assert rate_verdict({"steps": [step(200, True)], "sustained_rate": 200.0}) is None
+    assert rate_text({"steps": [step(200, True)], "sustained_rate": 200.0}) == \
+        ">= 200 (highest tried)"
+    held = {"steps": [step(2000, True), step(2500, False)], "sustained_rate": 2000.0}
+    assert rate_verdict(held) is True and rate_text(held) == "2000"
+    missed = {"steps": [step(1000, True), step(1500, False)], "sustained_rate": 1000.0}
+    assert rate_verdict(missed) is False
+    none = {"steps": [step(1000, False)], "sustained_rate": 0.0}
+    assert rate_verdict(none) is False and rate_text(none) == "< 1000"
 
 
 def test_breakdown_measures_each_piece() -> None:

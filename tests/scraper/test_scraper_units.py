@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import subprocess
 import sys
 import time
@@ -222,5 +223,24 @@ async def test_skipped_runs_are_counted_and_warned_once_a_minute(
         scheduler.shutdown()
     assert len(skipped) >= 3 and set(skipped) <= {t.key for t in targets}, skipped
     assert not [r for r in caplog.records if "maximum number of running" in r.getMessage()]
-    ours = [r for r in caplog.records if "skipped since the last warning" in r.getMessage()]
+    ours = [r for r in caplog.records if "skipped since start" in r.getMessage()]
     assert len(ours) == 1 and ours[0].levelname == "WARNING", [r.getMessage() for r in ours]
+
+
+async def test_scrapes_cancelled_at_shutdown_log_no_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    started = asyncio.Event()
+
+    async def scrape(key: str) -> None:
+        started.set()
+        await asyncio.sleep(30)  # a hung exporter: still in flight at shutdown
+
+    scheduler = TargetScheduler(scrape)
+    scheduler.start()
+    with caplog.at_level("INFO"):
+        scheduler.schedule(Target("ns", "job", "pod", "uid", "http://127.0.0.1:1/", 1.0))
+        await asyncio.wait_for(started.wait(), 5)
+        scheduler.shutdown()
+        await asyncio.sleep(0.3)  # the cancellation and APScheduler's callbacks run
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
