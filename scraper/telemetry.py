@@ -31,7 +31,9 @@ class JobView:
     trainjob: str
     pod: str
     status: TrainerStatus | None = None
-    up: bool = False
+    #: None until the first scrape ends: no ``target_up`` series yet, since a target
+    #: whose phase has not come round is neither up nor down.
+    up: bool | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -54,7 +56,8 @@ class _JobCollector(Collector):
                                labels=[*labels, "pod"])
         for view in self._views():
             key = [view.namespace, view.trainjob]
-            up.add_metric([*key, view.pod], 1.0 if view.up else 0.0)
+            if view.up is not None:
+                up.add_metric([*key, view.pod], 1.0 if view.up else 0.0)
             status = view.status
             if status is None:
                 continue

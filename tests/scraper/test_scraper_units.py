@@ -19,6 +19,7 @@ from scraper.discovery import Final, Ignore, Scrape, Wait, classify
 from scraper.scheduling import PHASES, TargetScheduler, first_run, offset_seconds
 from scraper.scraping import Failure, FailureKind, Fresh, NothingYet, parse_text
 from scraper.targets import Target
+from scraper.telemetry import JobView, Telemetry
 
 
 def test_flags_env_file_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -244,3 +245,13 @@ async def test_scrapes_cancelled_at_shutdown_log_no_error(
         await asyncio.sleep(0.3)  # the cancellation and APScheduler's callbacks run
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, [r.getMessage() for r in errors]
+
+
+def test_target_up_absent_until_the_first_scrape() -> None:
+    views = [JobView("ns", "new", "new-pod"), JobView("ns", "ok", "ok-pod", up=True),
+             JobView("ns", "down", "down-pod", up=False)]
+    text = Telemetry(lambda: views).render().decode()
+    ups = [line for line in text.splitlines() if line.startswith("trainjob_scraper_target_up{")]
+    assert len(ups) == 2, ups
+    assert any('trainjob="ok"' in line and line.endswith(" 1.0") for line in ups)
+    assert any('trainjob="down"' in line and line.endswith(" 0.0") for line in ups)
