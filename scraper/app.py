@@ -50,6 +50,7 @@ from scraper.reconcile import (
 )
 from scraper.scheduling import TargetScheduler
 from scraper.scraping import (
+    Busy,
     ExporterScraper,
     Failure,
     FailureKind,
@@ -311,6 +312,10 @@ class ScraperApp:
             return
         target = state.target
         result = await self._scraper.scrape(target, state.etag)
+        if isinstance(result, Busy):
+            self.scheduler.note_skipped(key, "no scrape slot came free in time "
+                                        f"(all {self.settings.concurrency} in use)")
+            return
         self.telemetry.scrape_duration.observe(time.monotonic() - now)
         if isinstance(result, Failure):
             self.telemetry.scrapes.labels(result.kind.value).inc()

@@ -119,16 +119,23 @@ class TargetScheduler:
         self._last_warning = float("-inf")
 
     def _skipped(self, event: JobSubmissionEvent) -> None:
+        self.note_skipped(event.job_id, "its previous scrape was still running")
+
+    def note_skipped(self, key: str, why: str) -> None:
+        """Count a run of ``key`` that did not scrape because the scraper is behind.
+
+        Calls ``on_skipped(key)`` every time and logs a WARNING at most once a minute
+        (``why`` says what held the run up).
+        """
         if self._on_skipped is not None:
-            self._on_skipped(event.job_id)
+            self._on_skipped(key)
         self._skips += 1
         now = time.monotonic()
         if now - self._last_warning >= SKIP_WARNING_PERIOD:
-            log.warning("scheduled scrape of %s skipped: its previous scrape was still running "
-                        "or waiting for a slot (%d skipped since start; counted in "
-                        "trainjob_scraper_skipped_runs_total, warned at most once a minute); "
-                        "raise --concurrency or the interval, or give the scraper more CPU",
-                        event.job_id, self._skips)
+            log.warning("scheduled scrape of %s skipped: %s (%d skipped since start; counted "
+                        "in trainjob_scraper_skipped_runs_total, warned at most once a "
+                        "minute); raise --concurrency or the interval, or give the scraper "
+                        "more CPU", key, why, self._skips)
             self._last_warning = now
 
     def start(self) -> None:

@@ -70,7 +70,16 @@ class Failure:
     detail: str
 
 
-ScrapeResult = Fresh | NotModified | NothingYet | Failure
+@dataclass(frozen=True)
+class Busy:
+    """No scrape: every slot stayed taken for the run's whole share of the interval.
+
+    The scraper is behind (too many slow or hung exporters for ``--concurrency``);
+    nothing is known about this target, so it is neither up nor down.
+    """
+
+
+ScrapeResult = Fresh | NotModified | NothingYet | Failure | Busy
 
 
 @dataclass(frozen=True)
@@ -114,32 +123,45 @@ class ExporterScraper:
             etag: the ETag of the last status seen, sent as ``If-None-Match``.
 
         Returns:
-            :class:`Fresh`, :class:`NotModified`, :class:`NothingYet` or a
-            :class:`Failure`; this method raises nothing but cancellation.
+            :class:`Fresh`, :class:`NotModified`, :class:`NothingYet`, a
+            :class:`Failure`, or :class:`Busy` when no slot came free within the
+            interval's share left after the scrape timeout (so a run never outlasts
+            its interval); this method raises nothing but cancellation.
         """
         timeout = min(self.limits.timeout, target.interval * 0.9)
         headers = {"Accept": ACCEPT, "Accept-Encoding": "identity"}
         if etag:
             headers["If-None-Match"] = etag
-        async with self._slots:
-            try:
-                async with asyncio.timeout(timeout):
-                    try:
-                        return await self._get(target.url, headers)
-                    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                        if isinstance(exc, aiohttp.ClientConnectorError):
-                            raise
-                        # A pooled keep-alive connection the exporter closed while idle:
-                        # not the exporter's fault, so try once more on a fresh one.
-                        return await self._get(target.url, headers)
-            except TimeoutError:
-                return Failure(FailureKind.TIMEOUT, f"no complete answer within {timeout:g}s")
-            except aiohttp.ClientConnectorError as exc:
-                if isinstance(exc.os_error, ConnectionRefusedError):
-                    return Failure(FailureKind.REFUSED, "connection refused")
-                return Failure(FailureKind.UNREACHABLE, f"cannot connect: {exc.os_error}")
-            except (aiohttp.ClientError, OSError) as exc:
-                return Failure(FailureKind.HTTP_ERROR, f"{type(exc).__name__}: {exc}"[:300])
+        try:
+            async with asyncio.timeout(target.interval - timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            return Busy()
+        try:
+            return await self._scrape(target.url, headers, timeout)
+        finally:
+            self._slots.release()
+
+    async def _scrape(self, url: str, headers: dict[str, str], limit: float) -> ScrapeResult:
+        """One GET (retried once on a stale pooled connection) within ``limit`` seconds."""
+        try:
+            async with asyncio.timeout(limit):
+                try:
+                    return await self._get(url, headers)
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                    if isinstance(exc, aiohttp.ClientConnectorError):
+                        raise
+                    # A pooled keep-alive connection the exporter closed while idle:
+                    # not the exporter's fault, so try once more on a fresh one.
+                    return await self._get(url, headers)
+        except TimeoutError:
+            return Failure(FailureKind.TIMEOUT, f"no complete answer within {limit:g}s")
+        except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc.os_error, ConnectionRefusedError):
+                return Failure(FailureKind.REFUSED, "connection refused")
+            return Failure(FailureKind.UNREACHABLE, f"cannot connect: {exc.os_error}")
+        except (aiohttp.ClientError, OSError) as exc:
+            return Failure(FailureKind.HTTP_ERROR, f"{type(exc).__name__}: {exc}"[:300])
 
     async def _get(self, url: str, headers: dict[str, str]) -> ScrapeResult:
         async with self._session.get(url, headers=headers, allow_redirects=False) as resp:

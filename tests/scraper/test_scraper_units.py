@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import socket
 import subprocess
 import sys
 import time
@@ -17,7 +18,16 @@ from scraper.cli import SUBCOMMANDS, build_parser
 from scraper.config import DEFAULT_SELECTOR, ConfigError, load_settings, parse_duration
 from scraper.discovery import Final, Ignore, Scrape, Wait, classify
 from scraper.scheduling import PHASES, TargetScheduler, first_run, offset_seconds
-from scraper.scraping import Failure, FailureKind, Fresh, NothingYet, parse_text
+from scraper.scraping import (
+    Busy,
+    ExporterScraper,
+    Failure,
+    FailureKind,
+    Fresh,
+    NothingYet,
+    ScrapeLimits,
+    parse_text,
+)
 from scraper.targets import Target
 from scraper.telemetry import JobView, Telemetry
 
@@ -255,3 +265,34 @@ def test_target_up_absent_until_the_first_scrape() -> None:
     assert len(ups) == 2, ups
     assert any('trainjob="ok"' in line and line.endswith(" 1.0") for line in ups)
     assert any('trainjob="down"' in line and line.endswith(" 0.0") for line in ups)
+
+
+async def test_a_run_waits_for_a_slot_only_its_share_of_the_interval() -> None:
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(5)  # accepts, never answers: a hung exporter
+        writer.close()
+
+    server = await asyncio.start_server(hang, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+    refused_port = closed.getsockname()[1]
+    scraper = ExporterScraper(ScrapeLimits(timeout=10.0, concurrency=1))
+    try:
+        hung = Target("ns", "hung", "hung-0", "u", f"http://127.0.0.1:{port}/metrics", 1.0)
+        other = Target("ns", "other", "other-0", "u",
+                       f"http://127.0.0.1:{refused_port}/metrics", 1.0)
+        first = asyncio.create_task(scraper.scrape(hung))
+        await asyncio.sleep(0.05)  # the hung scrape holds the only slot
+        t0 = time.monotonic()
+        # Timeout 0.9 s (90% of the interval), so a slot may be waited for 0.1 s.
+        assert isinstance(await scraper.scrape(other), Busy)
+        assert time.monotonic() - t0 < 0.5
+        failure = await first
+        assert isinstance(failure, Failure) and failure.kind is FailureKind.TIMEOUT
+        again = await scraper.scrape(other)  # the slot is free again
+        assert isinstance(again, Failure) and again.kind is FailureKind.REFUSED
+    finally:
+        await scraper.close()
+        closed.close()
+        server.close()
