@@ -72,7 +72,7 @@ class Failure:
 
 @dataclass(frozen=True)
 class Busy:
-    """No scrape: every slot stayed taken for the run's whole share of the interval.
+    """No scrape: every slot stayed taken for a whole scrape timeout.
 
     The scraper is behind (too many slow or hung exporters for ``--concurrency``);
     nothing is known about this target, so it is neither up nor down.
@@ -125,15 +125,16 @@ class ExporterScraper:
         Returns:
             :class:`Fresh`, :class:`NotModified`, :class:`NothingYet`, a
             :class:`Failure`, or :class:`Busy` when no slot came free within the
-            interval's share left after the scrape timeout (so a run never outlasts
-            its interval); this method raises nothing but cancellation.
+            scrape timeout; this method raises nothing but cancellation.
         """
         timeout = min(self.limits.timeout, target.interval * 0.9)
         headers = {"Accept": ACCEPT, "Accept-Encoding": "identity"}
         if etag:
             headers["If-None-Match"] = etag
         try:
-            async with asyncio.timeout(target.interval - timeout):
+            # The wait for a slot is bounded too: hung exporters holding every slot
+            # must not stall the other targets' runs without end.
+            async with asyncio.timeout(timeout):
                 await self._slots.acquire()
         except TimeoutError:
             return Busy()
