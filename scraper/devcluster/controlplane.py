@@ -11,7 +11,6 @@ status is written by the caller (see :mod:`scraper.devcluster.objects`).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import shutil
@@ -330,18 +329,17 @@ class ControlPlane:
 
     def _admin_user(self) -> dict[str, Any]:
         _, pki, _ = self._require()
-        return {
-            "client-certificate-data": base64.b64encode(pki.admin_cert.read_bytes()).decode(),
-            "client-key-data": base64.b64encode(pki.admin_key.read_bytes()).decode(),
-        }
+        return {"client-certificate": str(pki.admin_cert), "client-key": str(pki.admin_key)}
 
     def _write_kubeconfig(self, path: Path, user: dict[str, Any]) -> Path:
-        ca = base64.b64encode(self.ca_cert_path.read_bytes()).decode()
+        # File paths into the work directory rather than *-data: the Python client
+        # writes *-data out to temporary files that it deletes only at a clean exit,
+        # so every client killed by a test would leave the admin key in /tmp.
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "devcluster", "cluster": {
-                "server": self.server_url, "certificate-authority-data": ca}}],
+                "server": self.server_url, "certificate-authority": str(self.ca_cert_path)}}],
             "users": [{"name": "user", "user": user}],
             "contexts": [{"name": "devcluster", "context": {
                 "cluster": "devcluster", "user": "user"}}],
