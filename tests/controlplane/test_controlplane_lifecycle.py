@@ -86,8 +86,11 @@ def test_context_manager_stops_processes(control_plane: ControlPlane) -> None:
     assert not plane.running
 
 
+# The owner gets Python's own SIGINT handling, as in a terminal: a shell starts a
+# background job (CI run with "&") with SIGINT ignored, and children inherit that.
 _OWNER = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from scraper.devcluster.controlplane import ControlPlane
 plane = ControlPlane(assets_dir=sys.argv[1])
 plane.start()
