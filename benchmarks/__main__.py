@@ -42,6 +42,10 @@ TARGET_CHANGING_RATIO = 1.0
 TARGET_RATE = 2000.0
 #: Share of the expected scrapes that must happen for a rate to count as sustained.
 SUSTAINED_SHARE = 0.97
+#: Share of 304s above which a changing-payload run did not see changing payloads.
+STALE_SHARE = 0.03
+#: CPU seconds a run needs in its window: /proc/<pid>/stat counts 10 ms ticks.
+MIN_CPU_SECONDS = 1.0
 
 
 def log(message: str) -> None:
@@ -149,15 +153,32 @@ def problems(res: dict[str, Any]) -> list[tuple[str, str]]:
     out = []
     for key, (label, row) in PROM_RUNS.items():
         r = res.get(key)
-        if r and (r.get("up") is None or r["up"] < r["targets"]):
+        if not r:
+            continue
+        if r.get("up") is None or r["up"] < r["targets"]:
             out.append((row, f"{label}: only {fmt(r.get('up'))} of {r['targets']} targets up"))
+        if "expected" in r and r["scrapes"] < SUSTAINED_SHARE * r["expected"]:
+            out.append((row, f"{label}: fell behind, {r['scrapes']:.0f} of "
+                             f"{r['expected']:.0f} expected scrapes"))
     for key, (label, row) in OUR_RUNS.items():
         r = res.get(key)
-        if r:
-            good = sum(r["results"].get(k, 0.0) for k in ("ok", "not_modified"))
-            if r["scrapes"] and good < r["scrapes"]:
-                out.append((row, f"{label}: {r['scrapes'] - good:.0f} of {r['scrapes']:.0f} "
-                                 f"scrapes failed ({r['results']})"))
+        if not r:
+            continue
+        good = sum(r["results"].get(k, 0.0) for k in ("ok", "not_modified"))
+        if r["scrapes"] and good < r["scrapes"]:
+            out.append((row, f"{label}: {r['scrapes'] - good:.0f} of {r['scrapes']:.0f} "
+                             f"scrapes failed ({r['results']})"))
+        unchanged = r["results"].get("not_modified", 0.0)
+        if row != "unchanged" and unchanged > STALE_SHARE * r["scrapes"]:
+            # 304s are cheap: a farm that stopped changing would flatter us.
+            out.append((row, f"{label}: {unchanged:.0f} of {r['scrapes']:.0f} scrapes "
+                             "found the payload unchanged"))
+    for key, (label, row) in {**PROM_RUNS, **OUR_RUNS}.items():
+        r = res.get(key)
+        if r and r["cpu_seconds"] < MIN_CPU_SECONDS:
+            out.append((row, f"{label}: {r['cpu_seconds']:.2f} s of CPU in the window; /proc "
+                             f"counts 10 ms ticks, so a figure needs >= {MIN_CPU_SECONDS:g} s "
+                             "to be within 1% (use more targets or a longer --window)"))
     return out
 
 
@@ -320,7 +341,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.targets is not None and args.targets < 1:
         parser.error(f"--targets={args.targets}: must be at least 1")
     n = args.targets or (200 if quick else 1000)
-    interval = max(1.0, args.interval)
+    if args.interval < 1.0:
+        parser.error(f"--interval={args.interval:g}: must be at least 1 s (the scraper's minimum)")
+    if args.window is not None and args.window <= 0:
+        parser.error(f"--window={args.window:g}: must be more than 0 s")
+    interval = args.interval
     window = args.window or (4.0 if quick else 10.0)
     warmup = 2 * interval + 1
     steps = [n] if quick else [1000, 1500, 2000, 2500, 3000, 4000]

@@ -90,7 +90,8 @@ async def run(urls: list[str], interval: float, warmup: float, window: float,
         app.api, identity="bench", qps=settings.write_qps, burst=settings.write_burst,
         attempts=1, on_write=lambda outcome: app.telemetry.writes.labels(outcome.value).inc())
     app._scraper = ExporterScraper(ScrapeLimits(settings.scrape_timeout, settings.max_body_bytes,
-                                                settings.concurrency))
+                                                settings.concurrency),
+                                   observe=app.telemetry.scrape_duration.observe)
     app.scheduler.start()
     rss_before = rss_bytes()
     try:

@@ -64,6 +64,7 @@ def measure(urls: list[str], interval: float, warmup: float, window: float) -> d
         "window": t1 - t0,
         "cpu_seconds": c1 - c0,
         "scrapes": s1 - s0,
+        "expected": len(urls) * (t1 - t0) / interval,
         "rss": rss,
         "up": float(ups[0]["value"][1]) if ups else None,
     }

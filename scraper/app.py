@@ -142,7 +142,8 @@ class ScraperApp:
         port = await self.telemetry.start(s.listen_host, s.listen_port)
         log.info("serving /metrics, /healthz, /readyz on %s:%d", s.listen_host, port)
         self._scraper = ExporterScraper(
-            ScrapeLimits(s.scrape_timeout, s.max_body_bytes, s.concurrency)
+            ScrapeLimits(s.scrape_timeout, s.max_body_bytes, s.concurrency),
+            observe=self.telemetry.scrape_duration.observe,
         )
         self.telemetry.leader.set(1 if self._leading else 0)
         await self.reconciler.check_crd()
@@ -316,7 +317,6 @@ class ScraperApp:
             self.scheduler.note_skipped(key, "no scrape slot came free in time "
                                         f"(all {self.settings.concurrency} in use)")
             return
-        self.telemetry.scrape_duration.observe(time.monotonic() - now)
         if isinstance(result, Failure):
             self.telemetry.scrapes.labels(result.kind.value).inc()
             await self._on_failure(state, target, result)

@@ -6,7 +6,7 @@ and a restarted scraper scrapes each target at the same phase as before.
 
 Unlike Prometheus, which spreads offsets to the millisecond, offsets fall on one
 of :data:`PHASES` evenly spaced phases.  Every event-loop wakeup costs CPU of its
-own (about 50-65 us on a 2-core VM, ``python -m benchmarks.breakdown``), so targets that
+own (45-68 us on a 2-core VM, ``python -m benchmarks.breakdown``), so targets that
 share a phase share one wakeup, one pass of APScheduler's job loop and one
 ``epoll`` round for their requests.  20 phases still spread N targets into
 bursts of about N/20.
@@ -134,8 +134,10 @@ class TargetScheduler:
         if now - self._last_warning >= SKIP_WARNING_PERIOD:
             log.warning("scheduled scrape of %s skipped: %s (%d skipped since start; counted "
                         "in trainjob_scraper_skipped_runs_total, warned at most once a "
-                        "minute); raise --concurrency or the interval, or give the scraper "
-                        "more CPU", key, why, self._skips)
+                        "minute); if exporters time out they hold the slots: raise "
+                        "--concurrency above hung exporters x timeout / interval; otherwise "
+                        "give the scraper more CPU or a longer interval",
+                        key, why, self._skips)
             self._last_warning = now
 
     def start(self) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import enum
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -94,8 +95,12 @@ class ScrapeLimits:
 class ExporterScraper:
     """Scrapes exporters; create inside a running loop, ``await close()`` at the end."""
 
-    def __init__(self, limits: ScrapeLimits) -> None:
+    def __init__(self, limits: ScrapeLimits,
+                 observe: Callable[[float], None] | None = None) -> None:
+        """``observe(seconds)`` gets the duration of each request made, from the moment a
+        slot was free (the wait for a slot is the scraper's, not the exporter's)."""
         self.limits = limits
+        self._observe = observe
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
                 limit=limits.concurrency, keepalive_timeout=120, enable_cleanup_closed=True
@@ -138,10 +143,13 @@ class ExporterScraper:
                 await self._slots.acquire()
         except TimeoutError:
             return Busy()
+        started = time.monotonic()
         try:
             return await self._scrape(target.url, headers, timeout)
         finally:
             self._slots.release()
+            if self._observe is not None:
+                self._observe(time.monotonic() - started)
 
     async def _scrape(self, url: str, headers: dict[str, str], limit: float) -> ScrapeResult:
         """One GET (retried once on a stale pooled connection) within ``limit`` seconds."""

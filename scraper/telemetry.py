@@ -99,7 +99,8 @@ class Telemetry:
                             registry=r)
         self.skipped_runs = Counter(
             "trainjob_scraper_skipped_runs", "Scheduled scrapes skipped because the "
-            "target's previous scrape had not finished (the scraper is behind)", registry=r)
+            "target's previous scrape had not finished or no concurrency slot came free "
+            "within the scrape timeout (the scraper is behind)", registry=r)
         r.register(_JobCollector(views))
         self.ready = asyncio.Event()
         self._runner: web.AppRunner | None = None

@@ -36,10 +36,12 @@ def test_nginx_farm_serves_json_text_and_304() -> None:
 
 
 def test_bypassed_scraper_scrapes_every_target_each_interval() -> None:
-    with NginxFarm(3) as farm:
-        result = run_ours(farm.urls(), 1.0, 2.0, 4.0)  # about 12 scrapes: margin under load
-    assert result["targets"] == 3
-    assert result["results"].get("not_modified", 0) >= 3  # 304s after the first scrape
+    # 40 targets for 4 s: about 160 scrapes, enough CPU for a few of /proc's 10 ms ticks.
+    with NginxFarm(40) as farm:
+        result = run_ours(farm.urls(), 1.0, 2.0, 4.0)
+    assert result["targets"] == 40
+    assert result["results"].get("not_modified", 0) >= 40 * 2  # 304s after the first scrape
+    assert result["expected"] == pytest.approx(40 * result["window"])
     assert result["cpu_seconds"] > 0
 
 
@@ -49,40 +51,49 @@ def test_procstat_reads_this_process() -> None:
 
 
 def test_a_run_with_targets_down_or_failed_scrapes_gets_no_ratio() -> None:
-    def prom(up: float) -> dict[str, float]:
-        return {"targets": 10, "cpu_seconds": 0.01, "scrapes": 100.0, "rss": 1 << 20, "up": up}
+    def prom(up: float, scrapes: float = 10000.0) -> dict[str, float]:
+        return {"targets": 10, "cpu_seconds": 1.0, "scrapes": scrapes, "expected": 10000.0,
+                "rss": 1 << 20, "up": up}
 
     def ours(results: dict[str, float], skipped: float = 0.0) -> dict[str, object]:
-        return {"targets": 10, "cpu_seconds": 0.02, "scrapes": sum(results.values()),
+        return {"targets": 10, "cpu_seconds": 2.0, "scrapes": sum(results.values()),
                 "results": results, "writes": 0, "rss_before": 0, "rss_after": 1 << 20,
-                "skipped": skipped, "expected": 100.0}
+                "skipped": skipped, "expected": 10000.0}
 
     res: dict[str, object] = {
         "targets": 10, "interval": 1.0, "series": 15, "machine": "test",
         "loadavg_start": "0", "payload_bytes": {"text": 1, "json": 1},
-        "prom_static": prom(10), "ours_static": ours({"not_modified": 100.0}),
-        "prom_changing": prom(3), "ours_changing": ours({"ok": 90.0, "timeout": 10.0}),
-        "ours_changing_no_writes": ours({"ok": 80.0}, skipped=20.0),
+        "prom_static": prom(10), "ours_static": ours({"not_modified": 10000.0}),
+        "prom_changing": prom(3), "ours_changing": ours({"ok": 9000.0, "timeout": 1000.0}),
+        "ours_changing_no_writes": ours({"ok": 8000.0}, skipped=2000.0),
     }
     assert problems(res) == [
         ("changing", "Prometheus, changing: only 3 of 10 targets up"),
-        ("changing", "ours, changing: 10 of 100 scrapes failed ({'ok': 90.0, 'timeout': 10.0})"),
+        ("changing", "ours, changing: 1000 of 10000 scrapes failed "
+                     "({'ok': 9000.0, 'timeout': 1000.0})"),
     ]
     report = table(res)
     assert "| 100 us | 200 us | 2.00x | <= 0.5x | NOT met |" in report  # unchanged: valid
     assert "| 100 us | 200 us | n/a | <= 1.0x | n/a |" in report  # changing: no verdict
     assert "**Not a valid comparison**" in report
     assert "**Our scraper fell behind**" in report
-    assert "- ours, changing, no writes: behind schedule: 80 of 100 expected scrapes, " \
-        "20 runs skipped" in report
+    assert "- ours, changing, no writes: behind schedule: 8000 of 10000 expected scrapes, " \
+        "2000 runs skipped" in report
 
     # Behind schedule with a ratio under the target is still not met.
-    res["prom_static"] = prom(10) | {"cpu_seconds": 0.1}
-    res["ours_static"] = ours({"not_modified": 100.0}, skipped=3.0)
+    res["prom_static"] = prom(10) | {"cpu_seconds": 10.0}
+    res["ours_static"] = ours({"not_modified": 10000.0}, skipped=3.0)
     assert "| 1000 us | 200 us | 0.20x | <= 0.5x | NOT met (behind schedule) |" in table(res)
-    # No Prometheus CPU ticks in the window: no ratio rather than a division by zero.
-    res["prom_static"] = prom(10) | {"cpu_seconds": 0.0}
-    assert "| 0 us | 200 us | n/a | <= 0.5x | n/a |" in table(res)
+    # Prometheus behind, a changing farm that stopped changing, too few CPU ticks: no ratio.
+    res["prom_static"] = prom(10, scrapes=5000.0)
+    assert ("unchanged", "Prometheus, unchanged: fell behind, 5000 of 10000 expected "
+                         "scrapes") in problems(res)
+    res["ours_changing"] = ours({"ok": 5000.0, "not_modified": 5000.0})
+    assert ("changing", "ours, changing: 5000 of 10000 scrapes found the payload "
+                        "unchanged") in problems(res)
+    res["prom_static"] = prom(10) | {"cpu_seconds": 0.05}
+    assert any(row == "unchanged" and "10 ms ticks" in why for row, why in problems(res))
+    assert "| 5 us | 200 us | n/a | <= 0.5x | n/a |" in table(res)
 
 
 def test_capacity_verdict_only_for_what_was_tried() -> None:
