@@ -305,7 +305,7 @@ def table(res: dict[str, Any]) -> str:
         "(growth/N) | | | |",
     ]
     if bad:
-        lines += ["", "**Not a valid comparison** (a farm did not keep up):", ""]
+        lines += ["", "**Not a valid comparison**, so no ratio:", ""]
         lines += [f"- {why}" for _, why in bad]
     if late:
         lines += ["", "**Our scraper fell behind** (its CPU per scrape counts; the rate "

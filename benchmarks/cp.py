@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -22,9 +21,10 @@ from typing import Any
 
 from kubernetes import client, watch
 
-from benchmarks.farm import ExporterFarm, free_ports, stop_process
+from benchmarks.farm import ExporterFarm, free_ports
 from benchmarks.procstat import cpu_seconds, rss_bytes
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+from scraper.demo.processes import start_scraper
 from scraper.devcluster import ControlPlane, install_trainjob_crds, objects
 
 STATIC_NS = "bench-static"
@@ -51,17 +51,15 @@ def _metric_sum(text: str, name: str, label: str | None = None) -> float:
 
 
 class _Scraper:
-    """``python -m scraper run`` as a child process."""
+    """``python -m scraper run`` as a child process (the demo's launcher)."""
 
     def __init__(self, kubeconfig: Path, interval: float, workdir: Path) -> None:
         self.port = free_ports(1)[0]
-        self._log = open(workdir / "scraper.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scraper", "run", "--kubeconfig", str(kubeconfig),
-             "--interval", str(interval), "--listen-host", "127.0.0.1",
-             "--listen-port", str(self.port), "--namespaces", f"{STATIC_NS},{LIVE_NS}",
-             "--write-qps", "500", "--write-burst", "500", "--log-level", "WARNING"],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
+        self.child = start_scraper(
+            workdir, kubeconfig=kubeconfig, port=self.port,
+            options=["--interval", str(interval), "--namespaces", f"{STATIC_NS},{LIVE_NS}",
+                     "--write-qps", "500", "--write-burst", "500", "--log-level", "WARNING"])
+        self.proc = self.child.process
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
@@ -83,8 +81,7 @@ class _Scraper:
         return False
 
     def stop(self) -> None:
-        stop_process(self.proc, timeout=15)
-        self._log.close()
+        self.child.stop(grace=15.0)
 
 
 class _Watcher:

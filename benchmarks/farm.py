@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from benchmarks.payload import render_payloads
+from scraper.devcluster import processes
 
 NGINX = "/usr/sbin/nginx"
 
@@ -40,18 +41,6 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after ``timeout`` seconds; waits for the process."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=timeout)
-
-
 def wait_http(url: str, timeout: float, headers: dict[str, str] | None = None) -> None:
     """Poll ``url`` until it answers 2xx; raise RuntimeError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -68,7 +57,10 @@ def wait_http(url: str, timeout: float, headers: dict[str, str] | None = None) -
     raise RuntimeError(f"{url} did not answer within {timeout}s: {last}")
 
 
+# One process (no master): the one the benchmark started, so PDEATHSIG and process-group
+# kills reach the process serving the farm.
 NGINX_CONF = """\
+master_process off;
 worker_processes 1;
 daemon off;
 pid {root}/nginx.pid;
@@ -144,14 +136,10 @@ class NginxFarm:
             hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
             nofile = 65536 if hard == resource.RLIM_INFINITY else min(65536, hard)
             conf.write_text(NGINX_CONF.format(root=self._dir, listens=listens, nofile=nofile))
-            log = open(self._dir / "stderr.log", "wb")
-            try:
-                self._proc = subprocess.Popen(
-                    [NGINX, "-p", str(self._dir), "-c", str(conf), "-e", str(self._dir /
-                                                                            "error.log")],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-            finally:
-                log.close()
+            # Own process group, killed with this process even when it dies abruptly.
+            self._proc = processes.spawn(
+                [NGINX, "-p", str(self._dir), "-c", str(conf), "-e", str(self._dir / "error.log")],
+                self._dir / "stderr.log")
             wait_http(self.urls(1)[0], 15)
             wait_http(self.urls()[-1], 15)
         except BaseException:
@@ -167,7 +155,7 @@ class NginxFarm:
             try:
                 self._proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                stop_process(self._proc)
+                processes.stop(self._proc)
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -216,7 +204,7 @@ class ExporterFarm:
                        "--duration", str(self.duration), "--log", str(self._dir / f"{i}.json")]
                 if self.jitter:
                     cmd.append("--jitter")
-                self._procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
+                self._procs.append(processes.spawn(cmd, self._dir / f"{i}.log"))
             for url in (self.urls()[0], self.urls()[-1]):
                 wait_http(url, 30, {"Accept": "application/json"})
         except BaseException:
@@ -237,7 +225,7 @@ class ExporterFarm:
     def stop(self) -> None:
         """Stop the children (each writes its stamp log on SIGTERM)."""
         for proc in self._procs:
-            stop_process(proc)
+            processes.stop(proc, grace=10.0)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

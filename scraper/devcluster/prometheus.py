@@ -32,6 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from scraper.devcluster import processes
 from scraper.devcluster.processes import free_port
 
 __all__ = [
@@ -133,7 +134,6 @@ class PrometheusServer:
         self.workdir: Path | None = None
         self.port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._log_file: Any = None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -190,8 +190,8 @@ class PrometheusServer:
         last_error = ""
         for _attempt in range(3):  # a free port can be taken between probe and bind
             self.port = free_port()
-            self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-            self._proc = subprocess.Popen(
+            # Own process group, killed with this process even when it dies abruptly.
+            self._proc = processes.spawn(
                 [
                     binary,
                     f"--config.file={config_path}",
@@ -200,9 +200,7 @@ class PrometheusServer:
                     "--storage.tsdb.retention.time=1d",
                     "--log.level=info",
                 ],
-                stdin=subprocess.DEVNULL,
-                stdout=self._log_file,
-                stderr=subprocess.STDOUT,
+                self.log_path,
             )
             try:
                 self._wait_ready()
@@ -236,16 +234,8 @@ class PrometheusServer:
 
     def _terminate(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
+        if proc is not None:
+            processes.stop(proc, grace=10.0)
 
     def _cleanup(self) -> None:
         if self._tmp is not None:
