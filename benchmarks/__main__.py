@@ -157,7 +157,7 @@ def problems(res: dict[str, Any]) -> list[tuple[str, str]]:
             continue
         if r.get("up") is None or r["up"] < r["targets"]:
             out.append((row, f"{label}: only {fmt(r.get('up'))} of {r['targets']} targets up"))
-        if "expected" in r and r["scrapes"] < SUSTAINED_SHARE * r["expected"]:
+        if short_of_schedule(r):
             out.append((row, f"{label}: fell behind, {r['scrapes']:.0f} of "
                              f"{r['expected']:.0f} expected scrapes"))
     for key, (label, row) in OUR_RUNS.items():
@@ -182,12 +182,16 @@ def problems(res: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def short_of_schedule(r: dict[str, Any]) -> bool:
+    """True when a run did fewer scrapes than its targets and window call for."""
+    return "expected" in r and r["scrapes"] < SUSTAINED_SHARE * r["expected"]
+
+
 def behind(r: dict[str, Any] | None) -> str | None:
     """Why our run did not keep its schedule (runs skipped, scrapes short), or None."""
     if not r or "expected" not in r:
         return None
-    short = r["scrapes"] < SUSTAINED_SHARE * r["expected"]
-    if r.get("skipped", 0) or short:
+    if r.get("skipped", 0) or short_of_schedule(r):
         return (f"{r['scrapes']:.0f} of {r['expected']:.0f} expected scrapes, "
                 f"{r.get('skipped', 0):.0f} runs skipped")
     return None
@@ -251,6 +255,7 @@ def table(res: dict[str, Any]) -> str:
     bad = problems(res)
     late = lagging(res)
     invalid = {row for row, _ in bad}
+    behind_rows = {row for row, _ in late}
     # A ratio over a run with targets down or scrapes failed is no verdict at all
     # (and a Prometheus figure of 0 CPU ticks is no base for one).
     r_static = None if not ps or os_ is None or "unchanged" in invalid else os_ / ps
@@ -260,7 +265,7 @@ def table(res: dict[str, Any]) -> str:
     def ratio_verdict(ratio: float | None, target: float, row: str) -> str:
         if ratio is None:
             return "n/a"
-        if any(r == row for r, _ in late):
+        if row in behind_rows:
             return "NOT met (behind schedule)"
         return verdict(ratio <= target)
     rss_ours = None if not o_static else \

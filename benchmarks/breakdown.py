@@ -20,10 +20,9 @@ import argparse
 import asyncio
 import time
 
-import aiohttp
-
 from benchmarks.farm import NginxFarm
 from scraper.scheduling import PHASES, TargetScheduler
+from scraper.scraping import ScrapeLimits, client_session
 from scraper.targets import Target
 
 WINDOW = 4.0  # default measured seconds per timed piece
@@ -77,9 +76,7 @@ async def scheduler_noop(n: int, window: float = WINDOW) -> float:
 
 async def aiohttp_304(urls: list[str], window: float = WINDOW) -> float:
     """CPU per GET -> 304, ``len(urls)/PHASES`` at once, ``PHASES`` bursts a second."""
-    session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=32), auto_decompress=False,
-        cookie_jar=aiohttp.DummyCookieJar(), timeout=aiohttp.ClientTimeout())
+    session = client_session(ScrapeLimits().concurrency)  # the scraper's own session
     try:
         async with session.get(urls[0], headers={"Accept": "application/json"}) as resp:
             etag = resp.headers["ETag"]

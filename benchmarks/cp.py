@@ -21,11 +21,11 @@ from typing import Any
 
 from kubernetes import client, watch
 
-from benchmarks.farm import ExporterFarm, free_ports
+from benchmarks.farm import ExporterFarm
 from benchmarks.procstat import cpu_seconds, rss_bytes
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from scraper.demo.processes import start_scraper
-from scraper.devcluster import ControlPlane, install_trainjob_crds, objects
+from scraper.devcluster import ControlPlane, install_trainjob_crds, objects, processes
 
 STATIC_NS = "bench-static"
 LIVE_NS = "bench-live"
@@ -54,7 +54,7 @@ class _Scraper:
     """``python -m scraper run`` as a child process (the demo's launcher)."""
 
     def __init__(self, kubeconfig: Path, interval: float, workdir: Path) -> None:
-        self.port = free_ports(1)[0]
+        self.port = processes.free_port()
         self.child = start_scraper(
             workdir, kubeconfig=kubeconfig, port=self.port,
             options=["--interval", str(interval), "--namespaces", f"{STATIC_NS},{LIVE_NS}",

@@ -123,7 +123,7 @@ async def run(urls: list[str], interval: float, warmup: float, window: float,
         "scrapes": sum(results.values()),
         "results": results,
         "writes": w1 - w0,
-        # Runs APScheduler skipped because the target's previous scrape had not finished.
+        # Runs skipped: the target's previous scrape had not finished, or no slot came free.
         "skipped": k1 - k0,
         "expected": len(urls) * (t1 - t0) / interval,
         "rss_before": rss_before,

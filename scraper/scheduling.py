@@ -104,8 +104,9 @@ class TargetScheduler:
 
     def __init__(self, scrape: ScrapeFunc,
                  on_skipped: Callable[[str], None] | None = None) -> None:
-        """``on_skipped(key)`` is called for every run skipped because the target's
-        previous run had not finished (the scraper is behind its schedule)."""
+        """``on_skipped(key)`` is called for every run skipped because the scraper is
+        behind its schedule: the target's previous run had not finished, or a run
+        reported through :meth:`note_skipped`."""
         self._scrape = scrape
         self._on_skipped = on_skipped
         self._scheduler = _OnLoopScheduler(timezone=UTC)

@@ -92,6 +92,27 @@ class ScrapeLimits:
     concurrency: int = 32
 
 
+def client_session(concurrency: int) -> aiohttp.ClientSession:
+    """The pooled session every scrape goes through: keep-alive, at most ``concurrency``
+    connections, no cookies, no decompression, no timers of its own.
+
+    Create inside a running loop; the caller closes it.
+    """
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(
+            limit=concurrency, keepalive_timeout=120, enable_cleanup_closed=True
+        ),
+        headers={"User-Agent": USER_AGENT},
+        auto_decompress=False,  # a compressed body could exceed the cap once inflated
+        # Targets are separate pods: a cookie one sets must not reach another.
+        cookie_jar=aiohttp.DummyCookieJar(),
+        # scrape() bounds each whole exchange with one asyncio.timeout; aiohttp's
+        # default timers (300 s total, 30 s connect) would add timer handles per
+        # request and never fire first.
+        timeout=aiohttp.ClientTimeout(),
+    )
+
+
 class ExporterScraper:
     """Scrapes exporters; create inside a running loop, ``await close()`` at the end."""
 
@@ -101,19 +122,7 @@ class ExporterScraper:
         slot was free (the wait for a slot is the scraper's, not the exporter's)."""
         self.limits = limits
         self._observe = observe
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=limits.concurrency, keepalive_timeout=120, enable_cleanup_closed=True
-            ),
-            headers={"User-Agent": USER_AGENT},
-            auto_decompress=False,  # a compressed body could exceed the cap once inflated
-            # Targets are separate pods: a cookie one sets must not reach another.
-            cookie_jar=aiohttp.DummyCookieJar(),
-            # scrape() bounds each whole exchange with one asyncio.timeout; aiohttp's
-            # default timers (300 s total, 30 s connect) would add timer handles per
-            # request and never fire first.
-            timeout=aiohttp.ClientTimeout(),
-        )
+        self._session = client_session(limits.concurrency)
         self._slots = asyncio.Semaphore(limits.concurrency)
 
     async def close(self) -> None:

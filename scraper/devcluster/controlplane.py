@@ -46,7 +46,6 @@ class ControlPlaneError(RuntimeError):
     """The control plane failed to start, or an operation on it failed."""
 
 
-
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
         text = path.read_text(errors="replace")

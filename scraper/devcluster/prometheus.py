@@ -33,7 +33,6 @@ from types import TracebackType
 from typing import Any
 
 from scraper.devcluster import processes
-from scraper.devcluster.processes import free_port
 
 __all__ = [
     "PrometheusError",
@@ -90,7 +89,6 @@ def find_prometheus() -> str:
         "no prometheus binary: set PROMETHEUS_BIN or install Debian's 'prometheus' package "
         "(scripts/bootstrap test does)"
     )
-
 
 
 def _duration(seconds: float) -> str:
@@ -189,7 +187,7 @@ class PrometheusServer:
 
         last_error = ""
         for _attempt in range(3):  # a free port can be taken between probe and bind
-            self.port = free_port()
+            self.port = processes.free_port()
             # Own process group, killed with this process even when it dies abruptly.
             self._proc = processes.spawn(
                 [

@@ -68,17 +68,24 @@ def _instrumented_job(kube_api: client.ApiClient, namespace: str, name: str, pro
     return exp, pod
 
 
+def _scraper_through(proxied: tuple[FaultProxy, Path], namespace: str,
+                     scraper_factory: Callable[..., ScraperProcess], *flags: str,
+                     ) -> ScraperProcess:
+    """The scraper at a 1 s interval on ``namespace``, talking through the fault proxy."""
+    return scraper_factory("--interval=1s", f"--namespaces={namespace}", *flags,
+                           kubeconfig=proxied[1])
+
+
 def test_status_write_retried_on_503_and_429_then_lands_once(
     kube_api: client.ApiClient, namespace: str, proxied: tuple[FaultProxy, Path],
     exporter_factory: Callable[..., FakeExporter],
     scraper_factory: Callable[..., ScraperProcess],
 ) -> None:
-    proxy, kubeconfig = proxied
+    proxy = proxied[0]
     path = _status_path(namespace, "retry")
     proxy.fail("PATCH", path, 503, times=2)
     exp, _ = _instrumented_job(kube_api, namespace, "retry", 10, exporter_factory)
-    scraper = scraper_factory("--interval=1s", f"--namespaces={namespace}",
-                              kubeconfig=kubeconfig)
+    scraper = _scraper_through(proxied, namespace, scraper_factory)
     wait_for(lambda: progress_of(kube_api, namespace, "retry") == 10, 20, "progress 10")
     patches = proxy.requests("PATCH", path)
     assert _statuses(patches) == [503, 503, 200]
@@ -106,12 +113,11 @@ def test_conflict_retried_and_final_status_lands_after_transient_5xx(
     exporter_factory: Callable[..., FakeExporter],
     scraper_factory: Callable[..., ScraperProcess],
 ) -> None:
-    proxy, kubeconfig = proxied
+    proxy = proxied[0]
     path = _status_path(namespace, "final")
     proxy.fail("PATCH", path, 409, times=1)
     _, pod = _instrumented_job(kube_api, namespace, "final", 40, exporter_factory)
-    scraper = scraper_factory("--interval=1s", f"--namespaces={namespace}",
-                              kubeconfig=kubeconfig)
+    scraper = _scraper_through(proxied, namespace, scraper_factory)
     wait_for(lambda: progress_of(kube_api, namespace, "final") == 40, 20, "progress 40")
     assert _statuses(proxy.requests("PATCH", path)) == [409, 200]
 
@@ -133,15 +139,15 @@ def test_sigterm_during_a_write_waits_for_it_then_releases_the_lease(
     exporter_factory: Callable[..., FakeExporter],
     scraper_factory: Callable[..., ScraperProcess],
 ) -> None:
-    proxy, kubeconfig = proxied
+    proxy = proxied[0]
     path = _status_path(namespace, "slow")
     lease_path = f"^/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/"
     _instrumented_job(kube_api, namespace, "slow", 30, exporter_factory)
     proxy.delay("PATCH", path, 2.0)  # the API server is slow to answer this write
-    scraper = scraper_factory(
-        "--interval=1s", f"--namespaces={namespace}", f"--lease-namespace={namespace}",
+    scraper = _scraper_through(
+        proxied, namespace, scraper_factory, f"--lease-namespace={namespace}",
         "--leader-election", "--lease-duration=4s", "--renew-deadline=3s",
-        "--retry-period=0.5s", "--shutdown-timeout=10s", kubeconfig=kubeconfig)
+        "--retry-period=0.5s", "--shutdown-timeout=10s")
     write = wait_for(lambda: proxy.requests("PATCH", path), 20, "the write in flight")[0]
     assert write.status is None  # still held by the proxy
     scraper.proc.send_signal(signal.SIGTERM)
@@ -172,11 +178,10 @@ def test_expired_watch_relists_at_once(
     exporter_factory: Callable[..., FakeExporter],
     scraper_factory: Callable[..., ScraperProcess],
 ) -> None:
-    proxy, kubeconfig = proxied
+    proxy = proxied[0]
     pods = _pods_path(namespace)
     _instrumented_job(kube_api, namespace, "before", 5, exporter_factory)
-    scraper = scraper_factory("--interval=1s", f"--namespaces={namespace}",
-                              kubeconfig=kubeconfig)
+    scraper = _scraper_through(proxied, namespace, scraper_factory)
     wait_for(lambda: progress_of(kube_api, namespace, "before") == 5, 20, "progress 5")
     assert len(proxy.requests("GET", pods, watch=False)) == 1  # one list so far
 
@@ -206,10 +211,9 @@ def test_broken_watch_backs_off_and_discovers_a_pod_created_meanwhile(
     exporter_factory: Callable[..., FakeExporter],
     scraper_factory: Callable[..., ScraperProcess],
 ) -> None:
-    proxy, kubeconfig = proxied
+    proxy = proxied[0]
     pods = _pods_path(namespace)
-    scraper = scraper_factory("--interval=1s", f"--namespaces={namespace}",
-                              kubeconfig=kubeconfig)
+    scraper = _scraper_through(proxied, namespace, scraper_factory)
     wait_for(lambda: proxy.requests("GET", pods, watch=True), 10, "the watch")
     # The connection breaks, and the API server fails the next three lists.
     proxy.fail("GET", pods, 503, times=3, watch=False)
