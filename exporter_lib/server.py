@@ -26,9 +26,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from exporter_lib.exposition import Renderer, etag_matches
-from exporter_lib.push import PushEndpoint, PushError
+from exporter_lib.push import MAX_BODY_BYTES, PushEndpoint, PushError
 
 log = logging.getLogger("exporter_lib")
+
+#: Bytes of a refused request body read and dropped before the error response
+#: (twice the push limit).  Closing a socket with unread data sends a reset, which
+#: reaches a client still sending its body as "broken pipe" instead of the answer.
+DRAIN_MAX_BYTES = 2 * MAX_BODY_BYTES
+#: Seconds the drain may take before the connection is closed anyway.
+DRAIN_TIMEOUT_SECONDS = 2.0
 
 
 class ExporterHTTPServer(ThreadingHTTPServer):
@@ -87,9 +94,24 @@ class _Handler(BaseHTTPRequestHandler):
         except PushError as err:
             if err.unread_body:
                 self.close_connection = True  # the body was not consumed
+                self._drain_body()
             self._send(err.code, err.body(), "application/json")
             return
         self._send(HTTPStatus.OK, result, "application/json")
+
+    def _drain_body(self) -> None:
+        """Read and drop the refused request's body (bounded in bytes and time)."""
+        try:
+            remaining = min(int(self.headers.get("Content-Length") or 0), DRAIN_MAX_BYTES)
+        except ValueError:
+            return
+        with contextlib.suppress(OSError):
+            self.connection.settimeout(DRAIN_TIMEOUT_SECONDS)
+            while remaining > 0:
+                chunk = self.rfile.read1(min(65536, remaining))
+                if not chunk:
+                    break
+                remaining -= len(chunk)
 
     def _get(self, head: bool) -> None:
         path = urlsplit(self.path).path

@@ -106,3 +106,15 @@ def test_generated_token_file_is_removed_at_exit() -> None:
     path = result.stdout.strip()
     assert path.endswith(".token")
     assert not os.path.exists(path)
+
+
+def test_refused_pushes_with_a_body_get_their_answer_not_a_reset(
+        exporter: api.Exporter, fetch: Fetch) -> None:
+    # The server refuses before reading the body; unless it drains what the client is
+    # still sending, closing resets the connection and the client sees a broken pipe.
+    exporter_lib.enable_push_compat()
+    url = exporter.url + status_path("ns", "job")
+    body = b" " * (MAX_BODY_BYTES + 1)
+    codes = [_post(fetch, url, None, token, raw=body).status
+             for token in ("wrong", _token()) for _ in range(40)]
+    assert codes == [401] * 40 + [413] * 40
