@@ -5,16 +5,16 @@
 
 demo:
 	scripts/bootstrap demo
-	.venv/bin/trainjob-scraper demo $(ARGS)
+	.venv/bin/python -m localdev.demo $(ARGS)
 
 test:
 	scripts/bootstrap test
-	.venv/bin/ruff check exporter_lib scraper tests benchmarks
+	.venv/bin/ruff check exporter_lib scraper localdev tests benchmarks
 	.venv/bin/mypy
 	.venv/bin/pytest $(ARGS)
 
 lint:
-	.venv/bin/ruff check exporter_lib scraper tests benchmarks
+	.venv/bin/ruff check exporter_lib scraper localdev tests benchmarks
 	.venv/bin/mypy
 
 bench:

@@ -24,8 +24,8 @@ from kubernetes import client, watch
 from benchmarks.farm import ExporterFarm
 from benchmarks.procstat import cpu_seconds, rss_bytes
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
-from scraper.demo.processes import start_scraper
-from scraper.devcluster import ControlPlane, install_trainjob_crds, objects, processes
+from localdev.cluster import ControlPlane, install_trainjob_crds, objects, processes
+from localdev.demo.processes import start_scraper
 
 STATIC_NS = "bench-static"
 LIVE_NS = "bench-live"

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from benchmarks.payload import render_payloads
-from scraper.devcluster import processes
+from localdev.cluster import processes
 
 NGINX = "/usr/sbin/nginx"
 

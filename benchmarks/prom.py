@@ -7,7 +7,7 @@ import urllib.request
 from typing import Any
 
 from benchmarks.procstat import cpu_seconds, rss_bytes
-from scraper.devcluster.prometheus import PrometheusServer, _duration
+from localdev.cluster.prometheus import PrometheusServer, _duration
 
 
 class FarmPrometheus(PrometheusServer):

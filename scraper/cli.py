@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from scraper.config import ENV_PREFIX, ConfigError, ScraperSettings, load_settings
-from scraper.demo import add_demo
 
 Handler = Callable[[argparse.Namespace], int]
 AddSubcommand = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
@@ -103,7 +102,7 @@ async def _serve(settings: ScraperSettings) -> int:
 
 
 #: Every subcommand's ``add_*`` function, in ``--help`` order.
-SUBCOMMANDS: list[AddSubcommand] = [add_run, add_demo]
+SUBCOMMANDS: list[AddSubcommand] = [add_run]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,10 +17,21 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from scraper.devcluster import objects
-from scraper.devcluster.assets import AssetsError
-from scraper.devcluster.controlplane import ControlPlane, ControlPlaneError
-from scraper.devcluster.crds import CrdError, install_trainjob_crds
+from localdev.cluster import objects
+from localdev.cluster.assets import AssetsError
+from localdev.cluster.controlplane import ControlPlane, ControlPlaneError
+from localdev.cluster.crds import CrdError, install_trainjob_crds
+
+_FOLDER_MARKERS = ("e2e", "chart", "exporter", "scraper", "controlplane", "packaging",
+                   "benchmarks")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test by its folder (``-m e2e``, ``-m "not chart"``): selection only."""
+    for item in items:
+        folder = item.path.relative_to(item.config.rootpath / "tests").parts[0]
+        if folder in _FOLDER_MARKERS:
+            item.add_marker(folder)
 
 
 @pytest.fixture(scope="session")

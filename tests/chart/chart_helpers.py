@@ -1,7 +1,7 @@
 """Helpers for the Helm chart tests: run the pinned helm, parse what it renders.
 
 ``helm`` is the binary built from ``tools/controlplane/helm`` by
-``scripts/controlplane-assets`` (through :func:`scraper.devcluster.ensure_assets`),
+``scripts/controlplane-assets`` (through :func:`localdev.cluster.ensure_assets`),
 or ``$TRAINJOB_HELM``; a missing binary fails the test with the reason, it is never
 skipped.
 """

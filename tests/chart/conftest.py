@@ -1,7 +1,7 @@
 """Fixtures for the Helm chart tests: the pinned helm binary and a chart renderer.
 
 ``helm`` is the binary built from ``tools/controlplane/helm`` by
-``scripts/controlplane-assets`` (through :func:`scraper.devcluster.ensure_assets`),
+``scripts/controlplane-assets`` (through :func:`localdev.cluster.ensure_assets`),
 or ``$TRAINJOB_HELM``; a missing binary fails the test with the reason, it is never
 skipped.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from chart_helpers import Helm
 
-from scraper.devcluster.assets import AssetsError, ensure_assets
+from localdev.cluster.assets import AssetsError, ensure_assets
 
 
 @pytest.fixture(scope="session")

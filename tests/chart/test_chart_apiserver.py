@@ -16,7 +16,7 @@ import pytest
 import yaml
 from chart_helpers import CHART, CUSTOM, MONITORING, MONITORING_CRDS, RELEASE, Helm
 
-from scraper.devcluster.controlplane import ControlPlane
+from localdev.cluster.controlplane import ControlPlane
 
 HELM_TIMEOUT_SECONDS = 180.0
 

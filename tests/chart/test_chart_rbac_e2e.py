@@ -8,7 +8,7 @@ One end-to-end run on the local control plane:
   (``python -m scraper run --kubeconfig <token kubeconfig> --config <the chart's
   config.yaml>``, leader election on);
 * a real ``exporter_lib`` exporter runs in a child process on loopback, and a
-  trainer Pod (devcluster builders, Running, podIP 127.0.0.1) points at it;
+  trainer Pod (localdev.cluster builders, Running, podIP 127.0.0.1) points at it;
 * the scraper discovers the pod, scrapes it and writes ``status.trainerStatus``;
   a second TrainJob's pod serves a status breaking the API limits, so the scraper
   records a Warning Event (the Events grant is used too);
@@ -52,10 +52,10 @@ from chart_helpers import (
 from kubernetes import client
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
-from scraper.devcluster import objects
-from scraper.devcluster.controlplane import ControlPlane
-from scraper.devcluster.processes import free_port
-from scraper.devcluster.prometheus import PrometheusServer, ScrapeTarget
+from localdev.cluster import objects
+from localdev.cluster.controlplane import ControlPlane
+from localdev.cluster.processes import free_port
+from localdev.cluster.prometheus import PrometheusServer, ScrapeTarget
 
 START_TIMEOUT = 60.0
 STATUS_TIMEOUT = 60.0

@@ -8,8 +8,8 @@ import pytest
 from kubernetes import client, watch
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
-from scraper.devcluster import objects
-from scraper.devcluster.controlplane import ControlPlane
+from localdev.cluster import objects
+from localdev.cluster.controlplane import ControlPlane
 
 RANK0_SELECTOR = (
     "jobset.sigs.k8s.io/jobset-name,"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from scraper.devcluster.assets import Assets
-from scraper.devcluster.controlplane import ControlPlane, ControlPlaneError
+from localdev.cluster.assets import Assets
+from localdev.cluster.controlplane import ControlPlane, ControlPlaneError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,7 +91,7 @@ def test_context_manager_stops_processes(control_plane: ControlPlane) -> None:
 _OWNER = """
 import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from scraper.devcluster.controlplane import ControlPlane
+from localdev.cluster.controlplane import ControlPlane
 plane = ControlPlane(assets_dir=sys.argv[1])
 plane.start()
 print(plane.workdir, *plane.pids, flush=True)

@@ -9,8 +9,8 @@ import pytest
 from kubernetes import client
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
-from scraper.devcluster import objects
-from scraper.devcluster.controlplane import ControlPlane
+from localdev.cluster import objects
+from localdev.cluster.controlplane import ControlPlane
 
 FIELD_MANAGER = "trainjob-progress-test"
 

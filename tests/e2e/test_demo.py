@@ -1,4 +1,4 @@
-"""The README's first command, ``trainjob-scraper demo``, run as a newcomer runs it.
+"""The README's first command, ``make demo`` (``python -m localdev.demo``), as a newcomer runs it.
 
 Its own control plane, training process and scraper, end to end; the test reads
 what the demo prints (the final ``kubectl get trainjob`` and the status JSON).
@@ -18,7 +18,7 @@ DEMO_TIMEOUT_SECONDS = 600
 def test_demo_runs_the_whole_path_and_ends_at_100_percent() -> None:
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     result = subprocess.run(
-        [sys.executable, "-m", "scraper", "demo", "--epochs", "2", "--interval", "1s"],
+        [sys.executable, "-m", "localdev.demo", "--epochs", "2", "--interval", "1s"],
         capture_output=True, text=True, timeout=DEMO_TIMEOUT_SECONDS, env=env, check=False,
     )
     out = result.stdout

@@ -33,11 +33,11 @@ import transformers
 from kubernetes import client
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
-from scraper.demo.processes import Child, start_scraper, start_training, wait_http_ok
-from scraper.devcluster.controlplane import ControlPlane
-from scraper.devcluster.objects import create_trainer_pod, create_trainjob, terminate_pod
-from scraper.devcluster.processes import free_port
-from scraper.devcluster.prometheus import PrometheusServer, ScrapeTarget
+from localdev.cluster.controlplane import ControlPlane
+from localdev.cluster.objects import create_trainer_pod, create_trainjob, terminate_pod
+from localdev.cluster.processes import free_port
+from localdev.cluster.prometheus import PrometheusServer, ScrapeTarget
+from localdev.demo.processes import Child, start_scraper, start_training, wait_http_ok
 
 TRAINJOB = "e2e-train"
 TRAINING_TIMEOUT_SECONDS = 300

@@ -22,7 +22,7 @@ from exporter_lib.files import (
 )
 from exporter_lib.state import State
 from exporter_lib.status import TrainerStatus
-from scraper.devcluster.processes import free_port
+from localdev.cluster.processes import free_port
 
 Fetch = Callable[..., Any]
 ROOT = Path(__file__).resolve().parents[2]

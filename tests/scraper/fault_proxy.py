@@ -57,7 +57,7 @@ import yaml
 from aiohttp import web
 from yarl import URL
 
-from scraper.devcluster.processes import free_port
+from localdev.cluster.processes import free_port
 
 #: Headers that describe one hop, not the message: never forwarded.
 HOP_BY_HOP = frozenset({

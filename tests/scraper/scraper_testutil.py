@@ -3,7 +3,7 @@
 The scraper always runs as a real ``python -m scraper run`` process against the
 session's control plane, so signals, leader election and the HTTP endpoints are
 exercised as deployed.  Exporters listen on 127.0.0.1; trainer pods carry that
-IP and the exporter's port (the devcluster has no kubelet or pod network).
+IP and the exporter's port (the local cluster has no kubelet or pod network).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter_lib.status import TrainerStatus
-from scraper.devcluster.processes import free_port
+from localdev.cluster.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 #: The least-privilege rules the chart ships (the chart renders its ClusterRole from them).

@@ -17,7 +17,7 @@ from scraper_testutil import (
     wait_for,
 )
 
-from scraper.devcluster import objects
+from localdev.cluster import objects
 
 
 @pytest.mark.usefixtures("trainjob_crd")

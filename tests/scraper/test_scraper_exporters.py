@@ -16,7 +16,7 @@ from scraper_testutil import (
     wait_for,
 )
 
-from scraper.devcluster import objects
+from localdev.cluster import objects
 
 pytestmark = pytest.mark.usefixtures("trainjob_crd")
 

@@ -29,7 +29,7 @@ from scraper_testutil import (
     wait_for,
 )
 
-from scraper.devcluster import objects
+from localdev.cluster import objects
 
 pytestmark = [pytest.mark.usefixtures("trainjob_crd"), pytest.mark.timeout(60)]
 

@@ -10,7 +10,7 @@ from kubernetes import client
 from scraper_testutil import events, trainer_status
 
 from exporter_lib.status import TrainerStatus
-from scraper.devcluster import objects
+from localdev.cluster import objects
 from scraper.reconcile import FIELD_MANAGER, Reconciler, TrainJobGone, WriteOutcome
 
 

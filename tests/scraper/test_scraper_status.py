@@ -24,7 +24,7 @@ from scraper_testutil import (
 from exporter_lib.api import Exporter
 from exporter_lib.state import State
 from exporter_lib.status import TrainerStatus
-from scraper.devcluster import objects
+from localdev.cluster import objects
 
 pytestmark = pytest.mark.usefixtures("trainjob_crd")
 

@@ -1,6 +1,6 @@
 """Install the CRDs of the local control plane and wait until they serve.
 
-Manifests live in ``scraper/devcluster/manifests/``:
+Manifests live in ``localdev/cluster/manifests/``:
 
 * ``trainjob-crd.yaml``: TrainJob with ``status.trainerStatus`` (current Trainer).
 * ``trainjob-crd-legacy.yaml``: TrainJob from Trainer releases before that field;
@@ -35,7 +35,7 @@ class CrdError(RuntimeError):
 
 def load_manifest(name: str) -> dict[str, Any]:
     """The parsed manifest ``name`` from the package's ``manifests/`` directory."""
-    text = resources.files("scraper.devcluster").joinpath("manifests", name).read_text()
+    text = resources.files("localdev.cluster").joinpath("manifests", name).read_text()
     data = yaml.safe_load(text)
     if not isinstance(data, dict):
         raise ValueError(f"manifest {name} is not a single YAML object")

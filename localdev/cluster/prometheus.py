@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from scraper.devcluster import processes
+from localdev.cluster import processes
 
 __all__ = [
     "PrometheusError",

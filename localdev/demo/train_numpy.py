@@ -3,7 +3,7 @@
 Runs as its own process, like the training container of a TrainJob pod, and
 reports through ``exporter_lib`` only (no Kubernetes access)::
 
-    python -m scraper.demo.train_numpy --epochs 6 --log-file losses.jsonl
+    python -m localdev.demo.train_numpy --epochs 6 --log-file losses.jsonl
 
 The data are synthetic (Gaussian clusters, one per class, made from a fixed
 seed), so nothing is downloaded.  Each epoch ends with an evaluation on a

@@ -2,7 +2,7 @@
 
 Each runs as its own OS process, as in a cluster: the training process knows
 only its exporter port, the scraper only a kubeconfig.  Both are started by
-:mod:`scraper.devcluster.processes` (own session, never outliving this
+:mod:`localdev.cluster.processes` (own session, never outliving this
 process) and write their output to a log file whose tail goes into errors.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scraper.devcluster import processes
+from localdev.cluster import processes
 
 
 @dataclass
@@ -56,7 +56,7 @@ class Child:
 
 def spawn(name: str, argv: Sequence[str], log_path: Path,
           env: Mapping[str, str] | None = None) -> Child:
-    """Start ``argv`` (see :func:`scraper.devcluster.processes.spawn`) with ``env`` added."""
+    """Start ``argv`` (see :func:`localdev.cluster.processes.spawn`) with ``env`` added."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.unlink(missing_ok=True)
     process = processes.spawn(argv, log_path, env={**os.environ, **(env or {})})
@@ -67,8 +67,8 @@ def start_training(workdir: Path, *, port: int, framework: str = "numpy",
                    args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Child:
     """Start a demo training process whose exporter serves ``127.0.0.1:port``.
 
-    ``framework`` is ``numpy`` (:mod:`scraper.demo.train_numpy`) or ``transformers``
-    (:mod:`scraper.demo.train_transformers`, needs torch and transformers).  The
+    ``framework`` is ``numpy`` (:mod:`localdev.demo.train_numpy`) or ``transformers``
+    (:mod:`localdev.demo.train_transformers`, needs torch and transformers).  The
     process writes its final status to ``workdir/termination-log`` (the
     container's termination message) and its logged metrics to
     ``workdir/training-log.jsonl``; ``extra`` of the returned child names both.
@@ -76,8 +76,8 @@ def start_training(workdir: Path, *, port: int, framework: str = "numpy",
     Raises:
         ValueError: unknown ``framework``.
     """
-    modules = {"numpy": "scraper.demo.train_numpy",
-               "transformers": "scraper.demo.train_transformers"}
+    modules = {"numpy": "localdev.demo.train_numpy",
+               "transformers": "localdev.demo.train_transformers"}
     if framework not in modules:
         raise ValueError(f"framework={framework!r}: must be one of {sorted(modules)}")
     termination = workdir / "termination-log"

@@ -1,12 +1,12 @@
 """A real Kubernetes control plane (etcd + kube-apiserver) on loopback.
 
-Used by the tests and by ``trainjob-scraper demo``.  There is no scheduler,
+Used by the tests and by ``python -m localdev.demo``.  There is no scheduler,
 controller manager or kubelet: objects are stored, validated, admitted,
 authorised and watched exactly as in a cluster, but nothing reconciles them.
 Consequences: ServiceAccounts are created explicitly (no "default" one), the
 ServiceAccount admission plugin is off (it wants that controller's objects),
 namespaces never finish deleting, owner references do not cascade, and pod
-status is written by the caller (see :mod:`scraper.devcluster.objects`).
+status is written by the caller (see :mod:`localdev.cluster.objects`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from scraper.devcluster import processes
-from scraper.devcluster.assets import Assets, AssetsError, ensure_assets
-from scraper.devcluster.pki import PkiFiles, write_pki
+from localdev.cluster import processes
+from localdev.cluster.assets import Assets, AssetsError, ensure_assets
+from localdev.cluster.pki import PkiFiles, write_pki
 
 #: Give up waiting for ``/readyz`` after this many seconds.
 READY_TIMEOUT_SECONDS = 90.0

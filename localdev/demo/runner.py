@@ -1,4 +1,4 @@
-"""``trainjob-scraper demo``: the whole path on one machine, with live progress.
+"""``python -m localdev.demo`` (``make demo``): the whole path on one machine, with live progress.
 
 Local mode (no ``--kubeconfig`` and no ``KUBECONFIG``):
 
@@ -35,9 +35,9 @@ from rich.console import Console
 from rich.live import Live
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
-from scraper.demo.display import render, summary_line, trainer_status
-from scraper.demo.processes import Child, start_scraper, start_training, wait_http_ok
-from scraper.devcluster.processes import free_port
+from localdev.cluster.processes import free_port
+from localdev.demo.display import render, summary_line, trainer_status
+from localdev.demo.processes import Child, start_scraper, start_training, wait_http_ok
 
 NAMESPACE = "trainjob-demo"
 TRAINJOB = "demo-train"
@@ -93,9 +93,9 @@ def _workdir(keep: bool) -> Iterator[Path]:
 
 
 def _local_mode(console: Console, args: argparse.Namespace) -> int:
-    from scraper.devcluster.controlplane import ControlPlane
-    from scraper.devcluster.crds import install_trainjob_crds
-    from scraper.devcluster.objects import create_trainer_pod, create_trainjob, terminate_pod
+    from localdev.cluster.controlplane import ControlPlane
+    from localdev.cluster.crds import install_trainjob_crds
+    from localdev.cluster.objects import create_trainer_pod, create_trainjob, terminate_pod
 
     started = time.monotonic()
     with ExitStack() as stack:

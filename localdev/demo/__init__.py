@@ -1,12 +1,13 @@
-"""``trainjob-scraper demo`` (see :mod:`scraper.demo.runner`).
+"""The demo, ``python -m localdev.demo`` (``make demo``; see :mod:`localdev.demo.runner`).
 
-Registering the subcommand imports nothing heavy: the demo's own needs (rich,
-numpy) are in the ``demo`` extra, which a deployed scraper does not install.
+Parsing the command line imports nothing heavy: the demo's own needs (rich, numpy,
+cryptography) are in the ``demo`` extra, which a deployed scraper does not install.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -33,7 +34,7 @@ def _interval(text: str) -> str:
 
 
 def _handler(args: argparse.Namespace) -> int:
-    from scraper.demo import runner
+    from localdev.demo import runner
 
     return runner.main(args)
 
@@ -52,11 +53,10 @@ that cluster and show its TrainJobs live.
 """
 
 
-def add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register the ``demo`` subcommand."""
-    parser = subparsers.add_parser(
-        "demo",
-        help="run the whole path locally (control plane, training, scraper) with live progress",
+def build_parser() -> argparse.ArgumentParser:
+    """The demo's argument parser (``python -m localdev.demo --help``)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m localdev.demo",
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -80,5 +80,13 @@ def add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (logs, kubeconfig) after the demo")
     parser.set_defaults(handler=_handler)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the demo; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
 
 
