@@ -3,12 +3,12 @@
 ``python -m benchmarks.our_scraper --urls-file F --interval S --warmup W --window D``
 
 Target objects go straight into a :class:`scraper.app.ScraperApp`'s scheduler, so every
-scrape runs the production path (``ScraperApp._scrape``: APScheduler job, aiohttp GET with
-``If-None-Match``, JSON validation, telemetry, ``Reconciler.apply`` with its same-report
-check, lock, token bucket and worker-thread hop).  Only the Kubernetes API is left out:
-the reconciler holds TrainJob statuses in memory and its server-side apply returns the
-object it would have written (see :class:`OfflineReconciler`); the control-plane phase
-of the benchmark measures real writes.
+scrape runs the production path (``TargetManager.run`` -> ``ScrapeLoop.run``: APScheduler
+job, aiohttp GET with ``If-None-Match``, JSON validation, telemetry, ``StatusWriter.apply``
+with its same-report check, lock, token bucket and worker-thread hop).  Only the Kubernetes
+API is left out: the writer holds TrainJob statuses in memory and its server-side apply
+returns the object it would have written (see :class:`OfflineWriter`); the control-plane
+phase of the benchmark measures real writes.
 
 Prints one JSON object: scrapes by result, CPU seconds (utime+stime of this process
 from ``/proc/self/stat``), RSS before and after scheduling the targets, writes.
@@ -28,40 +28,45 @@ from kubernetes import client as k8s
 
 from benchmarks.procstat import cpu_seconds, rss_bytes
 from exporter_lib.status import TrainerStatus
-from scraper.app import ScraperApp, _TargetState
+from scraper.app import ScraperApp
 from scraper.config import ScraperSettings
-from scraper.reconcile import Held, Reconciler, WriteOutcome, already_holds
-from scraper.scraping import ExporterScraper, ScrapeLimits
+from scraper.loop import TargetState
+from scraper.status_writer import StatusWriter, WriteOutcome, already_holds
 from scraper.targets import Target
 from scraper.telemetry import JobView
+from scraper.trainjobs import Held, TrainJobCache
 
 NAMESPACE = "bench"
 
 
-class OfflineReconciler(Reconciler):
-    """A :class:`Reconciler` whose TrainJobs live in memory instead of the API server."""
-
-    writes = 0
+class OfflineCache(TrainJobCache):
+    """TrainJobs that live in memory instead of the API server."""
 
     async def held(self, namespace: str, name: str) -> Held:
         return self._held.setdefault((namespace, name), Held("uid", None))
 
+
+class OfflineWriter(StatusWriter):
+    """A :class:`StatusWriter` whose apply returns what it would have written."""
+
+    writes = 0
+
     def _ssa(self, namespace: str, name: str, status: TrainerStatus) -> dict[str, Any]:
-        OfflineReconciler.writes += 1
+        OfflineWriter.writes += 1
         return {"metadata": {"uid": "uid"}, "status": {"trainerStatus": status.to_api()}}
 
 
-class ScrapeOnlyReconciler(OfflineReconciler):
+class ScrapeOnlyWriter(OfflineWriter):
     """Change detection without the write: how much of a changing scrape the write costs.
 
-    Compares against the held status as :meth:`Reconciler.apply` does, then stops before
+    Compares against the held status as :meth:`StatusWriter.apply` does, then stops before
     the retry wrapper, the token bucket and the worker-thread hop into the client.
     """
 
     async def apply(self, namespace: str, name: str, status: TrainerStatus) -> WriteOutcome:
-        held = await self.held(namespace, name)
+        held = await self.cache.held(namespace, name)
         if not already_holds(held.status, status):
-            self._held[(namespace, name)] = Held("uid", status)
+            self.cache._held[(namespace, name)] = Held("uid", status)
         return WriteOutcome.UNCHANGED
 
 
@@ -84,36 +89,37 @@ async def run(urls: list[str], interval: float, warmup: float, window: float,
     settings = ScraperSettings(interval=interval, concurrency=concurrency, write_qps=1000,
                                write_burst=10000, listen_host="127.0.0.1", listen_port=0,
                                log_level="WARNING")
-    app = ScraperApp(settings, api_client=k8s.ApiClient())
-    reconciler = OfflineReconciler if writes else ScrapeOnlyReconciler
-    app.reconciler = reconciler(
-        app.api, identity="bench", qps=settings.write_qps, burst=settings.write_burst,
-        attempts=1, on_write=lambda outcome: app.telemetry.writes.labels(outcome.value).inc())
-    app._scraper = ExporterScraper(ScrapeLimits(settings.scrape_timeout, settings.max_body_bytes,
-                                                settings.concurrency),
-                                   observe=app.telemetry.scrape_duration.observe)
+    api = k8s.ApiClient()
+    apps: list[ScraperApp] = []
+    kind = OfflineWriter if writes else ScrapeOnlyWriter
+    writer = kind.for_client(
+        api, identity="bench", qps=settings.write_qps, burst=settings.write_burst, attempts=1,
+        cache=OfflineCache(k8s.CustomObjectsApi(api)),
+        on_write=lambda outcome: apps[0].telemetry.writes.labels(outcome.value).inc())
+    app = ScraperApp(settings, api_client=api, writer=writer)
+    apps.append(app)
     app.scheduler.start()
     rss_before = rss_bytes()
     try:
         for i, url in enumerate(urls):
             target = Target(NAMESPACE, f"job-{i}", f"job-{i}-node-0-0", f"uid-{i}", url, interval)
-            app._states[target.key] = _TargetState(
+            app.manager.states[target.key] = TargetState(
                 JobView(NAMESPACE, target.trainjob, target.pod_name), target=target,
                 uid=target.pod_uid)
             app.scheduler.schedule(target)
         await asyncio.sleep(warmup)
-        c0, w0, s0 = cpu_seconds(), OfflineReconciler.writes, scrape_counts(app)
+        c0, w0, s0 = cpu_seconds(), OfflineWriter.writes, scrape_counts(app)
         k0 = skipped(app)
         t0 = time.monotonic()
         await asyncio.sleep(window)
-        c1, w1, s1 = cpu_seconds(), OfflineReconciler.writes, scrape_counts(app)
+        c1, w1, s1 = cpu_seconds(), OfflineWriter.writes, scrape_counts(app)
         k1 = skipped(app)
         t1 = time.monotonic()
         rss_after = rss_bytes()
     finally:
         app.scheduler.shutdown()
         await asyncio.sleep(0.2)
-        await app._scraper.close()
+        await app.scraper.close()
     results = {k: s1.get(k, 0.0) - s0.get(k, 0.0) for k in set(s0) | set(s1)}
     return {
         "targets": len(urls),

@@ -34,6 +34,7 @@ from exporter_lib.files import (
     StatusFileWriter,
     write_termination_message,
 )
+from exporter_lib.pod import service_account_namespace
 from exporter_lib.push import (
     ENV_SERVER_URL,
     ENV_TOKEN_PATH,
@@ -303,12 +304,7 @@ def _port(port: int | None) -> int:
 
 
 def _pod_namespace() -> str:
-    # The service account mount holds the pod's namespace inside Kubernetes.
-    try:
-        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as handle:
-            return handle.read().strip() or "default"
-    except OSError:
-        return os.environ.get("POD_NAMESPACE") or "default"
+    return service_account_namespace() or os.environ.get("POD_NAMESPACE") or "default"
 
 
 def _at_exit() -> None:

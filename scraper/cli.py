@@ -48,8 +48,8 @@ def add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         shown = "unset" if info.default_factory is not None or info.default is None \
             else info.default
         env = f"{ENV_PREFIX}{name.upper()}"
+        # argparse formats help with %: a literal one is written %% there.
         help_text = f"{info.description} [env {env}; default: {shown}]".replace("%", "%%")
-        help_text = help_text.replace("%%%%", "%%")
         if info.annotation is bool:
             parser.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction,
                                 default=None, help=help_text)
@@ -83,6 +83,7 @@ def _run(args: argparse.Namespace) -> int:
 
 async def _serve(settings: ScraperSettings) -> int:
     from scraper.app import ScraperApp  # heavy imports only when running
+    from scraper.supervisor import RootTaskFailed
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -95,6 +96,12 @@ async def _serve(settings: ScraperSettings) -> int:
         return 1
     try:
         await app.run(stop)
+    except ConfigError as exc:  # the API server rejected an option (the selector)
+        print(f"trainjob-scraper: {exc}", file=sys.stderr)
+        return 2
+    except RootTaskFailed as exc:  # already logged with its traceback when it happened
+        print(f"trainjob-scraper: {exc}: {exc.__cause__!r}", file=sys.stderr)
+        return 1
     except OSError as exc:  # e.g. the listen port is taken
         print(f"trainjob-scraper: {exc}", file=sys.stderr)
         return 1

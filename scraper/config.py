@@ -26,6 +26,9 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from exporter_lib.pod import service_account_namespace
+from scraper.syntax import check_interval, parse_duration
+
 ENV_PREFIX = "TRAINJOB_SCRAPER_"
 
 #: Rank-0 trainer pod of a Kubeflow Trainer v2 TrainJob (the launcher for MPI).
@@ -36,11 +39,6 @@ DEFAULT_SELECTOR = (
     "batch.kubernetes.io/job-completion-index=0"
 )
 
-INTERVAL_MIN_SECONDS = 1.0
-INTERVAL_MAX_SECONDS = 3600.0
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-
 
 class ConfigError(ValueError):
     """Invalid configuration; ``problems`` holds one ``option=value: reason`` per offence."""
@@ -48,105 +46,6 @@ class ConfigError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
         super().__init__("invalid configuration: " + "; ".join(problems))
-
-
-def parse_duration(value: object) -> float:
-    """Parse ``15s``, ``2m``, ``1h30m``, ``250ms`` or a plain number of seconds.
-
-    Returns:
-        The duration in seconds (float).
-
-    Raises:
-        ValueError: empty, negative or not a duration.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        text = str(value).strip()
-        try:
-            seconds = float(text)
-        except ValueError:
-            pos, seconds = 0, 0.0
-            scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-            for match in _DURATION_PART.finditer(text):
-                if match.start() != pos:
-                    break
-                seconds += float(match.group(1)) * scale[match.group(2)]
-                pos = match.end()
-            if pos != len(text) or not text:
-                raise ValueError(
-                    f"not a duration: {value!r} (use e.g. 30s, 2m, 1h or seconds)"
-                ) from None
-    if seconds != seconds or seconds < 0:
-        raise ValueError(f"not a duration: {value!r} (must be >= 0)")
-    return seconds
-
-
-# ---------------------------------------------------------------- label selectors
-
-_NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-_PREFIX = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*"
-_KEY = rf"(?:{_PREFIX}/)?{_NAME}"
-_VALUE = rf"(?:{_NAME})?"
-_REQUIREMENT = re.compile(
-    rf"""^\s*(?:
-        (?P<not>!)\s*(?P<nkey>{_KEY})
-      | (?P<skey>{_KEY})\s*(?P<setop>in|notin)\s*\((?P<values>[^()]*)\)
-      | (?P<ekey>{_KEY})\s*(?P<op>==|=|!=)\s*(?P<value>{_VALUE})
-      | (?P<key>{_KEY})
-    )\s*$""",
-    re.VERBOSE,
-)
-
-
-def split_selector(selector: str) -> list[str]:
-    """Split a label selector into its requirements (commas inside ``(...)`` kept)."""
-    parts, depth, current = [], 0, ""
-    for char in selector:
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        if char == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    parts.append(current)
-    return parts
-
-
-def validate_selector(selector: str) -> str:
-    """Check a Kubernetes label selector's syntax as the API server would.
-
-    Returns:
-        The selector with whitespace around requirements removed.
-
-    Raises:
-        ValueError: names the first bad requirement.
-    """
-    if selector.count("(") != selector.count(")"):
-        raise ValueError("unbalanced parentheses")
-    cleaned = []
-    for part in split_selector(selector):
-        match = _REQUIREMENT.match(part)
-        if not match:
-            raise ValueError(f"bad requirement {part.strip()!r}")
-        key = match.group("nkey") or match.group("skey") or match.group("ekey") or match.group(
-            "key"
-        )
-        if "/" in key and len(key.split("/")[0]) > 253:
-            raise ValueError(f"label key prefix longer than 253 characters in {part.strip()!r}")
-        if match.group("values") is not None:
-            values = [v.strip() for v in match.group("values").split(",")]
-            if not values or any(not re.fullmatch(_VALUE, v) or not v for v in values):
-                raise ValueError(f"bad value list in {part.strip()!r}")
-        cleaned.append(part.strip())
-    if not any(cleaned):
-        raise ValueError("empty selector (it would select every pod)")
-    return ",".join(cleaned)
 
 
 # ---------------------------------------------------------------- settings model
@@ -213,7 +112,7 @@ class ScraperSettings(BaseSettings):
     )
     scrape_timeout: float = Field(
         default=10.0,
-        description="timeout of one scrape; capped at 90%% of the target's interval",
+        description="timeout of one scrape; capped at 90% of the target's interval",
     )
     max_body_bytes: int = Field(
         default=1 << 20, ge=1024, le=64 << 20, description="largest exporter response read"
@@ -287,7 +186,11 @@ class ScraperSettings(BaseSettings):
     @field_validator("selector")
     @classmethod
     def _check_selector(cls, value: str) -> str:
-        return validate_selector(value)
+        # The grammar is the API server's: it is asked at start (discovery.probe_selector).
+        # An empty selector is valid there, but would select every pod in the cluster.
+        if not value.strip():
+            raise ValueError("empty selector (it would select every pod)")
+        return value.strip()
 
     @field_validator(
         "interval",
@@ -307,9 +210,7 @@ class ScraperSettings(BaseSettings):
     @field_validator("interval")
     @classmethod
     def _interval_range(cls, value: float) -> float:
-        if not INTERVAL_MIN_SECONDS <= value <= INTERVAL_MAX_SECONDS:
-            raise ValueError("must be between 1s and 1h")
-        return value
+        return check_interval(value)
 
     @field_validator("scrape_timeout", "retry_period", "lease_duration", "renew_deadline")
     @classmethod
@@ -359,11 +260,7 @@ class ScraperSettings(BaseSettings):
         """The Lease's namespace: configured, else the pod's own, else ``default``."""
         if self.lease_namespace:
             return self.lease_namespace
-        sa_ns = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-        try:
-            return sa_ns.read_text().strip() or "default"
-        except OSError:
-            return "default"
+        return service_account_namespace() or "default"
 
 
 def load_settings(

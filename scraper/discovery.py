@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,7 +24,10 @@ from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from scraper.config import INTERVAL_MAX_SECONDS, INTERVAL_MIN_SECONDS, parse_duration
+from scraper.config import ConfigError
+from scraper.kube.calls import Backoff, call
+from scraper.kube.client import REQUEST_TIMEOUT
+from scraper.syntax import IntervalOutOfRange, parse_interval
 from scraper.targets import Target
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,8 @@ PROMETHEUS_PATH = "prometheus.io/path"
 #: Server-side watch timeout (seconds): bounds how long a stop request waits.
 WATCH_TIMEOUT_SECONDS = 30
 LIST_PAGE_SIZE = 500
+#: Between two tries of a failed list or watch: 0.5 s doubling up to 30 s, +50 % jitter.
+WATCH_BACKOFF = Backoff(initial=0.5, cap=30.0)
 
 
 # ---------------------------------------------------------------- decisions
@@ -143,14 +147,12 @@ def classify(
     interval = default_interval
     if ANNOTATION_INTERVAL in annotations:
         try:
-            interval = parse_duration(annotations[ANNOTATION_INTERVAL])
+            interval = parse_interval(annotations[ANNOTATION_INTERVAL])
+        except IntervalOutOfRange as exc:
+            return Ignore(f"{ANNOTATION_INTERVAL}={annotations[ANNOTATION_INTERVAL]!r}: {exc}",
+                          misconfigured=True)
         except ValueError as exc:
             return Ignore(f"{ANNOTATION_INTERVAL}: {exc}", misconfigured=True)
-        if not INTERVAL_MIN_SECONDS <= interval <= INTERVAL_MAX_SECONDS:
-            return Ignore(
-                f"{ANNOTATION_INTERVAL}={annotations[ANNOTATION_INTERVAL]!r}: "
-                "must be between 1s and 1h", misconfigured=True,
-            )
     host = f"[{ip}]" if ":" in ip else ip
     url = f"http://{host}:{port}{path}"
     return Scrape(Target(namespace, trainjob, name, uid, url, interval))
@@ -213,8 +215,8 @@ class PodWatcher:
     Each list is forwarded as :class:`Synced`, then every change as
     :class:`PodEvent`.  The watch resumes from the last resourceVersion (kept
     fresh by bookmarks), relists on 410 Gone and backs off exponentially (with
-    jitter, capped at ``max_backoff`` seconds) on other errors.  ``on_restart``
-    is called (from the thread) every time the watch has to start over.
+    jitter, :data:`WATCH_BACKOFF`) on other errors.  ``on_restart`` is called
+    (from the thread) every time the watch has to start over.
     """
 
     def __init__(
@@ -226,7 +228,7 @@ class PodWatcher:
         queue: asyncio.Queue[WatchItem],
         loop: asyncio.AbstractEventLoop,
         on_restart: Callable[[str], None] = lambda reason: None,
-        max_backoff: float = 30.0,
+        backoff: Backoff = WATCH_BACKOFF,
     ) -> None:
         self._core = core
         self._namespace = namespace
@@ -234,7 +236,7 @@ class PodWatcher:
         self._queue = queue
         self._loop = loop
         self._on_restart = on_restart
-        self._max_backoff = max_backoff
+        self._backoff = backoff
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"pod-watch-{namespace or 'all'}", daemon=True
@@ -276,7 +278,7 @@ class PodWatcher:
                 "label_selector": self._selector,
                 "limit": LIST_PAGE_SIZE,
                 "_preload_content": False,
-                "_request_timeout": 60,
+                "_request_timeout": REQUEST_TIMEOUT,
             }
             if cont:
                 kwargs["_continue"] = cont
@@ -342,12 +344,12 @@ class PodWatcher:
         return resource_version
 
     def _run(self) -> None:
-        backoff = 0.5
+        failures = 0  # in a row, since the last good list
         while not self._stop.is_set():
             try:
                 pods, resource_version = self._list()
                 self._put(Synced(self._namespace, tuple(pods)))
-                backoff = 0.5
+                failures = 0
                 while not self._stop.is_set():
                     resource_version = self._watch_from(resource_version)
             except _Gone:
@@ -356,11 +358,11 @@ class PodWatcher:
                 self._on_restart("gone")
             except Exception as exc:
                 self._on_restart("error")
-                delay = backoff * (1 + random.random() / 2)
+                delay = self._backoff.delay(failures)
+                failures += 1
                 log.warning("pod watch (%s) failed: %s; retrying in %.1fs",
                             self._namespace or "all namespaces", _short(exc), delay)
                 self._stop.wait(delay)
-                backoff = min(backoff * 2, self._max_backoff)
 
 
 def _short(exc: BaseException) -> str:
@@ -368,3 +370,39 @@ def _short(exc: BaseException) -> str:
         return f"HTTP {exc.status} {exc.reason}"
     text = str(exc)
     return f"{type(exc).__name__}: {text[:200]}"
+
+
+async def probe_selector(core: CoreV1Api, selector: str, namespace: str | None) -> None:
+    """Ask the API server whether ``selector`` is a valid label selector.
+
+    One pod list with ``limit=1`` in ``namespace`` (None: all namespaces): the API
+    server's own grammar decides, so every selector it accepts works (``gpu>1``,
+    ``!canary``), and a wrong one is a configuration error at start, not a watch that
+    fails forever.  Answers other than 400 (no access yet, API server down) are left to
+    the watch, which reports and retries them.
+
+    Raises:
+        ConfigError: ``selector='...': <the API server's reason>`` on HTTP 400.
+    """
+    func = core.list_namespaced_pod if namespace else core.list_pod_for_all_namespaces
+    args = (namespace,) if namespace else ()
+    try:
+        resp = await call(func, *args, label_selector=selector, limit=1,
+                          _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+        resp.release_conn()
+    except ApiException as exc:
+        if exc.status != 400:
+            log.debug("selector probe: HTTP %s (left to the watch)", exc.status)
+            return
+        raise ConfigError([f"selector={selector!r}: {_status_message(exc)}"]) from None
+    except Exception as exc:
+        log.debug("selector probe failed (left to the watch): %s", _short(exc))
+
+
+def _status_message(exc: ApiException) -> str:
+    """The ``message`` of the API server's Status body, else the HTTP reason."""
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or f"HTTP {exc.status} {exc.reason}")

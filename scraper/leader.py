@@ -32,9 +32,10 @@ from typing import Any
 from kubernetes.client import ApiClient, CoordinationV1Api
 from kubernetes.client.exceptions import ApiException
 
-log = logging.getLogger(__name__)
+from scraper.kube.calls import call
+from scraper.kube.client import REQUEST_TIMEOUT
 
-REQUEST_TIMEOUT = (5, 10)
+log = logging.getLogger(__name__)
 
 
 def _micro_time(value: datetime | None = None) -> str:
@@ -52,7 +53,8 @@ class LeaseElector:
         lease_duration, renew_deadline, retry_period: seconds, with
             ``retry_period < renew_deadline < lease_duration``.
         on_change: called with True when this replica starts leading and with
-            False when it stops (from the event loop).
+            False when it stops (from the event loop).  An exception it raises
+            ends :meth:`run` (the caller supervises it).
     """
 
     def __init__(
@@ -80,11 +82,6 @@ class LeaseElector:
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
 
-    @property
-    def leading(self) -> bool:
-        """True while this replica leads."""
-        return self._leading
-
     def may_write(self) -> bool:
         """The write fence: leading and renewed within ``renew_deadline`` seconds."""
         return self._leading and time.monotonic() - self._last_renew < self._deadline
@@ -111,39 +108,47 @@ class LeaseElector:
         finally:
             if self._leading:
                 self._leading = False
-                self._on_change(False)
-                await asyncio.shield(self.release())
+                try:
+                    self._on_change(False)
+                finally:  # the Lease is released even when the callback fails
+                    await asyncio.shield(self.release())
+
+    def _body(self, *, holder: str, duration: int, acquired: datetime, renewed: datetime,
+              transitions: int,
+              resource_version: str | None = None) -> dict[str, Any]:
+        """A whole Lease object; with ``resource_version`` a replace is optimistic."""
+        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": duration,
+                     "acquireTime": _micro_time(acquired), "renewTime": _micro_time(renewed),
+                     "leaseTransitions": transitions},
+        }
 
     async def release(self) -> None:
         """Give the Lease up if this replica holds it (best effort, bounded)."""
         try:
-            lease = await asyncio.to_thread(
-                self._api.read_namespaced_lease, self.name, self.namespace,
-                _request_timeout=REQUEST_TIMEOUT,
-            )
+            lease = await call(self._api.read_namespaced_lease, self.name, self.namespace,
+                               _request_timeout=REQUEST_TIMEOUT)
             if lease.spec.holder_identity != self.identity:
                 return
-            now = _micro_time()
-            body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace,
-                             "resourceVersion": lease.metadata.resource_version},
-                "spec": {"holderIdentity": "", "leaseDurationSeconds": 1,
-                         "acquireTime": now, "renewTime": now,
-                         "leaseTransitions": lease.spec.lease_transitions or 0},
-            }
-            await asyncio.to_thread(
-                self._api.replace_namespaced_lease, self.name, self.namespace, body,
-                _request_timeout=REQUEST_TIMEOUT,
-            )
+            now = datetime.now(UTC)
+            body = self._body(holder="", duration=1, acquired=now, renewed=now,
+                              transitions=lease.spec.lease_transitions or 0,
+                              resource_version=lease.metadata.resource_version)
+            await call(self._api.replace_namespaced_lease, self.name, self.namespace, body,
+                       _request_timeout=REQUEST_TIMEOUT)
             log.info("released Lease %s/%s", self.namespace, self.name)
         except Exception as exc:
             log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, exc)
 
     async def _try_acquire_or_renew(self) -> bool:
         try:
-            return await asyncio.to_thread(self._try_once)
+            return await self._try_once()
         except ApiException as exc:
             if exc.status != 409:  # 409: another candidate won the race; not news
                 log.warning("Lease %s/%s: HTTP %s %s", self.namespace, self.name,
@@ -153,29 +158,23 @@ class LeaseElector:
             log.warning("Lease %s/%s: %s", self.namespace, self.name, exc)
             return False
 
-    def _try_once(self) -> bool:
-        """One client-go style acquire-or-renew step (runs in a worker thread)."""
+    async def _try_once(self) -> bool:
+        """One client-go style acquire-or-renew step.
+
+        Not retried inside: the next step comes ``retry_period`` seconds later anyway.
+        """
         now = datetime.now(UTC)
         duration = max(1, round(self._duration))
         try:
-            lease = self._api.read_namespaced_lease(
-                self.name, self.namespace, _request_timeout=REQUEST_TIMEOUT
-            )
+            lease = await call(self._api.read_namespaced_lease, self.name, self.namespace,
+                               _request_timeout=REQUEST_TIMEOUT)
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            self._api.create_namespaced_lease(
-                self.namespace,
-                {
-                    "apiVersion": "coordination.k8s.io/v1",
-                    "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
-                    "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": duration,
-                             "acquireTime": _micro_time(now), "renewTime": _micro_time(now),
-                             "leaseTransitions": 0},
-                },
-                _request_timeout=REQUEST_TIMEOUT,
-            )
+            body = self._body(holder=self.identity, duration=duration, acquired=now,
+                              renewed=now, transitions=0)
+            await call(self._api.create_namespaced_lease, self.namespace, body,
+                       _request_timeout=REQUEST_TIMEOUT)
             return True
         spec = lease.spec
         holder = spec.holder_identity or ""
@@ -190,16 +189,11 @@ class LeaseElector:
             return False  # someone else holds an unexpired lease
         ours = holder == self.identity
         transitions = (spec.lease_transitions or 0) + (0 if ours else 1)
-        acquire = spec.acquire_time if ours and spec.acquire_time else now
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.namespace,
-                         "resourceVersion": lease.metadata.resource_version},
-            "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": duration,
-                     "acquireTime": _micro_time(acquire), "renewTime": _micro_time(now),
-                     "leaseTransitions": transitions},
-        }
-        self._api.replace_namespaced_lease(self.name, self.namespace, body,
-                                           _request_timeout=REQUEST_TIMEOUT)
+        acquired = spec.acquire_time if ours and spec.acquire_time else now
+        body = self._body(holder=self.identity, duration=duration, acquired=acquired,
+                          renewed=now, transitions=transitions,
+                          resource_version=lease.metadata.resource_version)
+        await call(self._api.replace_namespaced_lease, self.name, self.namespace, body,
+                   _request_timeout=REQUEST_TIMEOUT)
         return True
+

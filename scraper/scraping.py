@@ -50,7 +50,6 @@ class Fresh:
 
     status: TrainerStatus
     etag: str | None
-    format: str  # "json" or "text"
 
 
 @dataclass(frozen=True)
@@ -206,7 +205,7 @@ class ExporterScraper:
             ctype = resp.content_type
         if ctype == "application/json":
             try:
-                return Fresh(TrainerStatus.from_json(bytes(body)), etag, "json")
+                return Fresh(TrainerStatus.from_json(bytes(body)), etag)
             except StatusError as exc:
                 return Failure(FailureKind.INVALID, f"invalid trainerStatus JSON: {exc}"[:1000])
         return parse_text(bytes(body), etag)
@@ -255,7 +254,7 @@ def parse_text(body: bytes, etag: str | None = None) -> ScrapeResult:
             "metrics": [{"name": k, "value": v} for k, v in metrics.items()],
             "last_updated_time": datetime.fromtimestamp(updated, UTC),
         }
-        return Fresh(TrainerStatus.from_api(data), etag, "text")
+        return Fresh(TrainerStatus.from_api(data), etag)
     except (StatusError, ValueError, OverflowError) as exc:
         return Failure(FailureKind.INVALID, f"invalid trainjob_* series: {exc}"[:1000])
 
@@ -267,7 +266,3 @@ def _number_text(value: float) -> str:
         return str(int(value))
     return metric_value_text(value)
 
-
-def monotonic() -> float:
-    """Seconds on a monotonic clock (for scrape durations and backoff deadlines)."""
-    return time.monotonic()

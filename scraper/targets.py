@@ -30,7 +30,3 @@ class Target:
         """``namespace/pod``: the scheduling identity (one job per key)."""
         return f"{self.namespace}/{self.pod_name}"
 
-    @property
-    def trainjob_key(self) -> tuple[str, str]:
-        """``(namespace, trainjob)``: the object whose status this target writes."""
-        return (self.namespace, self.trainjob)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -34,7 +33,6 @@ class JobView:
     #: None until the first scrape ends: no ``target_up`` series yet, since a target
     #: whose phase has not come round is neither up nor down.
     up: bool | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 class _JobCollector(Collector):
@@ -120,9 +118,9 @@ class Telemetry:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
-        server: Any = site._server  # aiohttp exposes no public accessor for the bound port
-        sockets = server.sockets if server is not None else []
-        self.port = int(sockets[0].getsockname()[1]) if sockets else port
+        # addresses: the bound (host, port, ...) of every listening socket.
+        addresses = self._runner.addresses
+        self.port = int(addresses[0][1]) if addresses else port
         return self.port
 
     async def stop(self) -> None:

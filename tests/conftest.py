@@ -34,6 +34,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(folder)
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Keep each phase's report on the item (``item.rep_setup``, ``rep_call``,
+    ``rep_teardown``), so a fixture's teardown can tell whether its test failed
+    (e.g. to print the scraper logs only then)."""
+    rep = yield
+    setattr(item, "rep_" + rep.when, rep)
+    return rep
+
+
 @pytest.fixture(scope="session")
 def control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
     """The session's running :class:`ControlPlane` (admin kubeconfig, tokens, kubectl)."""

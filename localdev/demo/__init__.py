@@ -22,14 +22,14 @@ def _positive_int(text: str) -> int:
 
 
 def _interval(text: str) -> str:
-    from scraper.config import INTERVAL_MAX_SECONDS, INTERVAL_MIN_SECONDS, parse_duration
+    from scraper.syntax import IntervalOutOfRange, parse_interval
 
     try:
-        seconds = parse_duration(text)
+        parse_interval(text)
+    except IntervalOutOfRange as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if not INTERVAL_MIN_SECONDS <= seconds <= INTERVAL_MAX_SECONDS:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be between 1s and 1h")
     return text
 
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chart_helpers import Helm
 
 from localdev.cluster.assets import AssetsError, ensure_assets
+from tests.helpers.chart import Helm
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_helpers import CHART, CUSTOM, MONITORING, MONITORING_CRDS, RELEASE, Helm
 
 from localdev.cluster.controlplane import ControlPlane
+from tests.helpers.chart import CHART, CUSTOM, MONITORING, MONITORING_CRDS, RELEASE, Helm
 
 HELM_TIMEOUT_SECONDS = 180.0
 

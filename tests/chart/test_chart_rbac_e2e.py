@@ -41,14 +41,6 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_helpers import (
-    CORE_PANELS,
-    REPO,
-    Helm,
-    dashboard,
-    dashboard_expressions,
-    grafana_to_promql,
-)
 from kubernetes import client
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
@@ -56,6 +48,14 @@ from localdev.cluster import objects
 from localdev.cluster.controlplane import ControlPlane
 from localdev.cluster.processes import free_port
 from localdev.cluster.prometheus import PrometheusServer, ScrapeTarget
+from tests.helpers.chart import (
+    CORE_PANELS,
+    REPO,
+    Helm,
+    dashboard,
+    dashboard_expressions,
+    grafana_to_promql,
+)
 
 START_TIMEOUT = 60.0
 STATUS_TIMEOUT = 60.0

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_helpers import (
+
+from scraper.config import DEFAULT_SELECTOR, load_settings
+from tests.helpers.chart import (
     CHART,
     CUSTOM,
     FULLNAME,
@@ -24,8 +26,6 @@ from chart_helpers import (
     Helm,
     Rendered,
 )
-
-from scraper.config import DEFAULT_SELECTOR, load_settings
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from chart_helpers import (
+from tests.helpers.chart import (
     CORE_PANELS,
     dashboard,
     dashboard_expressions,

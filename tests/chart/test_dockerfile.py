@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 
 import yaml
-from chart_helpers import CHART, REPO
+
+from tests.helpers.chart import CHART, REPO
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())

@@ -1,7 +1,6 @@
-"""Fixtures of the scraper tests (helpers live in ``scraper_testutil``)."""
+"""Fixtures of the scraper tests (defined in :mod:`tests.helpers.scraper`)."""
 
-from scraper_testutil import (  # noqa: F401 - fixtures and hooks are found by name
+from tests.helpers.scraper import (  # noqa: F401 - fixtures are found by name
     exporter_factory,
-    pytest_runtest_makereport,
     scraper_factory,
 )

@@ -7,7 +7,9 @@ from collections.abc import Callable
 
 import pytest
 from kubernetes import client
-from scraper_testutil import (
+
+from localdev.cluster import objects
+from tests.helpers.scraper import (
     FakeExporter,
     ScraperProcess,
     events,
@@ -16,8 +18,6 @@ from scraper_testutil import (
     trainer_status,
     wait_for,
 )
-
-from localdev.cluster import objects
 
 
 @pytest.mark.usefixtures("trainjob_crd")

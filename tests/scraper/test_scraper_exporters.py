@@ -7,7 +7,9 @@ from collections.abc import Callable
 
 import pytest
 from kubernetes import client
-from scraper_testutil import (
+
+from localdev.cluster import objects
+from tests.helpers.scraper import (
     FakeExporter,
     ScraperProcess,
     events,
@@ -15,8 +17,6 @@ from scraper_testutil import (
     status_json,
     wait_for,
 )
-
-from localdev.cluster import objects
 
 pytestmark = pytest.mark.usefixtures("trainjob_crd")
 

@@ -1,6 +1,6 @@
 """The scraper against API-server faults: retried writes, shutdown mid-write, watch restarts.
 
-The scraper talks to the real kube-apiserver through :mod:`fault_proxy`, which
+The scraper talks to the real kube-apiserver through :mod:`tests.helpers.fault_proxy`, which
 injects only what a healthy API server never shows (429/5xx/409 answers, slow
 answers, an expired watch, a cut watch connection) and records every request,
 so each test asserts the exact requests made.  The scraper authenticates with
@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_proxy import FaultProxy, Seen, write_kubeconfig
 from kubernetes import client
-from scraper_testutil import (
+
+from localdev.cluster import objects
+from tests.helpers.fault_proxy import FaultProxy, Seen, write_kubeconfig
+from tests.helpers.scraper import (
     FakeExporter,
     ScraperProcess,
     progress_of,
@@ -28,8 +30,6 @@ from scraper_testutil import (
     status_json,
     wait_for,
 )
-
-from localdev.cluster import objects
 
 pytestmark = [pytest.mark.usefixtures("trainjob_crd"), pytest.mark.timeout(60)]
 

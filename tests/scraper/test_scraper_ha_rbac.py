@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from scraper_testutil import (
+
+from localdev.cluster import objects
+from tests.helpers.scraper import (
     FakeExporter,
     ScraperProcess,
     events,
@@ -18,8 +20,6 @@ from scraper_testutil import (
     status_json,
     wait_for,
 )
-
-from localdev.cluster import objects
 
 pytestmark = pytest.mark.usefixtures("trainjob_crd")
 

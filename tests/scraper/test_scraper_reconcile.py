@@ -1,4 +1,4 @@
-"""The reconciler alone against the real API server: SSA ownership, rate limit, pruning."""
+"""The status writer alone against the real API server: SSA ownership, rate limit, pruning."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 
 import pytest
 from kubernetes import client
-from scraper_testutil import events, trainer_status
 
 from exporter_lib.status import TrainerStatus
 from localdev.cluster import objects
-from scraper.reconcile import FIELD_MANAGER, Reconciler, TrainJobGone, WriteOutcome
+from scraper.status_writer import FIELD_MANAGER, StatusWriter, TrainJobGone, WriteOutcome
+from tests.helpers.scraper import events, trainer_status
 
 
 def _status(progress: int) -> TrainerStatus:
@@ -19,8 +19,8 @@ def _status(progress: int) -> TrainerStatus:
                          last_updated_time=datetime(2025, 1, 1, tzinfo=UTC))
 
 
-def _reconciler(api: client.ApiClient, qps: float = 50, burst: int = 50) -> Reconciler:
-    return Reconciler(api, identity="test", qps=qps, burst=burst, attempts=3)
+def _writer(api: client.ApiClient, qps: float = 50, burst: int = 50) -> StatusWriter:
+    return StatusWriter.for_client(api, identity="test", qps=qps, burst=burst, attempts=3)
 
 
 @pytest.mark.usefixtures("trainjob_crd")
@@ -34,7 +34,7 @@ async def test_force_takes_ownership_and_removes_dropped_fields(
         {"status": {"trainerStatus": {"progressPercentage": 5, "estimatedRemainingSeconds": 9,
                                       "lastUpdatedTime": "2025-01-01T00:00:00Z"}}},
         field_manager="someone-else")
-    rec = _reconciler(kube_api)
+    rec = _writer(kube_api)
     assert await rec.apply(namespace, "own", _status(50)) is WriteOutcome.WRITTEN
     held = trainer_status(kube_api, namespace, "own")
     assert held == {"progressPercentage": 50, "estimatedRemainingSeconds": 9, "metrics": [],
@@ -61,9 +61,9 @@ async def test_force_takes_ownership_and_removes_dropped_fields(
 async def test_client_side_rate_limit(kube_api: client.ApiClient, namespace: str) -> None:
     for i in range(4):
         objects.create_trainjob(kube_api, namespace, f"rl-{i}")
-    rec = _reconciler(kube_api, qps=2, burst=1)
+    rec = _writer(kube_api, qps=2, burst=1)
     for i in range(4):  # warm the cache: GETs are not rate limited
-        await rec.held(namespace, f"rl-{i}")
+        await rec.cache.held(namespace, f"rl-{i}")
     started = time.monotonic()
     for i in range(4):
         assert await rec.apply(namespace, f"rl-{i}", _status(i + 1)) is WriteOutcome.WRITTEN
@@ -75,14 +75,14 @@ async def test_pruned_write_detected_without_crd_access(
     kube_api: client.ApiClient, namespace: str, legacy_trainjob_crd: None,
 ) -> None:
     objects.create_trainjob(kube_api, namespace, "legacy")
-    rec = _reconciler(kube_api)  # check_crd() never called: as if CRDs were unreadable
-    assert rec.supported is None
+    rec = _writer(kube_api)  # crd.check() never called: as if CRDs were unreadable
+    assert rec.crd.supported is None
     assert await rec.apply(namespace, "legacy", _status(10)) is WriteOutcome.NOT_STORED
-    assert rec.supported is False
+    assert rec.crd.supported is False
     assert trainer_status(kube_api, namespace, "legacy") is None
     reasons = [e.reason for e in events(kube_api, namespace, "legacy")]
     assert reasons == ["TrainerStatusUnsupported"]
     # Further reports are not sent (and not re-announced) until the re-check period.
     assert await rec.apply(namespace, "legacy", _status(20)) is WriteOutcome.NOT_STORED
     assert [e.reason for e in events(kube_api, namespace, "legacy")] == reasons
-    assert await rec.check_crd() is False
+    assert await rec.crd.check() is False

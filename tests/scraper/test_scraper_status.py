@@ -10,7 +10,12 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from scraper_testutil import (
+
+from exporter_lib.api import Exporter
+from exporter_lib.state import State
+from exporter_lib.status import TrainerStatus
+from localdev.cluster import objects
+from tests.helpers.scraper import (
     FakeExporter,
     ScraperProcess,
     events,
@@ -20,11 +25,6 @@ from scraper_testutil import (
     trainer_status,
     wait_for,
 )
-
-from exporter_lib.api import Exporter
-from exporter_lib.state import State
-from exporter_lib.status import TrainerStatus
-from localdev.cluster import objects
 
 pytestmark = pytest.mark.usefixtures("trainjob_crd")
 

@@ -21,7 +21,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "trainjob-scraper"
-MONITORING_CRDS = Path(__file__).resolve().parent / "monitoring-crds.yaml"
+MONITORING_CRDS = REPO / "tests" / "chart" / "monitoring-crds.yaml"
 HELM_TIMEOUT_SECONDS = 120.0
 RELEASE = "tjs"
 

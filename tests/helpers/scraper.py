@@ -261,16 +261,10 @@ def scraper_factory(control_plane: Any, tmp_path: Path,
     for proc in started:
         with contextlib.suppress(Exception):
             proc.terminate()
+    # rep_call: set by the pytest_runtest_makereport hook in tests/conftest.py.
     if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
         for proc in started:
             sys.stderr.write(f"--- {proc.log_path}\n{proc.log()[-6000:]}\n")
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    rep = yield
-    setattr(item, "rep_" + rep.when, rep)
-    return rep
 
 
 # ---------------------------------------------------------------- cluster reads

@@ -1,0 +1,130 @@
+"""The one call path to the API server: off the event loop, rate limited, retried.
+
+The official client is blocking, so every call runs in a worker thread
+(:func:`asyncio.to_thread`).  :func:`call` adds, per call site's needs, a client-side
+token bucket (:class:`aiolimiter.AsyncLimiter`), retries of transient answers with
+capped exponential backoff and jitter (:class:`Backoff`, driven by tenacity) and
+honours ``Retry-After``.  The pod watch, which lives in a thread of its own, backs
+off with the same :class:`Backoff`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import urllib3
+from aiolimiter import AsyncLimiter
+from kubernetes.client.exceptions import ApiException
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+T = TypeVar("T")
+
+#: Longest ``Retry-After`` honoured (seconds); a longer one is capped so a stop stays prompt.
+RETRY_AFTER_MAX_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Capped exponential backoff with jitter, as client-go's ``wait.Backoff``.
+
+    The delay before retry ``n`` (0 for the first) is
+    ``min(initial * factor**n, cap) * (1 + jitter * U[0, 1))`` seconds.
+    """
+
+    initial: float
+    cap: float
+    factor: float = 2.0
+    jitter: float = 0.5
+
+    def delay(self, retry: int, retry_after: float | None = None) -> float:
+        """Seconds before retry ``retry``; never sooner than ``retry_after`` (capped at
+        :data:`RETRY_AFTER_MAX_SECONDS`) when the server asked for it."""
+        base = min(self.initial * self.factor ** retry, self.cap)
+        seconds = base * (1 + self.jitter * random.random())
+        if retry_after is not None:
+            seconds = max(seconds, min(retry_after, RETRY_AFTER_MAX_SECONDS))
+        return seconds
+
+
+#: Status writes and Events: 0.2 s doubling up to 5 s.
+WRITE_BACKOFF = Backoff(initial=0.2, cap=5.0)
+
+
+def retry_after(exc: BaseException | None) -> float | None:
+    """The ``Retry-After`` seconds of an API error, if it carries a readable one.
+
+    The API server sends it with 429 (API Priority and Fairness) and some 5xx;
+    retrying sooner only adds to the load that caused them.
+    """
+    if not isinstance(exc, ApiException) or not exc.headers:
+        return None
+    try:
+        return float(exc.headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """409, 429, 5xx and connection errors: worth another try."""
+    if isinstance(exc, ApiException):
+        return exc.status in (409, 429) or (exc.status or 0) >= 500
+    return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError)
+
+
+@dataclass(frozen=True)
+class Retries:
+    """How often a call is tried: ``attempts`` in all (1: no retry), waiting ``backoff``
+    between tries of an exception ``retryable`` accepts."""
+
+    attempts: int = 1
+    backoff: Backoff = WRITE_BACKOFF
+    retryable: Callable[[BaseException], bool] = is_transient
+
+
+ONCE = Retries()
+
+
+async def call(
+    func: Callable[..., T],
+    *args: Any,
+    limiter: AsyncLimiter | None = None,
+    retries: Retries = ONCE,
+    before_try: Callable[[], None] | None = None,
+    **kwargs: Any,
+) -> T:
+    """``func(*args, **kwargs)`` in a worker thread; the result of the first try that returns.
+
+    Args:
+        limiter: a token taken before every try (None: not rate limited).
+        retries: which errors are tried again, how often and after how long.
+        before_try: called before every try, after the token (a fence that raises to
+            stop, e.g. when this replica no longer leads).
+
+    Raises:
+        The last try's exception, or what ``before_try`` raised.
+    """
+
+    def wait(state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        return retries.backoff.delay(state.attempt_number - 1, retry_after(exc))
+
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(retries.retryable),
+        stop=stop_after_attempt(retries.attempts),
+        wait=wait,
+        reraise=True,
+    ):
+        with attempt:
+            if limiter is None:
+                if before_try is not None:
+                    before_try()
+                return await asyncio.to_thread(func, *args, **kwargs)
+            async with limiter:
+                if before_try is not None:
+                    before_try()
+                return await asyncio.to_thread(func, *args, **kwargs)
+    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover

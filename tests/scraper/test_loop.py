@@ -1,0 +1,405 @@
+"""The scrape-loop stage in-process: every rule it owns, with fakes for its neighbours.
+
+The neighbours (the exporter scraper, the status writer, the Event recorder, the
+scheduler) are in-process fakes of their Protocols in :mod:`scraper.loop` and
+:mod:`scraper.manager`; the real ones are exercised against real exporters and the
+real API server by the other tests of this folder.  The clock is a fake too, so
+backoff and Event dedupe are checked without sleeping.  No cluster needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from exporter_lib.status import TrainerStatus
+from scraper.discovery import Final
+from scraper.loop import (
+    EVENT_REPEAT_SECONDS,
+    REASON_FINAL_INVALID,
+    REASON_INVALID,
+    REASON_SCRAPE_FAILED,
+    ScrapeLoop,
+    TargetState,
+)
+from scraper.manager import TargetManager
+from scraper.scraping import (
+    Busy,
+    Failure,
+    FailureKind,
+    Fresh,
+    NothingYet,
+    NotModified,
+    ScrapeResult,
+)
+from scraper.status_writer import TrainJobGone, WriteOutcome
+from scraper.targets import Target
+from scraper.telemetry import JobView
+
+NS, TJ, POD = "ns", "tj", "tj-node-0-0"
+
+
+def _status(progress: int) -> TrainerStatus:
+    return TrainerStatus(progress_percentage=progress,
+                         last_updated_time=datetime(2025, 1, 1, tzinfo=UTC))
+
+
+def _target(url: str = "http://10.0.0.7:28080/metrics", interval: float = 10.0) -> Target:
+    return Target(NS, TJ, POD, "uid-1", url, interval)
+
+
+# ---------------------------------------------------------------- fakes
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class FakeScraper:
+    """Answers each scrape with the next queued result (the last one repeats)."""
+
+    results: list[ScrapeResult] = field(default_factory=list)
+    calls: list[tuple[str, str | None]] = field(default_factory=list)
+    gate: asyncio.Event | None = None  # when set: a scrape waits for it
+
+    async def scrape(self, target: Target, etag: str | None = None) -> ScrapeResult:
+        self.calls.append((target.url, etag))
+        if self.gate is not None:
+            await self.gate.wait()
+        return self.results.pop(0) if len(self.results) > 1 else self.results[0]
+
+
+@dataclass
+class FakeWriter:
+    """Answers each apply with the next queued outcome, or raises it if it is an exception."""
+
+    outcomes: list[WriteOutcome | BaseException] = field(
+        default_factory=lambda: [WriteOutcome.WRITTEN])
+    applied: list[tuple[str, str, TrainerStatus]] = field(default_factory=list)
+
+    async def apply(self, namespace: str, name: str, status: TrainerStatus) -> WriteOutcome:
+        self.applied.append((namespace, name, status))
+        outcome = self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+
+@dataclass
+class FakeEvents:
+    recorded: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    async def event(self, namespace: str, name: str, reason: str, message: str) -> None:
+        self.recorded.append((namespace, name, reason, message))
+
+
+@dataclass
+class FakeScheduler:
+    scheduled: dict[str, Target] = field(default_factory=dict)
+
+    def schedule(self, target: Target) -> None:
+        self.scheduled[target.key] = target
+
+    def unschedule(self, key: str) -> None:
+        self.scheduled.pop(key, None)
+
+    def scheduled_keys(self) -> set[str]:
+        return set(self.scheduled)
+
+
+@dataclass
+class Rig:
+    """A loop and a manager wired to fakes, as ScraperApp wires the real parts."""
+
+    scraper: FakeScraper
+    writer: FakeWriter
+    events: FakeEvents
+    clock: Clock
+    loop: ScrapeLoop
+    manager: TargetManager
+    scheduler: FakeScheduler
+    spawned: list[asyncio.Task[Any]]
+    gone: list[tuple[str, str]]
+    busy: list[str]
+    scrapes: list[str]
+    failed_writes: list[WriteOutcome]
+
+    async def settle(self) -> None:
+        """Let every spawned final status write finish."""
+        while pending := [t for t in self.spawned if not t.done()]:
+            await asyncio.gather(*pending)
+
+    def state(self, target: Target | None = None) -> TargetState:
+        target = target or _target()
+        state = TargetState(JobView(NS, TJ, POD), target=target, uid=target.pod_uid)
+        self.manager.states[target.key] = state
+        return state
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    scraper, writer, events, clock = FakeScraper(), FakeWriter(), FakeEvents(), Clock()
+    scheduler = FakeScheduler()
+    spawned: list[asyncio.Task[Any]] = []
+    gone: list[tuple[str, str]] = []
+    busy: list[str] = []
+    scrapes: list[str] = []
+    failed: list[WriteOutcome] = []
+    holder: dict[str, TargetManager] = {}
+
+    def on_gone(namespace: str, trainjob: str) -> None:
+        gone.append((namespace, trainjob))
+        holder["manager"].drop_trainjob(namespace, trainjob)
+
+    loop = ScrapeLoop(scraper, writer, events, backoff_max=35.0,
+                      leading=lambda: holder["manager"].leading, on_gone=on_gone,
+                      on_busy=busy.append, count_scrape=scrapes.append,
+                      count_write=failed.append, clock=clock)
+    manager = TargetManager(loop, scheduler,
+                            spawn=lambda coro: spawned.append(asyncio.ensure_future(coro)),
+                            default_port=28080, default_path="/metrics",
+                            default_interval=10.0, leading=True)
+    holder["manager"] = manager
+    yield Rig(scraper, writer, events, clock, loop, manager, scheduler, spawned, gone, busy,
+              scrapes, failed)
+
+
+def _pod(phase: str = "Running", *, uid: str = "uid-1", ip: str | None = "10.0.0.7",
+         message: dict[str, Any] | str | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase, "podIP": ip}
+    if message is not None:
+        text = message if isinstance(message, str) else json.dumps(message)
+        status["containerStatuses"] = [
+            {"name": "node", "state": {"terminated": {"exitCode": 0, "message": text}}}]
+    return {"metadata": {"namespace": NS, "name": POD, "uid": uid,
+                         "labels": {"jobset.sigs.k8s.io/jobset-name": TJ}},
+            "status": status}
+
+
+FINAL = {"progressPercentage": 100, "metrics": [], "lastUpdatedTime": "2025-01-01T00:00:00Z"}
+
+
+# ---------------------------------------------------------------- ETag
+
+
+@pytest.mark.parametrize("outcome", [WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED,
+                                     WriteOutcome.NOT_STORED])
+async def test_etag_kept_when_the_status_is_where_it_belongs(rig: Rig,
+                                                             outcome: WriteOutcome) -> None:
+    state = rig.state()
+    rig.scraper.results = [Fresh(_status(10), '"e1"'), NotModified()]
+    rig.writer.outcomes = [outcome]
+    await rig.loop.run(state)
+    assert state.etag == '"e1"'
+    await rig.loop.run(state)
+    assert [etag for _url, etag in rig.scraper.calls] == [None, '"e1"']
+    assert len(rig.writer.applied) == 1  # 304: nothing to write
+    assert rig.scrapes == ["ok", "not_modified"]
+
+
+@pytest.mark.parametrize("outcome", [WriteOutcome.FAILED, WriteOutcome.NOT_LEADER,
+                                     RuntimeError("API down")])
+async def test_etag_dropped_when_the_write_did_not_land(rig: Rig,
+                                                        outcome: WriteOutcome | Exception) -> None:
+    state = rig.state()
+    rig.scraper.results = [Fresh(_status(10), '"e1"')]
+    rig.writer.outcomes = [outcome, WriteOutcome.WRITTEN]
+    await rig.loop.run(state)
+    assert state.etag is None
+    await rig.loop.run(state)  # the body is fetched again and the write retried
+    assert [etag for _url, etag in rig.scraper.calls] == [None, None]
+    assert len(rig.writer.applied) == 2 and state.etag == '"e1"'
+    assert rig.failed_writes == ([WriteOutcome.FAILED] if isinstance(outcome, Exception)
+                                 else [])
+
+
+async def test_etag_dropped_on_a_failed_scrape_and_on_a_new_url(rig: Rig) -> None:
+    state = rig.state()
+    rig.scraper.results = [Fresh(_status(10), '"e1"'),
+                           Failure(FailureKind.HTTP_ERROR, "HTTP 500"),
+                           Fresh(_status(10), '"e2"')]
+    await rig.loop.run(state)
+    await rig.loop.run(state)
+    assert state.etag is None and state.view.up is False
+    await rig.loop.run(state)
+    assert state.etag == '"e2"' and state.view.up is True
+    state.retarget(_target(url="http://10.0.0.8:28080/metrics"))
+    assert state.etag is None
+    state.etag = '"e3"'
+    state.retarget(_target(url="http://10.0.0.8:28080/metrics"))  # same URL: kept
+    assert state.etag == '"e3"'
+
+
+async def test_trainjob_gone_drops_every_target_of_it(rig: Rig) -> None:
+    rig.manager.on_pod(_pod(), deleted=False)
+    assert set(rig.scheduler.scheduled) == {f"{NS}/{POD}"}
+    rig.scraper.results = [Fresh(_status(10), '"e1"')]
+    rig.writer.outcomes = [TrainJobGone(f"{NS}/{TJ}")]
+    await rig.manager.run(f"{NS}/{POD}")
+    assert rig.gone == [(NS, TJ)]
+    assert rig.manager.states == {} and rig.scheduler.scheduled == {}
+
+
+# ---------------------------------------------------------------- backoff
+
+
+@pytest.mark.parametrize("kind", [FailureKind.REFUSED, FailureKind.UNREACHABLE])
+async def test_not_instrumented_backs_off_exponentially_capped_and_logs_once(
+    rig: Rig, kind: FailureKind, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="scraper.loop")
+    state = rig.state(_target(interval=10.0))
+    rig.scraper.results = [Failure(kind, "connection refused")]
+    waits = []
+    for _ in range(4):
+        await rig.loop.run(state)
+        waits.append(state.retry_at - rig.clock.now)
+        rig.clock.now = state.retry_at - 0.01
+        await rig.loop.run(state)  # still backing off: no scrape
+        rig.clock.now = state.retry_at
+    assert waits == [10.0, 20.0, 35.0, 35.0]  # interval * 2**(n-1), capped at backoff_max
+    assert len(rig.scraper.calls) == 4
+    assert rig.events.recorded == []  # no exporter is no news for the TrainJob's owner
+    assert state.view.up is False and state.etag is None
+    assert sum("treating it as not instrumented" in r.message for r in caplog.records) == 1
+    # Any answer resets the backoff.
+    rig.scraper.results = [NothingYet()]
+    await rig.loop.run(state)
+    assert (state.refusals, state.retry_at, state.view.up) == (0, 0.0, True)
+    assert "answers again" in caplog.text
+    await rig.loop.run(state)
+    assert len(rig.scraper.calls) == 6
+
+
+async def test_busy_is_neither_up_nor_down(rig: Rig) -> None:
+    state = rig.state()
+    rig.scraper.results = [Busy()]
+    await rig.loop.run(state)
+    assert rig.busy == [f"{NS}/{POD}"]
+    assert (state.view.up, state.refusals, rig.scrapes) == (None, 0, [])
+
+
+async def test_nothing_runs_while_not_leading(rig: Rig) -> None:
+    state = rig.state()
+    rig.scraper.results = [Fresh(_status(1), None)]
+    rig.manager.set_leading(False)
+    await rig.loop.run(state)
+    await rig.manager.run(f"{NS}/{POD}")
+    assert rig.scraper.calls == []
+    assert list(rig.manager.views()) == []
+
+
+# ---------------------------------------------------------------- Events
+
+
+async def test_event_dedupe_same_message_once_per_period(rig: Rig) -> None:
+    state = rig.state()
+    bad = Failure(FailureKind.INVALID, "progressPercentage: must be <= 100")
+    rig.scraper.results = [bad]
+    await rig.loop.run(state)
+    await rig.loop.run(state)
+    rig.clock.now += EVENT_REPEAT_SECONDS - 1
+    await rig.loop.run(state)
+    assert len(rig.events.recorded) == 1
+    ns, name, reason, message = rig.events.recorded[0]
+    assert (ns, name, reason) == (NS, TJ, REASON_INVALID)
+    assert message == (f"scraping {state.target.url} (pod {POD}): "  # type: ignore[union-attr]
+                       "progressPercentage: must be <= 100; the previous status is kept")
+    rig.clock.now += 1
+    await rig.loop.run(state)
+    assert len(rig.events.recorded) == 2
+    # Another failure is another message: recorded at once.
+    rig.scraper.results = [Failure(FailureKind.TIMEOUT, "no complete answer within 9s")]
+    await rig.loop.run(state)
+    assert [r[2] for r in rig.events.recorded] == [REASON_INVALID, REASON_INVALID,
+                                                   REASON_SCRAPE_FAILED]
+    assert rig.scrapes == ["invalid"] * 4 + ["timeout"]
+
+
+# ---------------------------------------------------------------- final status
+
+
+async def test_final_status_applied_once(rig: Rig) -> None:
+    rig.manager.on_pod(_pod(), deleted=False)
+    ended = _pod("Succeeded", message=FINAL)
+    rig.manager.on_pod(ended, deleted=False)
+    rig.manager.on_pod(ended, deleted=False)  # a repeated MODIFIED event
+    await rig.settle()
+    rig.manager.set_leading(False)
+    rig.manager.set_leading(True)  # leadership comes back: already claimed
+    rig.manager.on_pod(ended, deleted=True)  # deleted after its final status was written
+    await rig.settle()
+    assert [(ns, n, s.progress_percentage) for ns, n, s in rig.writer.applied] == \
+        [(NS, TJ, 100)]
+    assert rig.scheduler.scheduled == {}
+
+
+async def test_final_status_waits_for_leadership_then_is_applied_once(rig: Rig) -> None:
+    rig.manager.set_leading(False)
+    rig.manager.on_pod(_pod("Failed", message=FINAL), deleted=False)
+    await rig.settle()
+    assert rig.writer.applied == []
+    rig.manager.set_leading(True)
+    rig.manager.set_leading(True)
+    await rig.settle()
+    assert len(rig.writer.applied) == 1
+    view = next(iter(rig.manager.views()))
+    assert view.status is not None and view.status.progress_percentage == 100
+
+
+async def test_deleted_pod_with_a_message_delivers_its_final_status(rig: Rig) -> None:
+    rig.manager.on_pod(_pod(), deleted=False)
+    rig.manager.on_pod(_pod("Succeeded", message=FINAL), deleted=True)
+    await rig.settle()
+    assert len(rig.writer.applied) == 1 and rig.manager.states == {}
+
+
+async def test_a_scrape_that_returns_after_the_pod_ended_does_not_write(rig: Rig) -> None:
+    rig.manager.on_pod(_pod(), deleted=False)
+    rig.scraper.gate = asyncio.Event()
+    rig.scraper.results = [Fresh(_status(40), '"e"')]
+    run = asyncio.ensure_future(rig.manager.run(f"{NS}/{POD}"))
+    await asyncio.sleep(0)
+    rig.manager.on_pod(_pod("Succeeded", message=FINAL), deleted=False)
+    await rig.settle()
+    rig.scraper.gate.set()
+    await run
+    assert [s.progress_percentage for _ns, _n, s in rig.writer.applied] == [100]
+
+
+async def test_invalid_termination_messages_make_one_event(rig: Rig) -> None:
+    rig.manager.on_pod(_pod("Succeeded", message="{not json"), deleted=False)
+    await rig.settle()
+    assert rig.writer.applied == []
+    [(ns, name, reason, message)] = rig.events.recorded
+    assert (ns, name, reason) == (NS, TJ, REASON_FINAL_INVALID)
+    assert message.startswith(f"termination message of pod {POD} is not a valid "
+                              "trainerStatus: container node: ")
+    assert message.endswith("; the previous status is kept")
+
+
+async def test_final_of_a_recreated_pod_is_its_own(rig: Rig) -> None:
+    rig.manager.on_pod(_pod("Succeeded", message=FINAL), deleted=False)
+    rig.manager.on_pod(_pod("Succeeded", uid="uid-2", message=FINAL), deleted=False)
+    await rig.settle()
+    assert len(rig.writer.applied) == 2  # same name, new pod: a new final status
+
+
+def test_final_dataclass_is_the_discovery_decision() -> None:
+    # The loop consumes discovery's Final as is (no copy of its fields).
+    final = Final(NS, TJ, POD, "uid-1", (("node", json.dumps(FINAL)),))
+    state = TargetState(JobView(NS, TJ, POD), ended=final)
+    assert state.claim_final() and not state.claim_final()
+    assert state.trainjob_key == (NS, TJ)
