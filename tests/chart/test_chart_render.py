@@ -166,8 +166,9 @@ def _rules(role: dict[str, Any]) -> set[tuple[str, str, str, tuple[str, ...]]]:
     return out
 
 
-#: Exactly the calls the scraper makes in a watched scope (see scraper/discovery.py and
-#: scraper/reconcile.py); any added verb must be justified here too.
+#: Exactly the calls the scraper makes in a watched scope (see scraper/discovery.py,
+#: scraper/trainjobs.py, scraper/status_writer.py and scraper/kube/events.py); any added
+#: verb must be justified here too.
 SCOPE_GRANTS = {
     ("", "pods", "list", ()),
     ("", "pods", "watch", ()),

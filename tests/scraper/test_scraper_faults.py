@@ -173,6 +173,11 @@ def _pods_path(namespace: str) -> str:
     return f"^/api/v1/namespaces/{namespace}/pods$"
 
 
+def _watch_lists(proxy: FaultProxy, pods: str) -> list[Seen]:
+    """The pod watch's lists (not the one ``limit=1`` selector probe made at start)."""
+    return [r for r in proxy.requests("GET", pods, watch=False) if r.query.get("limit") != "1"]
+
+
 def test_expired_watch_relists_at_once(
     kube_api: client.ApiClient, namespace: str, proxied: tuple[FaultProxy, Path],
     exporter_factory: Callable[..., FakeExporter],
@@ -183,7 +188,10 @@ def test_expired_watch_relists_at_once(
     _instrumented_job(kube_api, namespace, "before", 5, exporter_factory)
     scraper = _scraper_through(proxied, namespace, scraper_factory)
     wait_for(lambda: progress_of(kube_api, namespace, "before") == 5, 20, "progress 5")
-    assert len(proxy.requests("GET", pods, watch=False)) == 1  # one list so far
+    probes = [r for r in proxy.requests("GET", pods, watch=False) if r.query.get("limit") == "1"]
+    assert len(probes) == 1  # the selector probe at start, before the first list
+    assert len(_watch_lists(proxy, pods)) == 1  # one list so far
+    assert probes[0].started < _watch_lists(proxy, pods)[0].started
 
     # The next watch starts from a resourceVersion the API server has compacted away;
     # the current one ends as a server-side timeout ends it.
@@ -194,7 +202,7 @@ def test_expired_watch_relists_at_once(
     # What the real API server answers: 200 and one ERROR event with a 410 Status.
     assert expired.status == 200
     assert [e.get("code") for e in expired.watch_errors] == [410]
-    relist = wait_for(lambda: proxy.requests("GET", pods, watch=False)[1:], 10, "relist")[0]
+    relist = wait_for(lambda: _watch_lists(proxy, pods)[1:], 10, "relist")[0]
     assert relist.started - expired.finished < 0.45  # no backoff (at least 0.5 s)
     wait_for(lambda: scraper.value("trainjob_scraper_watch_restarts_total", reason="gone")
              == 1, 10, "restart counted as gone")
@@ -203,7 +211,7 @@ def test_expired_watch_relists_at_once(
     # Watching again: a pod created now is discovered and written.
     _instrumented_job(kube_api, namespace, "after", 6, exporter_factory)
     wait_for(lambda: progress_of(kube_api, namespace, "after") == 6, 20, "progress 6")
-    assert len(proxy.requests("GET", pods, watch=False)) == 2
+    assert len(_watch_lists(proxy, pods)) == 2
 
 
 def test_broken_watch_backs_off_and_discovers_a_pod_created_meanwhile(
