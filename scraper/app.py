@@ -120,9 +120,9 @@ class ScraperApp:
         """
         s = self.settings
         self.supervisor = supervisor = Supervisor()
-        port = await self.telemetry.start(s.listen_host, s.listen_port)
-        log.info("serving /metrics, /healthz, /readyz on %s:%d", s.listen_host, port)
         try:
+            port = await self.telemetry.start(s.listen_host, s.listen_port)
+            log.info("serving /metrics, /healthz, /readyz on %s:%d", s.listen_host, port)
             await self._serve(stop, supervisor)
         finally:
             await self.scraper.close()
