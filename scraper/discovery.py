@@ -387,9 +387,10 @@ async def probe_selector(core: CoreV1Api, selector: str, namespace: str | None) 
     func = core.list_namespaced_pod if namespace else core.list_pod_for_all_namespaces
     args = (namespace,) if namespace else ()
     try:
-        resp = await call(func, *args, label_selector=selector, limit=1,
-                          _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
-        resp.release_conn()
+        # The answer is read whole (at most one pod): a pooled connection given back
+        # with an unread body would break the watch's first list on it.
+        await call(func, *args, label_selector=selector, limit=1,
+                   _request_timeout=REQUEST_TIMEOUT)
     except ApiException as exc:
         if exc.status != 400:
             log.debug("selector probe: HTTP %s (left to the watch)", exc.status)
