@@ -40,6 +40,7 @@ from scraper.discovery import (
     pod_key,
 )
 from scraper.leader import LeaseElector
+from scraper.metrics_auth import MetricsAuth, metrics_auth_for
 from scraper.reconcile import (
     REASON_FINAL_INVALID,
     REASON_INVALID,
@@ -104,6 +105,13 @@ class ScraperApp:
         self.settings = settings
         self.api = api_client or load_kube_client(settings)
         self.telemetry = Telemetry(self._views)
+        # --- /metrics authentication (scraper/metrics_auth.py)
+        self.metrics_auth: MetricsAuth | None = None
+        if settings.metrics_auth:
+            self.metrics_auth = metrics_auth_for(
+                self.api, ttl=settings.metrics_auth_cache_ttl,
+                size=settings.metrics_auth_cache_size, registry=self.telemetry.registry)
+        # --- end /metrics authentication
         self._states: dict[str, _TargetState] = {}
         self._warned_pods: set[str] = set()  # uids of misconfigured pods already logged
         self._leading = not settings.leader_election
@@ -139,8 +147,16 @@ class ScraperApp:
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set, then shut down in order (see module doc)."""
         s = self.settings
-        port = await self.telemetry.start(s.listen_host, s.listen_port)
+        guard = [self.metrics_auth.middleware] if self.metrics_auth else []
+        port = await self.telemetry.start(s.listen_host, s.listen_port, middlewares=guard)
         log.info("serving /metrics, /healthz, /readyz on %s:%d", s.listen_host, port)
+        if self.metrics_auth is None:
+            log.warning("/metrics is open to anyone who reaches %s:%d (metrics_auth=false)",
+                        s.listen_host, port)
+        else:
+            log.info("/metrics needs a bearer token allowed to get /metrics (TokenReview "
+                     "and SubjectAccessReview, decisions cached %gs)",
+                     s.metrics_auth_cache_ttl)
         self._scraper = ExporterScraper(
             ScrapeLimits(s.scrape_timeout, s.max_body_bytes, s.concurrency),
             observe=self.telemetry.scrape_duration.observe,
