@@ -22,11 +22,14 @@ from typing import Any
 
 import pytest
 import urllib3
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 from scraper_testutil import ScraperProcess, wait_for
 
 from localdev.cluster.controlplane import ControlPlane
+from scraper.config import ConfigError, load_settings
 from scraper.metrics_auth import (
     MAX_REVIEWS_IN_FLIGHT,
     Decision,
@@ -324,3 +327,45 @@ def test_verb_and_path_are_part_of_the_decision() -> None:
         assert reviewer.calls[-1] == "authz user-ok-a post /metrics"
 
     asyncio.run(scenario())
+
+
+@settings(max_examples=300, deadline=None)
+@given(header=st.one_of(st.none(), st.text(max_size=40)),
+       token=st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1,
+                     max_size=40))
+def test_only_a_bearer_header_with_a_token_is_reviewed(header: str | None, token: str) -> None:
+    """Property: a review happens exactly for ``Bearer <token>`` (scheme in any case);
+    the token reviewed is the header's, stripped of surrounding blanks."""
+    async def decide(value: str | None) -> list[str]:
+        reviewer = CountingReviewer()
+        await _auth(reviewer).decide(value, "get", "/metrics")
+        return reviewer.calls
+
+    calls = asyncio.run(decide(header))
+    scheme, _, rest = (header or "").strip().partition(" ")
+    if scheme.lower() == "bearer" and rest.strip():
+        assert calls[0] == f"authn {rest.strip()}"
+    else:
+        assert calls == []
+    for spelled in ("Bearer", "bearer", "BEARER"):
+        assert asyncio.run(decide(f"{spelled} {token}"))[0] == f"authn {token}"
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    ({"metrics_auth_cache_ttl": "0s"}, "metrics-auth-cache-ttl='0s': must be > 0"),
+    ({"metrics_auth_cache_ttl": "soon"}, "metrics-auth-cache-ttl='soon'"),
+    ({"metrics_auth_cache_size": "0"}, "metrics-auth-cache-size='0'"),
+    ({"metrics_auth": "perhaps"}, "metrics-auth='perhaps'"),
+])
+def test_bad_metrics_auth_options_name_option_and_value(flags: dict[str, str],
+                                                        named: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(flags)
+    assert named in str(err.value)
+
+
+def test_metrics_auth_defaults() -> None:
+    settings = load_settings({})
+    assert settings.metrics_auth is True
+    assert (settings.metrics_auth_cache_ttl, settings.metrics_auth_cache_size) == (120.0, 1024)
+    assert load_settings({"metrics_auth_cache_ttl": "30s"}).metrics_auth_cache_ttl == 30.0
