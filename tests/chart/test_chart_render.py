@@ -410,12 +410,17 @@ def test_validating_admission_policy_is_optional_and_names_the_scraper(helm: Hel
     assert not helm.template().of_kind("ValidatingAdmissionPolicy")
     rendered = helm.template({"validatingAdmissionPolicy": {"enabled": True},
                               "serviceAccount": {"create": False, "name": "preexisting"}})
-    policy = rendered.one("ValidatingAdmissionPolicy")
-    (condition,) = policy["spec"]["matchConditions"]
-    assert condition["expression"] == (
-        f'request.userInfo.username == "system:serviceaccount:{RELEASE_NAMESPACE}:preexisting"')
-    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
-    assert (rule["resources"], rule["operations"]) == (["trainjobs/status"], ["UPDATE"])
-    binding = rendered.one("ValidatingAdmissionPolicyBinding")
-    assert binding["spec"] == {"policyName": policy["metadata"]["name"],
-                               "validationActions": ["Deny"]}
+    name = f"{FULLNAME}-trainerstatus-only"
+    expected = {name: (["trainjobs/status"], ["UPDATE"]),
+                f"{name}-events": (["events"], ["CREATE", "UPDATE"])}
+    assert {p["metadata"]["name"] for p in rendered.of_kind("ValidatingAdmissionPolicy")} \
+        == set(expected)
+    for policy_name, (resources, operations) in expected.items():
+        policy = rendered.one("ValidatingAdmissionPolicy", policy_name)
+        (condition,) = policy["spec"]["matchConditions"]
+        assert condition["expression"] == ('request.userInfo.username == '
+                                           f'"system:serviceaccount:{RELEASE_NAMESPACE}:preexisting"')
+        (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+        assert (rule["resources"], rule["operations"]) == (resources, operations)
+        binding = rendered.one("ValidatingAdmissionPolicyBinding", policy_name)
+        assert binding["spec"] == {"policyName": policy_name, "validationActions": ["Deny"]}
