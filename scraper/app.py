@@ -31,6 +31,7 @@ from scraper.kube.client import load_client
 from scraper.leader import LeaseElector
 from scraper.loop import ScrapeLoop
 from scraper.manager import TargetManager
+from scraper.metrics_auth import MetricsAuth, metrics_auth_for
 from scraper.scheduling import TargetScheduler
 from scraper.scraping import ExporterScraper, ScrapeLimits
 from scraper.status_writer import StatusWriter
@@ -64,6 +65,11 @@ class ScraperApp:
         self.settings = settings
         self.api = api_client or load_client(s.kubeconfig)
         self.telemetry = Telemetry(lambda: self.manager.views())
+        self.metrics_auth: MetricsAuth | None = None
+        if s.metrics_auth:
+            self.metrics_auth = metrics_auth_for(
+                self.api, ttl=s.metrics_auth_cache_ttl,
+                size=s.metrics_auth_cache_size, registry=self.telemetry.registry)
         self.supervisor: Supervisor | None = None
         self._elector: LeaseElector | None = None
         if s.leader_election:
@@ -121,8 +127,16 @@ class ScraperApp:
         s = self.settings
         self.supervisor = supervisor = Supervisor()
         try:
-            port = await self.telemetry.start(s.listen_host, s.listen_port)
+            guard = [self.metrics_auth.middleware] if self.metrics_auth else []
+            port = await self.telemetry.start(s.listen_host, s.listen_port, middlewares=guard)
             log.info("serving /metrics, /healthz, /readyz on %s:%d", s.listen_host, port)
+            if self.metrics_auth is None:
+                log.warning("/metrics is open to anyone who reaches %s:%d (metrics_auth=false)",
+                            s.listen_host, port)
+            else:
+                log.info("/metrics needs a bearer token allowed to get /metrics (TokenReview "
+                         "and SubjectAccessReview, decisions cached %gs)",
+                         s.metrics_auth_cache_ttl)
             await self._serve(stop, supervisor)
         finally:
             await self.scraper.close()

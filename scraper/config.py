@@ -144,6 +144,22 @@ class ScraperSettings(BaseSettings):
     listen_port: int = Field(
         default=8080, ge=0, le=65535, description="port of /metrics, /healthz, /readyz (0: any)"
     )
+    # --- /metrics authentication (scraper/metrics_auth.py)
+    metrics_auth: bool = Field(
+        default=True,
+        description="require a bearer token on /metrics, checked by TokenReview and "
+        "SubjectAccessReview (get on the non-resource URL /metrics); false: /metrics is "
+        "open to anyone who reaches the port (/healthz and /readyz are always open)",
+    )
+    metrics_auth_cache_ttl: float = Field(
+        default=120.0,
+        description="how long a /metrics authentication and authorization decision is "
+        "reused (> 0)",
+    )
+    metrics_auth_cache_size: int = Field(
+        default=1024, ge=1, le=1 << 20, description="/metrics decisions cached at most"
+    )
+    # --- end /metrics authentication
     leader_election: bool = Field(
         default=False, description="elect one leader through a coordination.k8s.io Lease"
     )
@@ -201,6 +217,7 @@ class ScraperSettings(BaseSettings):
         "renew_deadline",
         "retry_period",
         "shutdown_timeout",
+        "metrics_auth_cache_ttl",
         mode="before",
     )
     @classmethod
@@ -212,7 +229,8 @@ class ScraperSettings(BaseSettings):
     def _interval_range(cls, value: float) -> float:
         return check_interval(value)
 
-    @field_validator("scrape_timeout", "retry_period", "lease_duration", "renew_deadline")
+    @field_validator("scrape_timeout", "retry_period", "lease_duration", "renew_deadline",
+                     "metrics_auth_cache_ttl")
     @classmethod
     def _positive(cls, value: float) -> float:
         if value <= 0:

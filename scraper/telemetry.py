@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -108,9 +109,14 @@ class Telemetry:
         """The Prometheus text exposition of everything."""
         return generate_latest(self.registry)
 
-    async def start(self, host: str, port: int) -> int:
-        """Serve on ``host:port`` (0: any free port); return the bound port."""
-        app = web.Application()
+    async def start(self, host: str, port: int,
+                    middlewares: Iterable[Middleware] = ()) -> int:
+        """Serve on ``host:port`` (0: any free port); return the bound port.
+
+        ``middlewares`` wrap every handler, e.g. the /metrics guard of
+        :mod:`scraper.metrics_auth`.
+        """
+        app = web.Application(middlewares=list(middlewares))
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)

@@ -71,6 +71,21 @@ class ScrapeTarget:
     address: str
     metrics_path: str = "/metrics"
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: File holding a bearer token sent on every scrape (Prometheus'
+    #: ``authorization.credentials_file``, what the Operator's ``bearerTokenFile`` becomes).
+    bearer_token_file: str | None = None
+
+
+def _scrape_config(target: ScrapeTarget) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "job_name": target.job,
+        "metrics_path": target.metrics_path,
+        "static_configs": [{"targets": [target.address], "labels": dict(target.labels)}],
+    }
+    if target.bearer_token_file:
+        config["authorization"] = {"type": "Bearer",
+                                   "credentials_file": target.bearer_token_file}
+    return config
 
 
 def find_prometheus() -> str:
@@ -157,14 +172,7 @@ class PrometheusServer:
                 "scrape_timeout": interval,
                 "evaluation_interval": interval,
             },
-            "scrape_configs": [
-                {
-                    "job_name": t.job,
-                    "metrics_path": t.metrics_path,
-                    "static_configs": [{"targets": [t.address], "labels": dict(t.labels)}],
-                }
-                for t in self.targets
-            ],
+            "scrape_configs": [_scrape_config(t) for t in self.targets],
         }
 
     def start(self) -> PrometheusServer:

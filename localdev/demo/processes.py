@@ -108,8 +108,10 @@ def start_scraper(workdir: Path, *, kubeconfig: Path | str | None, port: int,
     ``options`` are extra command-line flags (``--interval 1s``, ``--namespaces x``).
     ``extra["metrics_url"]`` of the returned child is its /metrics URL.
     """
+    # Loopback only, read by the local Prometheus without a token: the trusted-network
+    # opt-out of the /metrics authentication (docs/operator-guide.md).
     argv = [sys.executable, "-m", "scraper", "run", "--listen-host", "127.0.0.1",
-            "--listen-port", str(port), *options]
+            "--listen-port", str(port), "--no-metrics-auth", *options]
     if kubeconfig is not None:
         argv += ["--kubeconfig", str(kubeconfig)]
     child = spawn(name, argv, workdir / f"{name}.log", env={"PYTHONUNBUFFERED": "1", **(env or {})})

@@ -104,6 +104,9 @@ def test_install_upgrade_uninstall_against_the_api_server(
     # NOTES.txt is rendered on install
     assert f"Lease {release_ns}/{fullname}" in installed.stdout, installed.stdout
     assert "status.trainerStatus" in installed.stdout
+    # ... and says how to read the guarded /metrics, and that nobody may yet
+    assert f"ClusterRole {fullname}-metrics-reader" in installed.stdout, installed.stdout
+    assert "or Prometheus gets 403" in installed.stdout, installed.stdout
 
     def deployment() -> dict[str, Any]:
         out = control_plane.kubectl("get", "deployment", fullname, f"--namespace={release_ns}",

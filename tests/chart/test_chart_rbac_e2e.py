@@ -12,11 +12,17 @@ One end-to-end run on the local control plane:
 * the scraper discovers the pod, scrapes it and writes ``status.trainerStatus``;
   a second TrainJob's pod serves a status breaking the API limits, so the scraper
   records a Warning Event (the Events grant is used too);
-* a real Prometheus scrapes the scraper every second; every PromQL expression of
+* the scraper's /metrics needs a bearer token (the chart's default): a real Prometheus
+  sends the token of its own ServiceAccount, bound by ``metrics.auth.readers`` to the
+  chart's metrics-reader ClusterRole, and the scraper checks it with TokenReview and
+  SubjectAccessReview through the chart's metrics-auth ClusterRole; no token is a 401;
+* the chart's ValidatingAdmissionPolicy is applied too: the scraper's writes pass it;
+* Prometheus scrapes the scraper every second; every PromQL expression of
   the Grafana dashboard (template variables substituted as Grafana would) is
   executed there: none may fail to parse, and every panel but "Pod watch
   restarts" must return data (the core panels only for this run's namespace);
-* with the same token, requests outside the scraper's job are denied (403).
+* with the same token, requests outside the scraper's job are denied (403), and so is
+  a change of another status field than trainerStatus (by the policy).
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ START_TIMEOUT = 60.0
 STATUS_TIMEOUT = 60.0
 PROMETHEUS_TIMEOUT = 60.0
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+PROMETHEUS_SA = "prometheus"
 
 EXPORTER_SCRIPT = textwrap.dedent(
     """
@@ -120,9 +128,12 @@ def _exporter(tmp_path: Path) -> Iterator[int]:
         _stop(proc)
 
 
-def _get(url: str) -> tuple[int, str]:
+def _get(url: str, token: str | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url)
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
+        with urllib.request.urlopen(req, timeout=5) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -161,12 +172,15 @@ class Scraper:
     proc: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    token: str = ""  # a bearer token allowed to get /metrics
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
     def metrics(self) -> str:
-        return _get(f"http://127.0.0.1:{self.port}/metrics")[1]
+        status, body = _get(f"http://127.0.0.1:{self.port}/metrics", self.token)
+        assert status == 200, body
+        return body
 
 
 @contextlib.contextmanager
@@ -221,11 +235,15 @@ def test_chart_rbac_runs_a_full_cycle_and_denies_everything_else(
 ) -> None:
     release = f"rbac-{secrets.token_hex(3)}"
     fullname = f"{release}-trainjob-scraper"
-    rendered = helm.template(release=release, namespace=release_namespace)
+    readers = [{"kind": "ServiceAccount", "name": PROMETHEUS_SA,
+                "namespace": release_namespace}]
+    rendered = helm.template({"metrics": {"auth": {"readers": readers}},
+                              "validatingAdmissionPolicy": {"enabled": True}},
+                             release=release, namespace=release_namespace)
 
-    # -- the chart's RBAC, applied for real; the scraper gets nothing else
-    rbac = [o for o in rendered.objects if o["kind"] in RBAC_KINDS]
-    assert {o["kind"] for o in rbac} == RBAC_KINDS
+    # -- the chart's RBAC and policy, applied for real; the scraper gets nothing else
+    rbac = [o for o in rendered.objects if o["kind"] in RBAC_KINDS | POLICY_KINDS]
+    assert {o["kind"] for o in rbac} == RBAC_KINDS | POLICY_KINDS
     manifest = tmp_path / "rbac.yaml"
     manifest.write_text(yaml.safe_dump_all(rbac))
     control_plane.kubectl("apply", "--server-side", f"--filename={manifest}")
@@ -236,6 +254,10 @@ def test_chart_rbac_runs_a_full_cycle_and_denies_everything_else(
     kubeconfig = control_plane.kubeconfig_for_token(token, tmp_path / "scraper.kubeconfig")
     config = tmp_path / "config.yaml"
     config.write_text(rendered.one("ConfigMap", fullname)["data"]["config.yaml"])
+    assert yaml.safe_load(config.read_text())["metrics_auth"] is True
+    prometheus_token = control_plane.service_account_token(release_namespace, PROMETHEUS_SA)
+    prometheus_token_file = tmp_path / "prometheus-token"
+    prometheus_token_file.write_text(prometheus_token)
 
     # -- a TrainJob whose rank-0 pod runs the real exporter on loopback
     trainjob = "llm-finetune"
@@ -251,8 +273,14 @@ def test_chart_rbac_runs_a_full_cycle_and_denies_everything_else(
         objects.create_trainer_pod(kube_api, namespace, broken, port=invalid_port,
                                    ip="127.0.0.1")
         with _scraper(config, kubeconfig, tmp_path, identity=f"{fullname}-0") as scraper, \
-                PrometheusServer([ScrapeTarget("trainjob-scraper",
-                                               f"127.0.0.1:{scraper.port}")]) as prometheus:
+                PrometheusServer([ScrapeTarget(
+                    "trainjob-scraper", f"127.0.0.1:{scraper.port}",
+                    bearer_token_file=str(prometheus_token_file))]) as prometheus:
+            scraper.token = prometheus_token
+            # /metrics is guarded: no token, or the scraper's own (not a reader), is refused
+            url = f"http://127.0.0.1:{scraper.port}/metrics"
+            assert _get(url)[0] == 401
+            assert _get(url, token)[0] == 403
 
             def trainer_status() -> dict[str, Any] | None:
                 obj = custom.get_namespaced_custom_object(
@@ -382,6 +410,13 @@ def _check_denied(control_plane: ControlPlane, token: str, namespace: str, train
             "delete own Lease": lambda: coordination.delete_namespaced_lease(
                 fullname, release_namespace),
             "list Namespaces": lambda: core.list_namespace(),
+            # RBAC allows status patches; the chart's ValidatingAdmissionPolicy does not
+            # let this identity touch other status fields than trainerStatus
+            "patch TrainJob status.conditions": lambda: objects.apply_trainjob_status(
+                api, namespace, trainjob, {"conditions": [{
+                    "type": "Complete", "status": "True", "reason": "Forged", "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+                field_manager="trainjob-scraper"),
         }
         allowed = []
         for name, attempt in attempts.items():

@@ -40,6 +40,9 @@ def test_default_render_has_exactly_the_expected_objects(helm: Helm) -> None:
     assert rendered.kinds() == sorted([
         "ServiceAccount", "ConfigMap", "ConfigMap", "Service", "Deployment",
         "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "PodDisruptionBudget",
+        # /metrics authentication: the review grants, and the role Prometheus is bound to
+        "ClusterRole", "ClusterRoleBinding", "ClusterRole",
+        "NetworkPolicy",
     ])
     for obj in rendered.objects:
         labels = obj["metadata"]["labels"]
@@ -178,14 +181,16 @@ SCOPE_GRANTS = {
     ("", "events", "create", ()),
     ("", "events", "patch", ()),
 }
+REVIEW_GRANTS = {("authentication.k8s.io", "tokenreviews", "create", ()),
+                 ("authorization.k8s.io", "subjectaccessreviews", "create", ())}
 CRD_GRANT = {("apiextensions.k8s.io", "customresourcedefinitions", "get",
               ("trainjobs.trainer.kubeflow.org",))}
 
 
 def test_cluster_rbac_grants_exactly_what_the_scraper_uses(helm: Helm) -> None:
     rendered = helm.template()
-    assert _rules(rendered.one("ClusterRole")) == SCOPE_GRANTS | CRD_GRANT
-    binding = rendered.one("ClusterRoleBinding")
+    assert _rules(rendered.one("ClusterRole", FULLNAME)) == SCOPE_GRANTS | CRD_GRANT
+    binding = rendered.one("ClusterRoleBinding", FULLNAME)
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
                                   "kind": "ClusterRole", "name": FULLNAME}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME,
@@ -204,8 +209,9 @@ def test_chart_ships_the_rules_file_scoped_not_widened(helm: Helm) -> None:
     file_rules = yaml.safe_load((CHART / "files" / "clusterrole-rules.yaml").read_text())
     from_file = {grant[:3] for grant in _rules({"rules": file_rules})}
     rendered = helm.template()
-    shipped = _rules(rendered.one("ClusterRole")) | _rules(
-        rendered.one("Role", f"{FULLNAME}-leader-election"))
+    shipped = _rules(rendered.one("ClusterRole", FULLNAME)) | _rules(
+        rendered.one("Role", f"{FULLNAME}-leader-election")) | _rules(
+        rendered.one("ClusterRole", f"{FULLNAME}-metrics-auth"))
     assert {grant[:3] for grant in shipped} == from_file
 
 
@@ -219,9 +225,13 @@ def test_namespace_list_gives_roles_per_namespace_and_no_cluster_scope(helm: Hel
     bindings = {b["metadata"]["namespace"] for b in rendered.of_kind("RoleBinding")
                 if b["metadata"]["name"] == FULLNAME}
     assert bindings == {"team-a", "team-b"}
-    # The only cluster-scoped grant left is reading the one CRD.
-    (cluster_role,) = rendered.of_kind("ClusterRole")
-    assert _rules(cluster_role) == CRD_GRANT
+    # The only cluster-scoped grants left: reading the one CRD, and the reviews of the
+    # /metrics authentication (cluster-scoped resources).
+    cluster_roles = {r["metadata"]["name"]: r for r in rendered.of_kind("ClusterRole")}
+    assert sorted(cluster_roles) == [f"{FULLNAME}-crd", f"{FULLNAME}-metrics-auth",
+                                     f"{FULLNAME}-metrics-reader"]
+    assert _rules(cluster_roles[f"{FULLNAME}-crd"]) == CRD_GRANT
+    assert _rules(cluster_roles[f"{FULLNAME}-metrics-auth"]) == REVIEW_GRANTS
 
 
 def test_monitoring_values_render_servicemonitor_networkpolicy_dashboard(helm: Helm) -> None:
@@ -235,6 +245,8 @@ def test_monitoring_values_render_servicemonitor_networkpolicy_dashboard(helm: H
 
     policy = rendered.one("NetworkPolicy")["spec"]
     assert policy["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["podSelector"]["matchLabels"] == rendered.one("Deployment")["spec"][
+        "selector"]["matchLabels"]
     api_rule, exporter_rule = policy["egress"]
     assert api_rule == {"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}},
                                {"ipBlock": {"cidr": "192.168.10.0/24"}}],
@@ -279,9 +291,18 @@ def test_dashboard_configmap_ships_the_repository_json(helm: Helm) -> None:
         pytest.param({"replicaCount": 3, "leaderElection": {"enabled": False}},
                      ["/leaderElection/enabled", "must be true"],
                      id="replicas-need-leader-election"),
-        pytest.param({"networkPolicy": {"enabled": True}},
-                     ["/networkPolicy/apiServer/cidrs", "minItems"],
-                     id="networkpolicy-needs-cidrs"),
+        pytest.param({"networkPolicy": {"egress": {"enabled": True}}},
+                     ["/networkPolicy/egress/apiServer/cidrs", "minItems"],
+                     id="networkpolicy-egress-needs-cidrs"),
+        pytest.param({"podMonitor": {"enabled": True}},
+                     ["/podMonitor/authorization", "credentials"],
+                     id="podmonitor-needs-a-token-secret"),
+        pytest.param({"metrics": {"auth": {"cacheTTL": "2 minutes"}}},
+                     ["/metrics/auth/cacheTTL"], id="cache-ttl"),
+        pytest.param({"metrics": {"auth": {"readers": [{"kind": "ServiceAccount"}]}}},
+                     ["/metrics/auth/readers/0", "name"], id="reader-subject"),
+        pytest.param({"validatingAdmissionPolicy": {"validationActions": ["Block"]}},
+                     ["/validatingAdmissionPolicy/validationActions/0"], id="vap-action"),
         pytest.param({"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
                      ["/podMonitor/enabled", "must be false"], id="one-monitor"),
         pytest.param({"image": {"pullPolicy": "Sometimes"}},
@@ -307,3 +328,100 @@ def test_chart_metadata() -> None:
     # every top-level value is described by the schema (additionalProperties is false)
     assert schema["additionalProperties"] is False
     assert set(values) <= set(schema["properties"])
+
+
+# ---------------------------------------------------------------- /metrics authentication
+
+
+def test_metrics_auth_is_on_by_default_with_its_grants(helm: Helm, tmp_path: Path) -> None:
+    rendered = helm.template()
+    settings = _settings_from(rendered, tmp_path)
+    assert settings.metrics_auth is True
+    assert (settings.metrics_auth_cache_ttl, settings.metrics_auth_cache_size) == (120.0, 1024)
+    assert _rules(rendered.one("ClusterRole", f"{FULLNAME}-metrics-auth")) == REVIEW_GRANTS
+    binding = rendered.one("ClusterRoleBinding", f"{FULLNAME}-metrics-auth")
+    assert binding["roleRef"]["name"] == f"{FULLNAME}-metrics-auth"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME,
+                                    "namespace": RELEASE_NAMESPACE}]
+    reader = rendered.one("ClusterRole", f"{FULLNAME}-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    # Nobody is bound to the reader role unless metrics.auth.readers says so.
+    assert not [b for b in rendered.of_kind("ClusterRoleBinding")
+                if b["roleRef"]["name"] == f"{FULLNAME}-metrics-reader"]
+    # The probes need no token: they use the open paths.
+    container = _container(rendered)
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_metrics_readers_are_bound_to_the_reader_role(helm: Helm) -> None:
+    rendered = helm.template(MONITORING)
+    binding = rendered.one("ClusterRoleBinding", f"{FULLNAME}-metrics-reader")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                  "kind": "ClusterRole", "name": f"{FULLNAME}-metrics-reader"}
+    assert binding["subjects"] == MONITORING["metrics"]["auth"]["readers"]
+
+
+def test_monitors_send_a_bearer_token(helm: Helm) -> None:
+    endpoint = helm.template(MONITORING).one("ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert "authorization" not in endpoint
+    secret = {"type": "Bearer", "credentials": {"name": "prom-token", "key": "token"}}
+    endpoint = helm.template({"serviceMonitor": {"enabled": True, "authorization": secret}}
+                             ).one("ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["authorization"] == secret
+    assert "bearerTokenFile" not in endpoint
+    pod_endpoint = helm.template(CUSTOM).one("PodMonitor")["spec"]["podMetricsEndpoints"][0]
+    assert pod_endpoint["authorization"] == CUSTOM["podMonitor"]["authorization"]
+
+
+def test_metrics_auth_opt_out_drops_grants_and_tokens(helm: Helm, tmp_path: Path) -> None:
+    values = {"metrics": {"auth": {"enabled": False}}, "serviceMonitor": {"enabled": True}}
+    rendered = helm.template(values)
+    assert _settings_from(rendered, tmp_path).metrics_auth is False
+    names = {o["metadata"]["name"] for o in rendered.objects}
+    assert f"{FULLNAME}-metrics-auth" not in names
+    assert f"{FULLNAME}-metrics-reader" not in names
+    endpoint = rendered.one("ServiceMonitor")["spec"]["endpoints"][0]
+    assert "bearerTokenFile" not in endpoint and "authorization" not in endpoint
+    podmonitor = helm.template({"metrics": {"auth": {"enabled": False}},
+                                "podMonitor": {"enabled": True}}).one("PodMonitor")
+    assert "authorization" not in podmonitor["spec"]["podMetricsEndpoints"][0]
+
+
+def test_default_networkpolicy_limits_ingress_to_the_metrics_port_only(helm: Helm) -> None:
+    rendered = helm.template()
+    policy = rendered.one("NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"] == rendered.one("Deployment")["spec"][
+        "selector"]["matchLabels"]
+    # Ingress only: egress (API server, exporters) is not restricted by default.
+    assert policy["policyTypes"] == ["Ingress"]
+    assert "egress" not in policy
+    # From anywhere, so Prometheus wherever it runs and the kubelet's probes (on the same
+    # named port) keep working.
+    assert policy["ingress"] == [{"ports": [{"port": "metrics", "protocol": "TCP"}]}]
+    container = _container(rendered)
+    assert [p["name"] for p in container["ports"]] == ["metrics"]
+    assert container["livenessProbe"]["httpGet"]["port"] == "metrics"
+    assert container["readinessProbe"]["httpGet"]["port"] == "metrics"
+    assert not helm.template({"networkPolicy": {"enabled": False}}).of_kind("NetworkPolicy")
+
+
+def test_validating_admission_policy_is_optional_and_names_the_scraper(helm: Helm) -> None:
+    assert not helm.template().of_kind("ValidatingAdmissionPolicy")
+    rendered = helm.template({"validatingAdmissionPolicy": {"enabled": True},
+                              "serviceAccount": {"create": False, "name": "preexisting"}})
+    name = f"{FULLNAME}-trainerstatus-only"
+    expected = {name: (["trainjobs/status"], ["UPDATE"]),
+                f"{name}-events": (["events"], ["CREATE", "UPDATE"])}
+    assert {p["metadata"]["name"] for p in rendered.of_kind("ValidatingAdmissionPolicy")} \
+        == set(expected)
+    for policy_name, (resources, operations) in expected.items():
+        policy = rendered.one("ValidatingAdmissionPolicy", policy_name)
+        (condition,) = policy["spec"]["matchConditions"]
+        assert condition["expression"] == ('request.userInfo.username == '
+                                           f'"system:serviceaccount:{RELEASE_NAMESPACE}:preexisting"')
+        (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+        assert (rule["resources"], rule["operations"]) == (resources, operations)
+        binding = rendered.one("ValidatingAdmissionPolicyBinding", policy_name)
+        assert binding["spec"] == {"policyName": policy_name, "validationActions": ["Deny"]}

@@ -150,11 +150,17 @@ MONITORING = {
     "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}},
     "networkPolicy": {
         "enabled": True,
-        "apiServer": {"cidrs": ["10.0.0.1/32", "192.168.10.0/24"], "ports": [6443]},
-        "exporters": {"ports": [28080, 9400]},
+        "egress": {
+            "enabled": True,
+            "apiServer": {"cidrs": ["10.0.0.1/32", "192.168.10.0/24"], "ports": [6443]},
+            "exporters": {"ports": [28080, 9400]},
+        },
         "metricsIngress": {"from": [{"namespaceSelector": {"matchLabels": {
             "kubernetes.io/metadata.name": "monitoring"}}}]},
     },
+    "metrics": {"auth": {"readers": [
+        {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}]}},
+    "validatingAdmissionPolicy": {"enabled": True},
     "dashboard": {"folder": "Training", "namespace": "monitoring"},
 }
 CUSTOM = {
@@ -167,7 +173,8 @@ CUSTOM = {
         "writeQps": 2.5, "extraArgs": ["--resync-interval=1m"],
     },
     "leaderElection": {"enabled": False},
-    "podMonitor": {"enabled": True},
+    "podMonitor": {"enabled": True, "authorization": {
+        "type": "Bearer", "credentials": {"name": "prometheus-token", "key": "token"}}},
     "podDisruptionBudget": {"minAvailable": 1},
     "metrics": {"port": 9090, "service": {"port": 80}},
     "serviceAccount": {"create": False, "name": "preexisting"},

@@ -184,7 +184,9 @@ class ScraperProcess:
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         cmd = [sys.executable, "-m", "scraper", "run", f"--kubeconfig={kubeconfig}",
                f"--listen-port={self.port}", "--listen-host=127.0.0.1", "--log-level=DEBUG",
-               *args]
+               # loopback only; the /metrics authentication has its own tests
+               # (tests/scraper/test_metrics_auth.py); a test may pass --metrics-auth
+               "--no-metrics-auth", *args]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})
         self._http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=1, read=5),

@@ -79,6 +79,9 @@ would print 1048576 as 1.048576e+06.
   "log_level" $c.logLevel
   "listen_host" "0.0.0.0"
   "listen_port" (int .Values.metrics.port)
+  "metrics_auth" .Values.metrics.auth.enabled
+  "metrics_auth_cache_ttl" .Values.metrics.auth.cacheTTL
+  "metrics_auth_cache_size" (int .Values.metrics.auth.cacheSize)
   "leader_election" $le.enabled
   "lease_name" (include "trainjob-scraper.leaseName" .)
   "lease_namespace" .Release.Namespace
@@ -106,14 +109,19 @@ also used by the scraper's own RBAC test); the chart scopes them by resource:
   trainjob-scraper.rules      pods, trainjobs, trainjobs/status, events: the watched scope
   trainjob-scraper.crdRule    customresourcedefinitions, limited to the TrainJob CRD
   trainjob-scraper.leaseRules leases, in the release namespace, get/update by name
+  trainjob-scraper.authRules  tokenreviews, subjectaccessreviews: the /metrics authentication
 */}}
+{{- define "trainjob-scraper.specialResources" -}}
+{{- toJson (list "leases" "customresourcedefinitions" "tokenreviews" "subjectaccessreviews") }}
+{{- end }}
 {{- define "trainjob-scraper.fileRules" -}}
 {{- $rules := .Files.Get "files/clusterrole-rules.yaml" | fromYamlArray }}
 {{- range $rules }}
 {{- $special := 0 }}
-{{- range .resources }}{{ if has . (list "leases" "customresourcedefinitions") }}{{ $special = add1 $special }}{{ end }}{{ end }}
+{{- $specials := include "trainjob-scraper.specialResources" $ | fromJsonArray }}
+{{- range .resources }}{{ if has . $specials }}{{ $special = add1 $special }}{{ end }}{{ end }}
 {{- if and $special (ne (len .resources) 1) }}
-{{- fail (printf "files/clusterrole-rules.yaml: keep leases and customresourcedefinitions in rules of their own (got %v)" .resources) }}
+{{- fail (printf "files/clusterrole-rules.yaml: keep each of %v in a rule of its own (got %v)" $specials .resources) }}
 {{- end }}
 {{- end }}
 {{- toJson $rules }}
@@ -121,8 +129,9 @@ also used by the scraper's own RBAC test); the chart scopes them by resource:
 
 {{- define "trainjob-scraper.rules" -}}
 {{- $out := list }}
+{{- $specials := include "trainjob-scraper.specialResources" . | fromJsonArray }}
 {{- range (include "trainjob-scraper.fileRules" . | fromJsonArray) }}
-{{- if not (has (first .resources) (list "leases" "customresourcedefinitions")) }}
+{{- if not (has (first .resources) $specials) }}
 {{- $out = append $out . }}
 {{- end }}
 {{- end }}
@@ -137,6 +146,21 @@ also used by the scraper's own RBAC test); the chart scopes them by resource:
 {{- end }}
 {{- end }}
 {{- if $out }}{{ toYaml $out }}{{ end }}
+{{- end }}
+
+{{- define "trainjob-scraper.authRules" -}}
+{{- $out := list }}
+{{- range (include "trainjob-scraper.fileRules" . | fromJsonArray) }}
+{{- if has (first .resources) (list "tokenreviews" "subjectaccessreviews") }}
+{{- $out = append $out . }}
+{{- end }}
+{{- end }}
+{{- if $out }}{{ toYaml $out }}{{ end }}
+{{- end }}
+
+{{/* The scraper's identity as the API server names it (request.userInfo.username). */}}
+{{- define "trainjob-scraper.username" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "trainjob-scraper.serviceAccountName" .) }}
 {{- end }}
 
 {{/* `create` cannot be limited to a name (it is not known at authorization time). */}}
