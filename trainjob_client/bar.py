@@ -8,6 +8,7 @@ callback (:mod:`trainjob_client.sdk`) and by ``kubectl trainjob watch`` on a ter
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import IO, Any
 
@@ -15,6 +16,9 @@ from tqdm.auto import tqdm
 
 from trainjob_client.progress import TrainJobProgress
 
+#: Size used on a terminal that reports 0 x 0 (a fresh pty, some CI runners).
+FALLBACK_COLUMNS = 80
+FALLBACK_ROWS = 24
 #: ``{desc}`` is the TrainJob's name; the postfix holds state, ETA and metrics.
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]"
 
@@ -33,6 +37,18 @@ def describe(item: TrainJobProgress, metrics: Sequence[str]) -> str:
     return ", ".join(parts)
 
 
+def _sizing(file: IO[str] | None) -> dict[str, Any]:
+    # tqdm draws nothing on a terminal that reports 0 columns or 0 rows (it treats the
+    # bar as outside the screen): give it a usual size there, else let it follow resizes.
+    try:
+        size = os.get_terminal_size(file.fileno())  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError):
+        return {"dynamic_ncols": True}
+    if size.columns > 0 and size.lines > 0:
+        return {"dynamic_ncols": True}
+    return {"ncols": size.columns or FALLBACK_COLUMNS, "nrows": size.lines or FALLBACK_ROWS}
+
+
 class TrainJobBar:
     """One tqdm bar over 0..100 percent for one TrainJob; call :meth:`show` on each read.
 
@@ -43,7 +59,7 @@ class TrainJobBar:
                  leave: bool = True, **tqdm_options: Any) -> None:
         self.metrics = tuple(metrics)
         self._bar = tqdm(total=100, desc=name, bar_format=BAR_FORMAT, file=file, leave=leave,
-                         dynamic_ncols=True, **tqdm_options)
+                         **{**_sizing(file), **tqdm_options})
         self.closed = False
 
     @property

@@ -7,8 +7,14 @@ apply, as the scraper writes it; nothing relies on printer columns of our own CR
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pty
+import select
+import struct
 import subprocess
+import termios
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -280,3 +286,40 @@ def test_watch_timeout_names_the_last_state(kubectl: Kubectl, kube_api: client.A
     assert result.returncode == 1
     assert time.monotonic() - started < PLUGIN_TIMEOUT_SECONDS
     assert "did not end within --timeout=2s (last seen: 30%" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("columns", [120, 0], ids=["120-columns", "size-unknown"])
+def test_watch_on_a_terminal_draws_a_live_bar(
+        control_plane: ControlPlane, plugin_dir: PluginDir, kube_api: client.ApiClient,
+        namespace: str, trainjob: str, columns: int) -> None:
+    apply_status(kube_api, namespace, trainjob, trainerStatus=status(100, eta=0, loss="0.3"))
+    # A pseudo-terminal, so the plugin sees a TTY as in an interactive shell.
+    leader, follower = pty.openpty()
+    # A window's size, or none (a fresh pty reports 0 x 0, as some CI runners do).
+    fcntl.ioctl(follower, termios.TIOCSWINSZ,
+                struct.pack("HHHH", 24 if columns else 0, columns, 0, 0))
+    try:
+        proc = subprocess.Popen(
+            [str(control_plane.kubectl_path), "trainjob", "watch", trainjob, "-n", namespace,
+             "--metrics", "loss", "--timeout", "60"],
+            stdin=subprocess.DEVNULL, stdout=follower, stderr=follower,
+            env=plugin_dir.env(KUBECONFIG=str(control_plane.kubeconfig_path)))
+        os.close(follower)
+        follower = -1
+        assert proc.wait(timeout=PLUGIN_TIMEOUT_SECONDS) == 0
+        drawn = b""
+        while select.select([leader], [], [], 1)[0]:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed with the process
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        os.close(leader)
+        if follower != -1:
+            os.close(follower)
+    text = drawn.decode(errors="replace")
+    assert "\r" in text, "a tqdm bar redraws in place"
+    assert f"{trainjob}: 100%|" in text and "ETA 00:00" in text and "loss=0.3" in text, text
