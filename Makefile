@@ -9,12 +9,12 @@ demo:
 
 test:
 	scripts/bootstrap test
-	.venv/bin/ruff check exporter_lib scraper localdev tests benchmarks
+	.venv/bin/ruff check exporter_lib scraper trainjob_client localdev tests benchmarks
 	.venv/bin/mypy
 	.venv/bin/pytest $(ARGS)
 
 lint:
-	.venv/bin/ruff check exporter_lib scraper localdev tests benchmarks
+	.venv/bin/ruff check exporter_lib scraper trainjob_client localdev tests benchmarks
 	.venv/bin/mypy
 
 bench:

@@ -22,8 +22,8 @@ from localdev.cluster.assets import AssetsError
 from localdev.cluster.controlplane import ControlPlane, ControlPlaneError
 from localdev.cluster.crds import CrdError, install_trainjob_crds
 
-_FOLDER_MARKERS = ("e2e", "chart", "exporter", "scraper", "controlplane", "packaging",
-                   "benchmarks")
+_FOLDER_MARKERS = ("e2e", "chart", "exporter", "scraper", "client", "controlplane",
+                   "packaging", "benchmarks")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -16,7 +16,15 @@ import pytest
 import yaml
 
 from localdev.cluster.controlplane import ControlPlane
-from tests.helpers.chart import CHART, CUSTOM, MONITORING, MONITORING_CRDS, RELEASE, Helm
+from tests.helpers.chart import (
+    CHART,
+    CUSTOM,
+    EXPORTER_POLICY,
+    MONITORING,
+    MONITORING_CRDS,
+    RELEASE,
+    Helm,
+)
 
 HELM_TIMEOUT_SECONDS = 180.0
 
@@ -43,7 +51,8 @@ def _dry_run(
                                  check=False)
 
 
-@pytest.mark.parametrize("variant", ["default", "namespaced", "monitoring", "custom"])
+@pytest.mark.parametrize("variant", ["default", "namespaced", "monitoring", "custom",
+                                     "exporter-policy"])
 def test_every_rendered_object_passes_server_side_dry_run(
     control_plane: ControlPlane, monitoring_crds: None, helm: Helm, tmp_path: Path,
     variant: str,
@@ -51,9 +60,11 @@ def test_every_rendered_object_passes_server_side_dry_run(
     release_ns = _create_namespace(control_plane, "chart")
     values: dict[str, Any] = {"default": {}, "monitoring": MONITORING, "custom": CUSTOM}.get(
         variant, {})
-    if variant == "namespaced":
+    if variant in ("namespaced", "exporter-policy"):
         watched = [_create_namespace(control_plane, "team") for _ in range(2)]
         values = {"config": {"namespaces": watched}}
+    if variant == "exporter-policy":
+        values = {**EXPORTER_POLICY, **values}
     if variant == "monitoring":
         # the dashboard goes to a namespace of its own in this variant
         dash_ns = _create_namespace(control_plane, "monitoring")

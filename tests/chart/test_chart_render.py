@@ -17,6 +17,7 @@ from scraper.config import DEFAULT_SELECTOR, load_settings
 from tests.helpers.chart import (
     CHART,
     CUSTOM,
+    EXPORTER_POLICY,
     FULLNAME,
     MONITORING,
     NAMESPACED,
@@ -270,6 +271,59 @@ def test_networkpolicy_limits_exporter_egress_to_the_watched_namespaces(helm: He
         "values": ["team-a", "team-b"]}]}}]
 
 
+def _tcp_ports(rule: dict[str, Any]) -> set[int]:
+    ports: set[int] = set()
+    for entry in rule["ports"]:
+        if entry["protocol"] == "TCP":
+            ports.update(range(entry["port"], entry.get("endPort", entry["port"]) + 1))
+    return ports
+
+
+def test_exporter_policy_opens_the_exporter_port_to_the_scraper_pods_only(helm: Helm) -> None:
+    policies = helm.template(EXPORTER_POLICY).of_kind("NetworkPolicy")
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
+    for policy in policies:
+        spec = policy["spec"]
+        assert spec["policyTypes"] == ["Ingress"], "egress of training pods is not touched"
+        assert spec["podSelector"] == {"matchExpressions": [
+            {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]}
+        exporter, others = spec["ingress"]
+        assert _tcp_ports(exporter) == {9400, 28080}
+        scraper, *extra = exporter["from"]
+        assert scraper == {
+            "namespaceSelector": {"matchLabels": {
+                "kubernetes.io/metadata.name": RELEASE_NAMESPACE}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "trainjob-scraper",
+                                            "app.kubernetes.io/instance": RELEASE}}}
+        assert extra == EXPORTER_POLICY["exporterNetworkPolicy"]["extraFrom"]
+        # Every other port stays open to anyone (no "from"): training traffic unaffected.
+        assert "from" not in others
+        assert _tcp_ports(others) == set(range(1, 65536)) - {9400, 28080}
+        assert {"protocol": "UDP"} in others["ports"] and {"protocol": "SCTP"} in others["ports"]
+
+
+@pytest.mark.parametrize("ports", [[], [1], [65535], [1, 2, 65535], [28080, 28081]])
+def test_exporter_policy_leaves_every_other_tcp_port_open(helm: Helm, ports: list[int]) -> None:
+    values = {"exporterNetworkPolicy": {"enabled": True, "namespaces": ["ml"], "ports": ports}}
+    exporter, others = helm.template(values).one("NetworkPolicy", f"{FULLNAME}-exporter")[
+        "spec"]["ingress"]
+    expected = set(ports) or {28080}  # empty: config.defaultPort
+    assert _tcp_ports(exporter) == expected
+    assert _tcp_ports(others) == set(range(1, 65536)) - expected
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"exporterNetworkPolicy": {"enabled": True}},
+     "exporterNetworkPolicy.namespaces must list the training namespaces"),
+    ({"exporterNetworkPolicy": {"enabled": True, "namespaces": ["ml"], "ports": [28080, 9400]}},
+     "exporterNetworkPolicy.ports must be ascending without repeats: 9400 after 28080"),
+])
+def test_exporter_policy_refuses_values_it_cannot_honour(
+        helm: Helm, values: dict[str, Any], message: str) -> None:
+    result = helm.template_result(values)
+    assert not result.ok and message in result.stderr, result.stderr
+
+
 def test_dashboard_configmap_ships_the_repository_json(helm: Helm) -> None:
     config_map = helm.template().one("ConfigMap", f"{FULLNAME}-dashboard")
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -305,6 +359,8 @@ def test_dashboard_configmap_ships_the_repository_json(helm: Helm) -> None:
                      ["/validatingAdmissionPolicy/validationActions/0"], id="vap-action"),
         pytest.param({"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
                      ["/podMonitor/enabled", "must be false"], id="one-monitor"),
+        pytest.param({"exporterNetworkPolicy": {"enabled": True, "ports": [0]}},
+                     ["/exporterNetworkPolicy/ports/0", "minimum"], id="exporter-port"),
         pytest.param({"image": {"pullPolicy": "Sometimes"}},
                      ["/image/pullPolicy", "must be one of"], id="enum"),
     ],

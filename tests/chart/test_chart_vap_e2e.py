@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_helpers import Helm
 from kubernetes import client
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from localdev.cluster import objects
 from localdev.cluster.controlplane import ControlPlane
+from tests.helpers.chart import Helm
 
 POLICY_ACTIVE_TIMEOUT = 30.0
 KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",

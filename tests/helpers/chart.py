@@ -179,11 +179,17 @@ CUSTOM = {
     "metrics": {"port": 9090, "service": {"port": 80}},
     "serviceAccount": {"create": False, "name": "preexisting"},
 }
+#: The exporter port opened to the scraper only, in the watched namespaces.
+EXPORTER_POLICY = {**NAMESPACED, "exporterNetworkPolicy": {
+    "enabled": True, "ports": [9400, 28080],
+    "extraFrom": [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}]}}
 VARIANTS = {
     "default": {},
     "namespaced": NAMESPACED,
     "monitoring": MONITORING,
     "custom": CUSTOM,
+    "exporter-policy": EXPORTER_POLICY,
 }
 
 

@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+#: What the image holds (the scraper and the library it shares with training code).
 PRODUCT = ("exporter_lib", "scraper")
+#: What the wheel holds: the product plus the client (kubectl plugin, notebook helpers).
+WHEEL_PACKAGES = (*PRODUCT, "trainjob_client")
 DEV_ONLY_REQUIREMENTS = ("cryptography", "rich", "numpy")
 
 
@@ -37,7 +40,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
 def test_wheel_holds_only_the_product_packages(wheel: zipfile.ZipFile) -> None:
     tops = {name.split("/", 1)[0] for name in wheel.namelist()}
     dist_info = {t for t in tops if t.endswith(".dist-info")}
-    assert tops - dist_info == set(PRODUCT), sorted(tops)
+    assert tops - dist_info == set(WHEEL_PACKAGES), sorted(tops)
     assert not [n for n in wheel.namelist() if "localdev" in n or "/demo/" in n
                 or "devcluster" in n]
 
@@ -56,6 +59,8 @@ def test_wheel_metadata_keeps_dev_requirements_out_of_the_scraper(
     scripts = [line.split("=")[0].strip() for line in
                wheel.read(entry_points).decode().splitlines() if "=" in line]
     assert "trainjob-scraper" in scripts
+    # kubectl finds plugins by this exact name on PATH.
+    assert "kubectl-trainjob" in scripts
     assert not [s for s in scripts if "demo" in s]
 
 
@@ -105,12 +110,22 @@ def test_dockerfile_copies_only_product_paths() -> None:
         assert source.split("/", 1)[0] in {*PRODUCT, "pyproject.toml", "README.md"}, source
 
 
+#: Imports each package may not make: dev code everywhere; the client's own display
+#: libraries (rich, from the 'client' extra) only outside the scraper and exporter.
+FORBIDDEN_IMPORTS = {
+    "exporter_lib": ("localdev", "cryptography", "rich", "numpy", "trainjob_client"),
+    "scraper": ("localdev", "cryptography", "rich", "numpy"),
+    "trainjob_client": ("localdev", "cryptography", "numpy", "scraper"),
+}
+
+
 def test_product_code_never_imports_dev_code() -> None:
-    for package in PRODUCT:
+    assert set(FORBIDDEN_IMPORTS) == set(WHEEL_PACKAGES)
+    for package, forbidden in FORBIDDEN_IMPORTS.items():
         for source in (REPO / package).rglob("*.py"):
             for node in ast.walk(ast.parse(source.read_text())):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                          else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
                 for name in names:
-                    assert not name.startswith(("localdev", "cryptography", "rich", "numpy")), \
+                    assert not name.startswith(forbidden), \
                         f"{source.relative_to(REPO)} imports {name}"

@@ -26,7 +26,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes import client
 from prometheus_client import CollectorRegistry
-from scraper_testutil import ScraperProcess, wait_for
 
 from localdev.cluster.controlplane import ControlPlane
 from scraper.config import ConfigError, load_settings
@@ -37,6 +36,7 @@ from scraper.metrics_auth import (
     ReviewError,
     User,
 )
+from tests.helpers.scraper import ScraperProcess, wait_for
 
 pytestmark = pytest.mark.usefixtures("trainjob_crd")
 

@@ -1,0 +1,127 @@
+"""Unit rules of the client: the annotation's format, where a status is read from, durations.
+
+No API server here: these are pure functions over TrainJob objects and statuses.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from exporter_lib.status import (
+    METRIC_NAME_MAX_LENGTH,
+    METRIC_VALUE_MAX_LENGTH,
+    METRICS_MAX_ITEMS,
+    REMAINING_SECONDS_MAX,
+    StatusError,
+    TrainerStatus,
+)
+from tests.helpers.client import REPO
+from trainjob_client.annotation import (
+    TRAINER_STATUS_ANNOTATION,
+    TRAINER_STATUS_ANNOTATION_MAX_BYTES,
+    decode_annotation,
+    encode_annotation,
+)
+from trainjob_client.progress import SOURCE_ANNOTATION, SOURCE_STATUS, trainjob_progress
+from trainjob_client.table import human_duration
+
+_text = st.text(alphabet=st.characters(codec="ascii", categories=("L", "N", "P")),
+                min_size=1, max_size=METRIC_NAME_MAX_LENGTH)
+statuses = st.builds(
+    lambda p, e, m, t: TrainerStatus.from_api({
+        "progressPercentage": p, "estimatedRemainingSeconds": e,
+        "metrics": [{"name": n, "value": v} for n, v in m],
+        "lastUpdatedTime": t.isoformat()}),
+    st.none() | st.integers(0, 100), st.none() | st.integers(0, REMAINING_SECONDS_MAX),
+    st.lists(st.tuples(_text, _text.map(lambda s: s[:METRIC_VALUE_MAX_LENGTH])),
+             max_size=METRICS_MAX_ITEMS),
+    st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2200, 1, 1),
+                 timezones=st.just(UTC)),
+).map(lambda s: TrainerStatus.from_api({k: v for k, v in s.to_api().items()}))
+
+
+@given(statuses)
+def test_annotation_round_trips_every_ascii_status_within_the_api_limits(
+        status: TrainerStatus) -> None:
+    value = encode_annotation(status)
+    assert len(value.encode()) <= TRAINER_STATUS_ANNOTATION_MAX_BYTES
+    assert json.loads(value) == status.to_api(), "the value is status.trainerStatus' JSON"
+    assert decode_annotation(value) == status
+
+
+@given(st.integers(101, 10**6) | st.integers(-10**6, -1))
+def test_annotation_out_of_range_progress_names_annotation_field_and_limit(bad: int) -> None:
+    value = json.dumps({"progressPercentage": bad, "lastUpdatedTime": "2026-01-01T00:00:00Z"})
+    with pytest.raises(StatusError) as caught:
+        decode_annotation(value)
+    message = str(caught.value)
+    assert message.startswith(f"annotation {TRAINER_STATUS_ANNOTATION}: ")
+    assert f"progressPercentage={bad}" in message and ("100" in message or "0" in message)
+
+
+def test_annotation_larger_than_the_bound_is_refused_with_both_sizes() -> None:
+    value = json.dumps({"lastUpdatedTime": "2026-01-01T00:00:00Z",
+                        "pad": "x" * TRAINER_STATUS_ANNOTATION_MAX_BYTES})
+    with pytest.raises(StatusError, match=rf"<{len(value)} bytes>: must be at most "
+                                          rf"{TRAINER_STATUS_ANNOTATION_MAX_BYTES} bytes"):
+        decode_annotation(value)
+
+
+def _trainjob(status: TrainerStatus | None = None, annotation: TrainerStatus | None = None,
+              conditions: tuple[tuple[str, str], ...] = ()) -> dict[str, object]:
+    meta: dict[str, object] = {"name": "t", "namespace": "ns",
+                               "creationTimestamp": "2026-01-01T00:00:00Z"}
+    if annotation is not None:
+        meta["annotations"] = {TRAINER_STATUS_ANNOTATION: encode_annotation(annotation)}
+    body: dict[str, object] = {"conditions": [{"type": t, "status": s} for t, s in conditions]}
+    if status is not None:
+        body["trainerStatus"] = status.to_api()
+    return {"metadata": meta, "status": body}
+
+
+def _at(seconds: int, percent: int) -> TrainerStatus:
+    when = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds)
+    return TrainerStatus.from_api({"progressPercentage": percent,
+                                   "lastUpdatedTime": when.isoformat()})
+
+
+def test_the_later_report_wins_when_status_and_annotation_both_hold_one() -> None:
+    newer_annotation = trainjob_progress(_trainjob(_at(0, 10), _at(5, 20)))
+    assert (newer_annotation.source, newer_annotation.status) == (SOURCE_ANNOTATION, _at(5, 20))
+    newer_status = trainjob_progress(_trainjob(_at(9, 30), _at(5, 20)))
+    assert (newer_status.source, newer_status.status) == (SOURCE_STATUS, _at(9, 30))
+    assert trainjob_progress(_trainjob()).status is None
+
+
+def test_a_true_terminal_condition_is_the_state_whatever_its_position() -> None:
+    item = trainjob_progress(_trainjob(conditions=(("Failed", "True"), ("Suspended", "True"))))
+    assert item.state == "Failed" and item.ended
+    assert trainjob_progress(_trainjob(conditions=(("Complete", "False"),))).state == ""
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    # Pairs from apimachinery's duration.HumanDuration (what kubectl's AGE shows).
+    (-2, "<invalid>"), (0, "0s"), (119, "119s"), (120, "2m"), (310, "5m10s"),
+    (600, "10m"), (3 * 3600 - 1, "179m"), (3 * 3600, "3h"), (7 * 3600 + 60, "7h1m"),
+    (47 * 3600, "47h"), (48 * 3600, "2d"), (50 * 3600, "2d2h"), (8 * 86400, "8d"),
+    (2 * 365 * 86400, "2y"), (2 * 365 * 86400 + 86400, "2y1d"), (8 * 365 * 86400, "8y"),
+])
+def test_durations_read_like_kubectl_ages(seconds: int, text: str) -> None:
+    assert human_duration(seconds) == text
+
+
+def test_importing_the_package_loads_no_client_extra() -> None:
+    # The scraper shares trainjob_client.annotation; it has neither tqdm, rich nor the SDK.
+    code = ("import sys, trainjob_client; "
+            "print(sorted(m for m in ('tqdm', 'rich', 'kubeflow', 'kubeflow_trainer_api', "
+            "'kubernetes') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True,
+                            capture_output=True, text=True, timeout=60).stdout.strip()
+    assert loaded == "[]"

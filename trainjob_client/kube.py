@@ -1,0 +1,238 @@
+"""Reading TrainJobs from the Kubernetes API, with errors that name what and where.
+
+The connection is found the way kubectl finds it: ``--kubeconfig``, else the files in
+``KUBECONFIG`` (merged, ``:``-separated), else ``~/.kube/config``, else the in-cluster
+ServiceAccount; ``--context`` picks a context; the namespace defaults to the context's
+namespace, else ``default`` (kubectl's rules, ``k8s.io/client-go/tools/clientcmd``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config, watch
+
+from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+
+RESOURCE = f"{TRAINJOB_PLURAL}.{API_GROUP}"
+#: In-cluster namespace file of the pod's ServiceAccount (Kubernetes documents this path).
+SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+#: Seconds one watch request stays open before it is renewed (the server may end it sooner).
+WATCH_REQUEST_SECONDS = 300
+
+
+class TrainJobReadError(RuntimeError):
+    """Reading TrainJobs failed; ``str()`` names the object, the namespace and the cause."""
+
+
+class KubeconfigError(TrainJobReadError):
+    """No usable kubeconfig or in-cluster identity, or the chosen context does not exist."""
+
+
+class TrainJobNotFound(TrainJobReadError):
+    """The TrainJob does not exist in that namespace."""
+
+    def __init__(self, namespace: str, name: str) -> None:
+        self.namespace, self.name = namespace, name
+        super().__init__(f'TrainJob "{name}" not found in namespace "{namespace}"')
+
+
+class TrainJobApiMissing(TrainJobReadError):
+    """The API server does not serve ``trainjobs.trainer.kubeflow.org/v1alpha1``."""
+
+
+class TrainJobForbidden(TrainJobReadError):
+    """RBAC denied the request (HTTP 403); the message quotes the API server's reason."""
+
+
+class NoTrainerStatus(TrainJobReadError):
+    """The TrainJob exists but carries no trainer status yet."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """An API client and the namespace commands use when none is given."""
+
+    api_client: client.ApiClient
+    namespace: str
+
+
+def connect(kubeconfig: str | None = None, context: str | None = None) -> Connection:
+    """Connect like kubectl does (see the module docstring).
+
+    Raises:
+        KubeconfigError: the named file is missing or invalid, the context does not
+            exist, or there is neither a kubeconfig nor an in-cluster ServiceAccount.
+    """
+    files = kubeconfig or os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
+    existing = [p for p in files.split(os.pathsep) if p and Path(p).expanduser().exists()]
+    if not existing:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            configuration = client.Configuration()
+            config.load_incluster_config(client_configuration=configuration)
+            namespace = SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip() or "default"
+            return Connection(client.ApiClient(configuration), namespace)
+        raise KubeconfigError(f"no kubeconfig found (looked at {files}) and not in a cluster")
+    config_file = os.pathsep.join(existing)
+    try:
+        contexts, active = config.list_kube_config_contexts(config_file)
+        chosen = active
+        if context is not None:
+            chosen = next((c for c in contexts if c.get("name") == context), None)
+            if chosen is None:
+                names = ", ".join(str(c.get("name")) for c in contexts)
+                raise KubeconfigError(
+                    f'context "{context}" not found in {config_file} (contexts: {names})')
+        api_client = config.new_client_from_config(config_file=config_file, context=context)
+    except config.ConfigException as exc:
+        raise KubeconfigError(f"kubeconfig {config_file}: {exc}") from None
+    namespace = ((chosen or {}).get("context") or {}).get("namespace") or "default"
+    return Connection(api_client, namespace)
+
+
+def _api_message(exc: client.ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        return (str(exc.body or exc.reason or "")).strip()
+    return str(body.get("message", "")) if isinstance(body, dict) else str(body)
+
+
+def _is_status_not_found(exc: client.ApiException) -> bool:
+    # A missing object answers a Status naming the resource; a resource type the server
+    # does not serve answers a bare "404 page not found".
+    try:
+        body = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        return False
+    return isinstance(body, dict) and body.get("kind") == "Status" and \
+        (body.get("details") or {}).get("kind") == TRAINJOB_PLURAL
+
+
+def translate(exc: client.ApiException, verb: str, namespace: str | None,
+              name: str | None) -> TrainJobReadError:
+    """The :class:`TrainJobReadError` for an API error of ``verb`` on a TrainJob (or list)."""
+    where = f'in namespace "{namespace}"' if namespace else "in all namespaces"
+    what = f'{RESOURCE} "{name}"' if name else RESOURCE
+    if exc.status == 404 and name is not None and namespace and _is_status_not_found(exc):
+        return TrainJobNotFound(namespace, name)
+    if exc.status == 404:
+        return TrainJobApiMissing(
+            f"the server does not serve {API_GROUP}/{API_VERSION} {TRAINJOB_PLURAL} "
+            f"(is Kubeflow Trainer installed?): {_api_message(exc) or 'not found'}")
+    if exc.status == 403:
+        return TrainJobForbidden(
+            f"no permission to {verb} {what} {where}: {_api_message(exc)}")
+    if exc.status == 401:
+        return TrainJobForbidden(
+            f"not authenticated to {verb} {what} {where} (HTTP 401): check the kubeconfig's "
+            f"credentials: {_api_message(exc)}")
+    return TrainJobReadError(
+        f"{verb} {what} {where} failed: HTTP {exc.status} {_api_message(exc) or exc.reason}")
+
+
+class TrainJobs:
+    """get, list and watch TrainJobs through one API client.
+
+    Every method raises :class:`TrainJobReadError` subclasses, never ``ApiException``.
+    """
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self._custom = client.CustomObjectsApi(api_client)
+
+    def get(self, namespace: str, name: str) -> dict[str, Any]:
+        """The TrainJob ``namespace/name`` as a ``dict``.
+
+        Raises:
+            TrainJobNotFound, TrainJobForbidden, TrainJobApiMissing, TrainJobReadError.
+        """
+        try:
+            result: dict[str, Any] = self._custom.get_namespaced_custom_object(
+                API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, name)
+        except client.ApiException as exc:
+            raise translate(exc, "get", namespace, name) from None
+        return result
+
+    def list(self, namespace: str | None) -> list[dict[str, Any]]:
+        """TrainJobs of ``namespace`` (all namespaces for ``None``), sorted by namespace, name.
+
+        Raises:
+            TrainJobForbidden, TrainJobApiMissing, TrainJobReadError.
+        """
+        try:
+            if namespace is None:
+                result = self._custom.list_cluster_custom_object(
+                    API_GROUP, API_VERSION, TRAINJOB_PLURAL)
+            else:
+                result = self._custom.list_namespaced_custom_object(
+                    API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL)
+        except client.ApiException as exc:
+            raise translate(exc, "list", namespace, None) from None
+        items: list[dict[str, Any]] = result.get("items", [])
+        return sorted(items, key=lambda t: (t["metadata"].get("namespace", ""),
+                                            t["metadata"]["name"]))
+
+    def watch(self, namespace: str, name: str,
+              timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """Yield TrainJob ``namespace/name`` now and again after every change.
+
+        A watch (not polling) on the one object: the API server sends each change as it
+        is stored.  Renewed when the server ends it; relisted on 410 Gone.  Stops after
+        ``timeout`` seconds (``None``: when the caller stops iterating).
+
+        Raises:
+            TrainJobNotFound: the TrainJob is missing or gets deleted.
+            TrainJobForbidden, TrainJobApiMissing, TrainJobReadError.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        current = self.get(namespace, name)
+        yield current
+        version = current["metadata"]["resourceVersion"]
+        while deadline is None or time.monotonic() < deadline:
+            left = WATCH_REQUEST_SECONDS if deadline is None else \
+                max(1, min(WATCH_REQUEST_SECONDS, int(deadline - time.monotonic()) + 1))
+            watcher = watch.Watch()
+            try:
+                for event in watcher.stream(
+                        self._custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
+                        namespace, TRAINJOB_PLURAL, field_selector=f"metadata.name={name}",
+                        resource_version=version, timeout_seconds=left,
+                        allow_watch_bookmarks=True):
+                    obj = event["object"]
+                    version = obj["metadata"]["resourceVersion"]
+                    if event["type"] == "DELETED":
+                        raise TrainJobNotFound(namespace, name)
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        yield obj
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return
+            except client.ApiException as exc:
+                if exc.status != 410:
+                    raise translate(exc, "watch", namespace, name) from None
+                # Our resourceVersion is too old to resume from: read the object again.
+                current = self.get(namespace, name)
+                version = current["metadata"]["resourceVersion"]
+                yield current
+            finally:
+                # Also when the caller stops iterating: close the open HTTP response.
+                watcher.stop()
+
+
+__all__ = [
+    "Connection",
+    "KubeconfigError",
+    "NoTrainerStatus",
+    "TrainJobApiMissing",
+    "TrainJobForbidden",
+    "TrainJobNotFound",
+    "TrainJobReadError",
+    "TrainJobs",
+    "connect",
+    "translate",
+]
