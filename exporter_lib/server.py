@@ -207,7 +207,7 @@ class _Connection:
                 started = True
                 deadline.reschedule(asyncio.get_running_loop().time() + HEADER_TIMEOUT_SECONDS)
             match = _HEAD_END.search(self.buffer, max(0, scanned - 3))
-            if match:
+            if match and match.start() <= MAX_HEAD_BYTES:
                 block = bytes(self.buffer[:match.start()])
                 del self.buffer[:match.end()]
                 return block

@@ -214,7 +214,8 @@ def is_unicode_text(text: str) -> bool:
 
 def format_time(value: datetime) -> str:
     """RFC 3339 in UTC with whole seconds, as ``metav1.Time`` serialises (``...Z``)."""
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # Not strftime("%Y"): glibc prints year 1 as "1", which is not RFC 3339.
+    return value.astimezone(UTC).replace(tzinfo=None, microsecond=0).isoformat() + "Z"
 
 
 def now() -> datetime:
