@@ -34,14 +34,13 @@ from exporter_lib.files import (
     StatusFileWriter,
     write_termination_message,
 )
-from exporter_lib.pod import service_account_namespace
+from exporter_lib.identity import TrainJobRef, pod_trainjob, status_path
 from exporter_lib.push import (
     ENV_SERVER_URL,
     ENV_TOKEN_PATH,
     PushEndpoint,
     Replaceable,
     TokenFile,
-    status_path,
 )
 from exporter_lib.ranks import is_reporting_process
 from exporter_lib.server import ServerThread
@@ -77,20 +76,22 @@ class _NoState:
 class Exporter:
     """A serving exporter: HTTP server, optional status file, final-status writer.
 
-    Build it with :func:`start`.  ``port`` is the bound port (``None`` when not
-    serving: another rank, or the port was taken); ``serving`` says which.
+    Build it with :func:`start` (the sidecar and benchmarks build one directly from a
+    status ``source`` and the ``state`` pushes replace).  ``port`` is the bound port
+    (``None`` when not serving: another rank, or the port was taken); ``serving``
+    says which.  Nothing else is public: the parts it is built from stay its own.
     """
 
     def __init__(self, source: StatusSource, state: Replaceable, *, host: str, port: int,
                  status_file: str | None, termination_message_path: str | None,
                  serve: bool) -> None:
-        self.source = source
-        self.state = state
+        self._source = source
         self.host = host
         self.port: int | None = None
         self._token = TokenFile()
-        self.push = PushEndpoint(state, self._token.token)
-        self.renderer = Renderer(source)
+        self._trainjob = TrainJobRef(None, None)
+        self._refused: dict[str, int] = {}
+        push = PushEndpoint(state, self._token.token, lambda: self._trainjob)
         self._server: ServerThread | None = None
         self._writer: StatusFileWriter | None = None
         self._termination_path = termination_message_path or os.environ.get(ENV_TERMINATION_PATH)
@@ -98,7 +99,8 @@ class Exporter:
         self._lock = threading.Lock()
         if serve:
             try:
-                self._server = ServerThread(host, port, self.renderer, self.push)
+                self._server = ServerThread(host, port, Renderer(source, self._refused), push,
+                                            self._refused)
                 self.port = self._server.port
                 log.info("trainjob exporter serving on http://%s:%d/metrics", host, self.port)
             except OSError as exc:
@@ -122,19 +124,29 @@ class Exporter:
                            token_file: str | None = None) -> str | None:
         """Point ``KUBEFLOW_TRAINER_SERVER_URL``/``_TOKEN`` at this exporter; returns the URL.
 
-        The URL is loopback plain http with the push design's path; the token is a fresh
-        random secret in ``token_file`` (default: a new 0600 temp file), checked on every
-        push.  Returns ``None`` (and sets nothing) when not serving.
+        The URL is loopback plain http with the push design's path for this pod's
+        TrainJob: ``namespace``/``name`` when given, else as the pod is told
+        (:func:`exporter_lib.identity.pod_trainjob`: ``$TRAINJOB_NAME``, an upstream
+        ``$KUBEFLOW_TRAINER_SERVER_URL``, ``$PET_MASTER_ADDR``; the namespace from the
+        service account).  Pushes naming another TrainJob are refused (403) for each
+        part known; an unknown name shows as ``trainjob`` in the URL and is not checked.
+        The token is a fresh random secret in ``token_file`` (default: a new 0600 temp
+        file), checked on every push.  Returns ``None`` (and sets nothing) when not serving.
         """
         if self.port is None:
             return None
-        if token_file is not None and self._token.token() is None:
-            self._token = TokenFile(token_file)
-            self.push._token = self._token.token
+        if token_file is not None:
+            self._token.use_path(token_file)
+        environ = dict(os.environ)
+        if environ.get(ENV_SERVER_URL, "").startswith(f"http://127.0.0.1:{self.port}/"):
+            del environ[ENV_SERVER_URL]  # our own URL from an earlier call tells nothing
+        told = pod_trainjob(environ)
+        own = TrainJobRef(namespace or told.namespace, name or told.name,
+                          "enable_push_compat()" if name else told.source)
+        self._trainjob = own
         path = self._token.ensure()
-        namespace = namespace or _pod_namespace()
-        name = name or os.environ.get("TRAINJOB_NAME") or "trainjob"
-        url = f"http://127.0.0.1:{self.port}{status_path(namespace, name)}"
+        url = (f"http://127.0.0.1:{self.port}"
+               f"{status_path(own.namespace or 'default', own.name or 'trainjob')}")
         os.environ[ENV_SERVER_URL] = url
         os.environ[ENV_TOKEN_PATH] = path
         return url
@@ -147,7 +159,7 @@ class Exporter:
             if self._final_written:
                 return False
             explicit = self._termination_path is not None
-            written = write_termination_message(self.source.status(),
+            written = write_termination_message(self._source.status(),
                                                 self._termination_path or DEFAULT_TERMINATION_PATH,
                                                 explicit)
             self._final_written = written
@@ -301,10 +313,6 @@ def _port(port: int | None) -> int:
     except ValueError:
         log.warning("%s=%r is not a port number; using %d", ENV_PORT, text, DEFAULT_PORT)
         return DEFAULT_PORT
-
-
-def _pod_namespace() -> str:
-    return service_account_namespace() or os.environ.get("POD_NAMESPACE") or "default"
 
 
 def _at_exit() -> None:

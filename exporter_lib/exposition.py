@@ -9,6 +9,8 @@ naming conventions):
 * ``trainjob_metric{name}`` - a metric whose value text parses as a number.
 * ``trainjob_metric_info{name,value} 1`` - a metric whose value is other text.
 * ``trainjob_exporter_updates_total`` / ``trainjob_exporter_rejected_values_total{field}``.
+* ``trainjob_exporter_http_refused_total{reason}`` - requests and connections the
+  exporter's server refused, by the reason of its Kubernetes Status answer.
 
 Bodies are rendered by prometheus-client from a private registry, at most once
 per status generation and representation, and carry a strong ETag derived
@@ -21,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -59,6 +61,8 @@ _HELP = {
     "trainjob_exporter_updates_total": "Status changes accepted by the exporter.",
     "trainjob_exporter_rejected_values_total":
         "Reported values dropped or clamped for breaking a Trainer API limit.",
+    "trainjob_exporter_http_refused_total":
+        "Requests and connections the exporter's server refused, by reason.",
     "trainjob_progress_ratio": "Training progress (trainerStatus.progressPercentage / 100).",
     "trainjob_estimated_remaining_seconds":
         "Estimated time until training ends (trainerStatus.estimatedRemainingSeconds).",
@@ -73,8 +77,9 @@ _HELP = {
 class StatusCollector(Collector):
     """prometheus-client collector translating the current status into series."""
 
-    def __init__(self, source: StatusSource) -> None:
+    def __init__(self, source: StatusSource, refused: Mapping[str, int]) -> None:
         self._source = source
+        self._refused = refused
 
     def collect(self) -> Iterator[Metric]:
         status = self._source.status()
@@ -91,6 +96,12 @@ class StatusCollector(Collector):
             rejected.add_metric([field], counts.get(field, 0))
         yield updates
         yield rejected
+        refused = CounterMetricFamily(
+            "trainjob_exporter_http_refused", _HELP["trainjob_exporter_http_refused_total"],
+            labels=["reason"])
+        for reason, count in sorted(dict(self._refused).items()):
+            refused.add_metric([reason], count)
+        yield refused
         if status is None:
             return
         if status.progress_percentage is not None:
@@ -141,13 +152,22 @@ class Renderer:
     encoder) is kept.
     """
 
-    def __init__(self, source: StatusSource) -> None:
+    def __init__(self, source: StatusSource, refused: Mapping[str, int] | None = None) -> None:
         self._source = source
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(StatusCollector(source))
+        self._refused: Mapping[str, int] = {} if refused is None else refused
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(StatusCollector(source, self._refused))
         self._lock = threading.Lock()
-        self._generation = -1
+        self._version: tuple[int, int] = (-1, -1)
         self._cache: dict[str, Rendered | None] = {}
+
+    def version(self) -> tuple[int, int]:
+        """What the bodies depend on: (status generation, refusals counted); cheap.
+
+        Equal versions give equal bodies; a file-backed source re-reads a changed file here.
+        """
+        self._source.status()
+        return self._source.generation, sum(self._refused.values())
 
     def render(self, accept: str | None) -> Rendered | None:
         """The body for an ``Accept`` header (JSON when it names application/json)."""
@@ -157,17 +177,16 @@ class Renderer:
         return self._cached(content_type, lambda: self._render_prometheus(encoder, content_type))
 
     def _cached(self, key: str, make: Callable[[], Rendered | None]) -> Rendered | None:
-        self._source.status()  # lets a file-backed source notice a changed file first
-        generation = self._source.generation
+        version = self.version()
         with self._lock:
-            if generation != self._generation:
+            if version != self._version:
                 self._cache = {}
-                self._generation = generation
+                self._version = version
             elif key in self._cache:
                 return self._cache[key]
         rendered = make()
         with self._lock:
-            if generation == self._generation:
+            if version == self._version:
                 self._cache[key] = rendered
         return rendered
 
@@ -180,7 +199,7 @@ class Renderer:
 
     def _render_prometheus(self, encoder: Callable[[Collector], bytes],
                            content_type: str) -> Rendered:
-        return self._finish(encoder(self.registry), content_type)
+        return self._finish(encoder(self._registry), content_type)
 
     @staticmethod
     def _finish(body: bytes, content_type: str) -> Rendered:

@@ -22,7 +22,7 @@ import tempfile
 import threading
 from typing import TYPE_CHECKING
 
-from exporter_lib.status import StatusError, TrainerStatus
+from exporter_lib.status import MAX_STATUS_JSON_BYTES, StatusError, TrainerStatus
 
 if TYPE_CHECKING:
     from exporter_lib.exposition import StatusSource
@@ -190,7 +190,7 @@ class StatusFileSource:
                 return
             try:
                 with open(self.path, "rb") as handle:
-                    body = handle.read()
+                    body = handle.read(MAX_STATUS_JSON_BYTES + 1)  # bounded, whatever the file
                 status = TrainerStatus.from_json(body)
             except (OSError, StatusError) as exc:
                 self._bad_key = key

@@ -9,9 +9,10 @@ from pathlib import Path
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
-def service_account_namespace() -> str | None:
-    """The pod's namespace from the service account mount; None outside a pod (or empty)."""
+def service_account_namespace(path: Path | str = SERVICE_ACCOUNT_NAMESPACE) -> str | None:
+    """The pod's namespace from the service account mount (``path``); None outside a pod
+    (or empty)."""
     try:
-        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or None
+        return Path(path).read_text().strip() or None
     except OSError:
         return None

@@ -25,63 +25,35 @@ import contextlib
 import hmac
 import json
 import os
-import re
 import secrets
 import tempfile
 import threading
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any, Protocol
+from typing import Protocol
 
-from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, StatusError, TrainerStatus
+from exporter_lib.identity import TrainJobRef, parse_status_path, status_path
+from exporter_lib.refusal import Refused
+from exporter_lib.status import (
+    MAX_STATUS_JSON_BYTES,
+    StatusError,
+    TrainerStatus,
+    parse_json_object,
+)
+
+__all__ = ["ENV_CA_CERT", "ENV_SERVER_URL", "ENV_TOKEN_PATH", "MAX_BODY_BYTES", "PushEndpoint",
+           "PushError", "Replaceable", "TokenFile", "parse_push", "status_path"]
 
 ENV_SERVER_URL = "KUBEFLOW_TRAINER_SERVER_URL"
 ENV_TOKEN_PATH = "KUBEFLOW_TRAINER_SERVER_TOKEN"
 ENV_CA_CERT = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
 
-#: Largest accepted body: 256 metrics of 64+64 characters, each escaped as
-#: ``\\uXXXX\\uXXXX`` (12 bytes) in the worst case, plus framing, is under 400 KiB.
-MAX_BODY_BYTES = 512 * 1024
-
-STATUS_PATH = re.compile(
-    rf"^/apis/{re.escape(API_GROUP)}/{API_VERSION}/namespaces/([a-z0-9.-]{{1,253}})/"
-    rf"{TRAINJOB_PLURAL}/([a-z0-9.-]{{1,253}})/status/?$")
+#: Largest accepted body (see :data:`exporter_lib.status.MAX_STATUS_JSON_BYTES`).
+MAX_BODY_BYTES = MAX_STATUS_JSON_BYTES
 
 
-def status_path(namespace: str, name: str) -> str:
-    """The push design's status URL path for one TrainJob."""
-    return f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{namespace}/{TRAINJOB_PLURAL}/{name}/status"
-
-
-class PushError(Exception):
-    """A refused push: HTTP ``code``, Kubernetes ``reason``, ``message`` and field causes."""
-
-    def __init__(self, code: HTTPStatus, reason: str, message: str,
-                 causes: list[dict[str, str]] | None = None, unread_body: bool = False) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.message = message
-        self.causes = causes or []
-        self.unread_body = unread_body
-
-    def body(self) -> bytes:
-        """A ``meta/v1`` ``Status`` object, as the Kubernetes API server answers errors."""
-        status: dict[str, Any] = {
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": self.message, "reason": self.reason, "code": int(self.code),
-        }
-        if self.causes:
-            status["details"] = {"group": API_GROUP, "kind": TRAINJOB_PLURAL,
-                                 "causes": self.causes}
-        return json.dumps(status).encode()
-
-
-class BinaryReader(Protocol):
-    """A readable byte stream (the request body)."""
-
-    def read(self, size: int, /) -> bytes:
-        """Read up to ``size`` bytes."""
+class PushError(Refused):
+    """A refused push (a :class:`~exporter_lib.refusal.Refused` with a Kubernetes Status body)."""
 
 
 class Replaceable(Protocol):
@@ -94,24 +66,30 @@ class Replaceable(Protocol):
 class PushEndpoint:
     """Validates pushed statuses and applies them to a :class:`~exporter_lib.state.State`.
 
-    ``token`` returns the expected bearer token, or ``None`` when pushing is not enabled.
+    ``token`` returns the expected bearer token, or ``None`` when pushing is not
+    enabled; ``trainjob`` returns this pod's TrainJob as far as it is known
+    (:func:`exporter_lib.identity.pod_trainjob`).  The server calls :meth:`check`
+    with the request head, reads the body only when it passes, then :meth:`apply`.
     """
 
-    def __init__(self, state: Replaceable, token: Callable[[], str | None]) -> None:
+    def __init__(self, state: Replaceable, token: Callable[[], str | None],
+                 trainjob: Callable[[], TrainJobRef]) -> None:
         self._state = state
         self._token = token
+        self._trainjob = trainjob
 
-    def handle(self, path: str, authorization: str | None, content_type: str | None,
-               content_length: str | None, body: BinaryReader) -> bytes:
-        """Apply one ``POST``; returns the 200 body.
+    def check(self, path: str, authorization: str | None, content_type: str | None,
+              content_length: str | None) -> int:
+        """Check a ``POST``'s head; returns the body length to read.
 
         Raises:
-            PushError: 404 unknown path, 403 pushing not enabled, 401 wrong token,
-                411/413 missing or too large ``Content-Length``, 415 not JSON,
-                400 malformed body, 422 a field breaks a Trainer API limit.
+            PushError: 404 unknown path, 403 pushing not enabled or a TrainJob other
+                than this pod's, 401 wrong token, 411/413 missing or too large
+                ``Content-Length``, 415 not JSON.  All with ``unread_body``.
         """
-        if not STATUS_PATH.match(path):
-            raise PushError(HTTPStatus.NOT_FOUND, "NotFound", f"no such path: {path[:200]}",
+        target = parse_status_path(path)
+        if target is None:
+            raise PushError(HTTPStatus.NOT_FOUND, "NotFound", f"no such path: {path[:200]!r}",
                             unread_body=True)
         expected = self._token()
         if expected is None:
@@ -119,16 +97,30 @@ class PushEndpoint:
                             "push compatibility is not enabled on this exporter "
                             "(call exporter_lib.enable_push_compat())", unread_body=True)
         given = (authorization or "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), expected.encode()):
+        if not hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode()):
             raise PushError(HTTPStatus.UNAUTHORIZED, "Unauthorized",
                             "missing or wrong bearer token", unread_body=True)
+        own = self._trainjob()
+        if not own.allows(*target):
+            raise PushError(HTTPStatus.FORBIDDEN, "Forbidden",
+                            f"trainjobs {target[1]!r} in namespace {target[0]!r}: this exporter "
+                            f"reports for TrainJob {own.describe()} only (from "
+                            f"{own.source or 'the service account namespace'})",
+                            unread_body=True)
         length = _length(content_length)
         media = (content_type or "").split(";")[0].strip().lower()
         if media != "application/json":
             raise PushError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType",
                             f"Content-Type must be application/json, got {media or 'none'!r}",
                             unread_body=True)
-        raw = body.read(length)
+        return length
+
+    def apply(self, raw: bytes) -> bytes:
+        """Validate a body that passed :meth:`check` and apply it; returns the 200 body.
+
+        Raises:
+            PushError: 400 malformed body, 422 a field breaks a Trainer API limit.
+        """
         status = parse_push(raw)
         self._state.replace(status)
         return json.dumps({"trainerStatus": status.to_api()}).encode()
@@ -138,14 +130,15 @@ def parse_push(raw: bytes) -> TrainerStatus:
     """Validate a push body ``{"trainerStatus": {...}}``.
 
     Raises:
-        PushError: 400 not a JSON object with a ``trainerStatus`` object,
+        PushError: 400 not a JSON object with a ``trainerStatus`` object (rules of
+            :func:`exporter_lib.status.parse_json_object`: size, UTF-8, nesting, no NaN),
             422 a field breaks a limit (one cause per field, naming value and limit).
     """
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise PushError(HTTPStatus.BAD_REQUEST, "BadRequest", f"body is not JSON: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("trainerStatus"), dict):
+        data = parse_json_object(raw)
+    except StatusError as exc:
+        raise PushError(HTTPStatus.BAD_REQUEST, "BadRequest", str(exc)) from None
+    if not isinstance(data.get("trainerStatus"), dict):
         raise PushError(HTTPStatus.BAD_REQUEST, "BadRequest",
                         'body must be a JSON object {"trainerStatus": {...}}')
     try:
@@ -159,14 +152,13 @@ def parse_push(raw: bytes) -> TrainerStatus:
 
 def _length(header: str | None) -> int:
     if header is None:
-        raise PushError(HTTPStatus.LENGTH_REQUIRED, "BadRequest", "Content-Length is required",
-                        unread_body=True)
-    try:
-        length = int(header)
-    except ValueError:
-        raise PushError(HTTPStatus.BAD_REQUEST, "BadRequest", "bad Content-Length",
-                        unread_body=True) from None
-    if length < 0 or length > MAX_BODY_BYTES:
+        raise PushError(HTTPStatus.LENGTH_REQUIRED, "LengthRequired",
+                        "Content-Length is required", unread_body=True)
+    if not header.isdigit() or not header.isascii():
+        raise PushError(HTTPStatus.BAD_REQUEST, "BadRequest",
+                        f"bad Content-Length {header[:40]!r}", unread_body=True)
+    length = int(header)
+    if length > MAX_BODY_BYTES:
         raise PushError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "RequestEntityTooLarge",
                         f"body of {length} bytes exceeds the limit of {MAX_BODY_BYTES}",
                         unread_body=True)
@@ -202,6 +194,12 @@ class TokenFile:
                 self._token = token
             assert self._path is not None
             return self._path
+
+    def use_path(self, path: str) -> None:
+        """Keep the token in ``path`` instead of a new temp file (only before :meth:`ensure`)."""
+        with self._lock:
+            if self._token is None:
+                self._path = path
 
     def token(self) -> str | None:
         """The expected token, or ``None`` before :meth:`ensure`."""

@@ -14,12 +14,16 @@ metric name, with the reason; ``update()`` never raises):
 * ``estimated_remaining_seconds``: a real number; rounded up to whole seconds,
   clamped to 0..2**31-1 (int32).  NaN, infinity, booleans and non-numbers are dropped.
 * ``metrics``: a mapping of name -> value, merged into the metrics reported so
-  far (a later value for a name replaces the earlier one).  A name that is not
-  a string of 1..64 characters is dropped.  Values: ``str`` (1..64 characters),
+  far (a later value for a name replaces the earlier one).  Each rule below drops
+  only the metric that breaks it, never the others.  A name that is not Unicode
+  text of 1..64 code points is dropped.  Values: ``str`` (1..64 code points),
   ``bool``, ``int`` and ``float`` (NaN and infinities are kept as ``nan``/``inf``),
   any ``numbers.Real`` (numpy scalars) and objects with ``.item()`` returning a
-  number (0-d tensors); anything else, and text longer than 64 characters, is
-  dropped.  Once 256 names are held, new names are dropped (existing ones still update).
+  number (0-d tensors); anything else, and text longer than 64 code points, is
+  dropped.  Text holding a lone surrogate (U+D800..U+DFFF, e.g. from
+  ``os.fsdecode`` of undecodable bytes) is not Unicode text and is dropped: no
+  UTF-8 or JSON carries it to the Trainer API.  Once 256 names are held, new
+  names are dropped (existing ones still update).
 """
 
 from __future__ import annotations
@@ -32,15 +36,21 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
+from pydantic import ValidationError
+
 from exporter_lib.status import (
     METRIC_NAME_MAX_LENGTH,
     METRIC_VALUE_MAX_LENGTH,
     METRICS_MAX_ITEMS,
+    NOT_UNICODE,
     PROGRESS_MAX,
     PROGRESS_MIN,
     REMAINING_SECONDS_MAX,
+    Metric,
     StatusError,
     TrainerStatus,
+    describe_validation_error,
+    is_unicode_text,
     metric_value_text,
 )
 
@@ -165,10 +175,28 @@ class State:
             data["estimatedRemainingSeconds"] = remaining
         try:
             return TrainerStatus.from_api(data)
-        except StatusError as exc:  # unreachable unless an inline check has a bug
-            self._warn_once("build", f"dropping metrics that failed validation: {exc}")
-            data["metrics"] = []
+        except StatusError:  # unreachable unless an inline check has a bug
+            data["metrics"] = self._valid_metrics(data["metrics"])  # type: ignore[arg-type]
             return TrainerStatus.from_api(data)
+
+    def _valid_metrics(self, metrics: list[dict[str, str]]) -> list[dict[str, str]]:
+        """The metrics that pass validation one by one; each other one is dropped and logged.
+
+        A safety net behind the inline checks: one bad metric must never take the others
+        with it (issue 13, input 6).
+        """
+        kept = []
+        for item in metrics:
+            try:
+                Metric.model_validate(item)
+            except ValidationError as exc:
+                problems = "; ".join(describe_validation_error(exc))
+                self.rejected["metrics"] = self.rejected.get("metrics", 0) + 1
+                self._warn_once(f"build {item['name']!r}",
+                                f"metric {item['name']!r} dropped: {problems}")
+                continue
+            kept.append(item)
+        return kept
 
     # -- checks (constant time per value) ---------------------------------------
 
@@ -222,6 +250,10 @@ class State:
                              f"1..{METRIC_NAME_MAX_LENGTH} characters; dropped",
                              key=f"metrics name {name!r}", label="metrics name")
                 continue
+            if not name.isascii() and not is_unicode_text(name):
+                self._reject("metrics", name, f"name {NOT_UNICODE}; dropped",
+                             key=f"metrics name {name!r}", label="metrics name")
+                continue
             kind = type(value)
             if kind is float or kind is bool:
                 clean[name] = value  # type: ignore[assignment]
@@ -231,11 +263,14 @@ class State:
                 else:
                     self._reject_metric(name, value, "integer longer than 64 digits")
             elif kind is str:
-                if 0 < len(value) <= METRIC_VALUE_MAX_LENGTH:  # type: ignore[arg-type]
-                    clean[name] = value  # type: ignore[assignment]
-                else:
-                    self._reject_metric(name, value, f"text must be 1..{METRIC_VALUE_MAX_LENGTH}"
+                text: str = value  # type: ignore[assignment]
+                if not 0 < len(text) <= METRIC_VALUE_MAX_LENGTH:
+                    self._reject_metric(name, text, f"text must be 1..{METRIC_VALUE_MAX_LENGTH}"
                                         " characters")
+                elif text.isascii() or is_unicode_text(text):
+                    clean[name] = text
+                else:
+                    self._reject_metric(name, text, f"text {NOT_UNICODE}")
             else:
                 converted = self._convert(value)
                 if converted is None:

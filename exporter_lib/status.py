@@ -20,6 +20,7 @@ API (``TrainJobStatus.trainerStatus``):
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -42,6 +43,17 @@ REMAINING_SECONDS_MAX = 2**31 - 1  # int32
 METRIC_NAME_MAX_LENGTH = 64
 METRIC_VALUE_MAX_LENGTH = 64
 METRICS_MAX_ITEMS = 256
+#: Largest status JSON accepted at any boundary (push body, status file, served body):
+#: 256 metrics of 64+64 characters, each escaped as ``\\uXXXX\\uXXXX`` (12 bytes) in the
+#: worst case, plus framing, is under 400 KiB.
+MAX_STATUS_JSON_BYTES = 512 * 1024
+
+#: Why text with a lone surrogate (U+D800..U+DFFF) is refused: Python strings may hold one,
+#: Unicode text may not.  UTF-8 cannot encode it, and the API server's JSON decoder
+#: (Go's encoding/json rules, sigs.k8s.io/json) turns a ``\\ud800`` escape into U+FFFD, so
+#: such text would never read back as written.
+NOT_UNICODE = ("is not Unicode text: it holds a lone surrogate (U+D800..U+DFFF), which "
+               "neither UTF-8 nor the Kubernetes API can carry")
 
 API_GROUP = "trainer.kubeflow.org"
 API_VERSION = "v1alpha1"
@@ -135,23 +147,75 @@ class TrainerStatus(BaseModel):
 
     @classmethod
     def from_json(cls, body: bytes | str) -> TrainerStatus:
-        """Parse and validate exporter JSON.
+        """Parse and validate exporter JSON (the served body, a status file, a termination message).
 
         Raises:
-            StatusError: not JSON, not an object, or a field breaks a limit.
+            StatusError: not a JSON object by :func:`parse_json_object`'s rules, or a
+                field breaks a limit.
         """
+        return cls.from_api(parse_json_object(body))
+
+
+def parse_json_object(body: bytes | str, what: str = "body",
+                      limit: int = MAX_STATUS_JSON_BYTES) -> dict[str, Any]:
+    """Parse one JSON object the way the Kubernetes API server would accept it.
+
+    Rules (each refusal names ``what``, the offending value and the limit):
+
+    * at most ``limit`` bytes (default :data:`MAX_STATUS_JSON_BYTES`);
+    * UTF-8 (RFC 8259 section 8.1), without a byte order mark;
+    * JSON only: ``NaN``/``Infinity`` (which Python's parser would take) are refused;
+    * nesting deeper than Python's recursion limit is refused as not JSON, instead
+      of the ``RecursionError`` the parser raises (issue 13, input 5);
+    * the top level is an object.
+
+    Raises:
+        StatusError: one of the rules above is broken.
+    """
+    size = len(body.encode("utf-8", "surrogatepass")) if isinstance(body, str) else len(body)
+    if size > limit:
+        raise StatusError([f"{what}: {size} bytes exceeds the limit of {limit} bytes"])
+    if isinstance(body, str):
+        text = body
+    else:
+        if body.startswith(b"\xef\xbb\xbf"):
+            raise StatusError([f"{what}: starts with a UTF-8 byte order mark; JSON text "
+                               "must not (RFC 8259 section 8.1)"])
         try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise StatusError([f"body: not valid JSON ({exc})"]) from None
-        if not isinstance(data, dict):
-            raise StatusError([f"body: expected a JSON object, got {type(data).__name__}"])
-        return cls.from_api(data)
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise StatusError([f"{what}: not UTF-8: byte {exc.start} "
+                               f"({body[exc.start:exc.start + 1]!r}) {exc.reason} "
+                               "(JSON text must be UTF-8, RFC 8259 section 8.1)"]) from None
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise StatusError([f"{what}: not valid JSON (nested deeper than "
+                           f"{sys.getrecursionlimit()} levels)"]) from None
+    except ValueError as exc:
+        raise StatusError([f"{what}: not valid JSON ({exc})"]) from None
+    if not isinstance(data, dict):
+        raise StatusError([f"{what}: expected a JSON object, got {type(data).__name__}"])
+    return data
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no such literal)")
+
+
+def is_unicode_text(text: str) -> bool:
+    """True when ``text`` has no lone surrogate: it encodes to UTF-8 (see :data:`NOT_UNICODE`)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def format_time(value: datetime) -> str:
     """RFC 3339 in UTC with whole seconds, as ``metav1.Time`` serialises (``...Z``)."""
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # Not strftime("%Y"): glibc prints year 1 as "1", which is not RFC 3339.
+    return value.astimezone(UTC).replace(tzinfo=None, microsecond=0).isoformat() + "Z"
 
 
 def now() -> datetime:
@@ -195,6 +259,8 @@ def _reason(err: Any) -> str:
     elif err["type"] in {"less_than_equal", "greater_than_equal", "string_too_long",
                          "string_too_short"}:
         msg = f"{msg} (Trainer v1alpha1 API limit)"
+    elif err["type"] == "string_unicode":
+        msg = NOT_UNICODE
     elif err["type"] == "missing":
         msg = "required whenever trainerStatus is set (Trainer v1alpha1 API CEL rule)"
     return msg

@@ -198,13 +198,13 @@ def test_json_accept_variants(metrics_url: str, fetch: Fetch) -> None:
         "Content-Type"].startswith("text/plain")
 
 
-def test_text_exposition_round_trips_tricky_values(exporter: api.Exporter) -> None:
+def test_text_exposition_round_trips_tricky_values(exporter: api.Exporter, fetch: Fetch) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
     exporter_lib.update(progress_percentage=33, estimated_remaining_seconds=7, metrics={
         "loss": 0.1, "big": 1e300, "tiny": 5e-324, "inf": float("inf"), "neg": "-inf",
         "z": -0.0, "e": "1e-5", "text": 'q"uo\\te\nline', 'n"a\\me\n': "v"})
-    body = exporter.renderer.render("text/plain").body.decode()  # type: ignore[union-attr]
+    body = fetch(f"{exporter.url}/metrics").body.decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(body) for s in family.samples}
     assert samples[("trainjob_progress_ratio", ())] == 0.33

@@ -118,3 +118,38 @@ def test_refused_pushes_with_a_body_get_their_answer_not_a_reset(
     codes = [_post(fetch, url, None, token, raw=body).status
              for token in ("wrong", _token()) for _ in range(40)]
     assert codes == [401] * 40 + [413] * 40
+
+
+def test_push_naming_another_trainjob_is_refused(exporter: api.Exporter, fetch: Fetch) -> None:
+    """Issue 13, input 14: any path was accepted before."""
+    exporter_lib.enable_push_compat(namespace="team-a", name="job-1")
+    status = {"trainerStatus": {"progressPercentage": 5,
+                                "lastUpdatedTime": "2025-01-01T00:00:00Z"}}
+    for namespace, name in (("team-z", "victim"), ("team-a", "victim"), ("team-z", "job-1")):
+        resp = _post(fetch, exporter.url + status_path(namespace, name), status, _token())
+        assert resp.status == 403, resp.body
+        body = json.loads(resp.body)
+        assert body["reason"] == "Forbidden" and "team-a/job-1" in body["message"]
+    assert exporter_lib.current_status() is None
+    ok = _post(fetch, exporter.url + status_path("team-a", "job-1"), status, _token())
+    assert ok.status == 200
+
+
+def test_pod_trainjob_from_what_the_pod_is_told(tmp_path: Any) -> None:
+    from exporter_lib.identity import pod_trainjob
+
+    missing = str(tmp_path / "none")
+    ns_file = tmp_path / "namespace"
+    ns_file.write_text("team-a\n")
+    assert pod_trainjob({}, missing).name is None
+    told = pod_trainjob({"TRAINJOB_NAME": "job-1"}, str(ns_file))
+    assert (told.namespace, told.name, told.source) == ("team-a", "job-1", "TRAINJOB_NAME")
+    upstream = pod_trainjob({"KUBEFLOW_TRAINER_SERVER_URL":
+                             "https://trainer.kubeflow-system.svc:8443" +
+                             status_path("team-b", "job-2")}, missing)
+    assert (upstream.namespace, upstream.name) == ("team-b", "job-2")
+    torch = pod_trainjob({"PET_MASTER_ADDR": "job-3-node-0-0.job-3", "POD_NAMESPACE": "c"},
+                         missing)
+    assert (torch.namespace, torch.name, torch.source) == ("c", "job-3", "PET_MASTER_ADDR")
+    assert pod_trainjob({"PET_MASTER_ADDR": "other-node-0-0.job-3"}, missing).name is None
+    assert pod_trainjob({"TRAINJOB_NAME": "Not A Name!"}, missing).name is None

@@ -1,0 +1,120 @@
+"""Hostile clients cannot reach the training loop through the exporter (issue 13, input 10).
+
+A real training process (a child with ``RLIMIT_NOFILE=1024``, stepping and calling
+``update()``) serves on loopback; this test opens thousands of connections to it, some
+idle, some trickling a request head one byte at a time.  Before: 2008 threads and 2011
+descriptors in the training process, and the loop died of EMFILE.  Checked: the
+process's threads and descriptors stay bounded, the loop keeps stepping, a scrape still
+gets through.  Bounded: 3000 connections, 20 s of trickling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from exporter_lib import server
+
+TRAINING = r"""
+import os, resource, sys, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+import exporter_lib
+exp = exporter_lib.start(port=0, host="127.0.0.1", install_signal_handler=False)
+print(exp.port, flush=True)
+step = 0
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    step += 1
+    exporter_lib.update(progress_percentage=step % 100, metrics={"step": step})
+    with open(sys.argv[2] + ".tmp", "w") as handle:  # the loop needs descriptors too
+        handle.write(str(step))
+    os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+    time.sleep(0.01)
+"""
+
+CONNECTIONS = 3000
+
+
+def _counts(pid: int) -> tuple[int, int]:
+    threads = int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text()
+                       .splitlines() if line.startswith("Threads:")))
+    return threads, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _steps(path: Path) -> int:
+    try:
+        return int(path.read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def test_connection_flood_leaves_threads_fds_and_the_loop_alone(tmp_path: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard >= CONNECTIONS + 200, f"this test needs RLIMIT_NOFILE >= {CONNECTIONS + 200}"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    steps = tmp_path / "steps"
+    child = subprocess.Popen([sys.executable, "-c", TRAINING, "60", str(steps)],
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "RANK": "0"})
+    socks: list[socket.socket] = []
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+        time.sleep(0.5)
+        base_threads, base_fds = _counts(child.pid)
+        before = _steps(steps)
+        peak_threads, peak_fds = base_threads, base_fds
+        deadline = time.monotonic() + 40
+        for i in range(CONNECTIONS):
+            if time.monotonic() > deadline:
+                break
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            except OSError:
+                continue  # backlog full: the kernel refuses, the trainer never sees it
+            sock.setblocking(False)
+            if i % 2:
+                with contextlib.suppress(OSError):
+                    sock.send(b"G")  # the start of a head that never ends
+            socks.append(sock)
+            if i % 250 == 0:
+                threads, fds = _counts(child.pid)
+                peak_threads, peak_fds = max(peak_threads, threads), max(peak_fds, fds)
+        trickle_end = time.monotonic() + 20
+        while time.monotonic() < trickle_end:
+            for sock in socks[1::2][:500]:
+                with contextlib.suppress(OSError):
+                    sock.send(b"E")
+            threads, fds = _counts(child.pid)
+            peak_threads, peak_fds = max(peak_threads, threads), max(peak_fds, fds)
+            time.sleep(0.5)
+        after = _steps(steps)
+        # A scrape still gets through (it evicts the longest-waiting idle connection).
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as probe:
+            probe.sendall(b"GET /metrics HTTP/1.1\r\nAccept: application/json\r\n"
+                          b"Connection: close\r\n\r\n")
+            answer = b""
+            while chunk := probe.recv(65536):
+                answer += chunk
+        assert child.poll() is None, "the training process died"
+        print(json.dumps({"threads": [base_threads, peak_threads], "fds": [base_fds, peak_fds],
+                          "steps_during_flood": after - before, "opened": len(socks)}))
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        assert peak_threads <= base_threads + 1
+        # Open connections are capped; asyncio accepts up to BACKLOG per wake-up before
+        # the cap closes the extra ones, so a burst may briefly hold that many more.
+        assert peak_fds <= base_fds + server.MAX_CONNECTIONS + 2 * server.BACKLOG + 8
+        assert after - before > 100, "the training loop stalled"
+    finally:
+        for sock in socks:
+            sock.close()
+        child.kill()
+        child.wait(timeout=10)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

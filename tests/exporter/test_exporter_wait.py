@@ -1,0 +1,93 @@
+"""Waiting scrapes (contract version 2): ``Prefer: wait=N`` with ``If-None-Match`` (issue 14)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import exporter_lib
+from exporter_lib import server
+
+Fetch = Callable[..., Any]
+JSON = {"Accept": "application/json"}
+
+
+def test_every_answer_advertises_the_contract(metrics_url: str, fetch: Fetch) -> None:
+    for url in (metrics_url, metrics_url.replace("/metrics", "/healthz"),
+                metrics_url.replace("/metrics", "/nothing")):
+        assert fetch(url).headers["Trainjob-Exporter-Contract"] == (
+            f"2;max-wait={server.MAX_WAIT_SECONDS}")
+
+
+def test_held_until_the_status_changes(metrics_url: str, fetch: Fetch) -> None:
+    exporter_lib.update(progress_percentage=1)
+    tag = fetch(metrics_url, headers=JSON).headers["ETag"]
+    timer = threading.Timer(0.6, lambda: exporter_lib.update(progress_percentage=2))
+    timer.start()
+    start = time.monotonic()
+    resp = fetch(metrics_url, headers={**JSON, "If-None-Match": tag, "Prefer": "wait=5"})
+    waited = time.monotonic() - start
+    timer.join()
+    assert resp.status == 200 and b'"progressPercentage":2' in resp.body
+    assert resp.headers["Preference-Applied"] == "wait=5"
+    assert 0.5 < waited < 4
+
+
+def test_held_until_the_wait_ends_then_304(metrics_url: str, fetch: Fetch) -> None:
+    exporter_lib.update(progress_percentage=1)
+    tag = fetch(metrics_url, headers=JSON).headers["ETag"]
+    start = time.monotonic()
+    resp = fetch(metrics_url, headers={**JSON, "If-None-Match": tag, "Prefer": "wait=1"})
+    assert resp.status == 304 and resp.headers["Preference-Applied"] == "wait=1"
+    assert time.monotonic() - start >= 0.9
+
+
+def test_first_report_releases_a_held_204(metrics_url: str, fetch: Fetch) -> None:
+    timer = threading.Timer(0.4, lambda: exporter_lib.update(progress_percentage=3))
+    timer.start()
+    resp = fetch(metrics_url, headers={**JSON, "Prefer": "wait=5"})
+    timer.join()
+    assert resp.status == 200 and b'"progressPercentage":3' in resp.body
+
+
+def test_changed_status_and_no_hint_answer_at_once(metrics_url: str, fetch: Fetch) -> None:
+    exporter_lib.update(progress_percentage=1)
+    start = time.monotonic()
+    resp = fetch(metrics_url, headers={**JSON, "If-None-Match": '"old"', "Prefer": "wait=5"})
+    assert resp.status == 200 and "Preference-Applied" not in resp.headers
+    tag = resp.headers["ETag"]
+    assert fetch(metrics_url, headers={**JSON, "If-None-Match": tag}).status == 304
+    assert time.monotonic() - start < 2
+
+
+def test_held_requests_are_capped(metrics_url: str, fetch: Fetch,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server, "MAX_HELD", 2)
+    exporter_lib.update(progress_percentage=1)
+    tag = fetch(metrics_url, headers=JSON).headers["ETag"]
+    headers = {**JSON, "If-None-Match": tag, "Prefer": "wait=3"}
+    results: list[Any] = []
+    held = [threading.Thread(target=lambda: results.append(fetch(metrics_url, headers=headers)))
+            for _ in range(2)]
+    for thread in held:
+        thread.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    over = fetch(metrics_url, headers=headers)
+    assert over.status == 304 and "Preference-Applied" not in over.headers
+    assert time.monotonic() - start < 1.5
+    for thread in held:
+        thread.join(timeout=10)
+    assert [r.headers.get("Preference-Applied") for r in results] == ["wait=3", "wait=3"]
+
+
+@pytest.mark.parametrize(("prefer", "expected"), [
+    ("wait=10", 10), ("respond-async, wait=7", 7), ('wait="3"', 3), ("WAIT = 4", 4),
+    ("wait=10;x=1", 10), ("wait=abc", None), ("wait=-1", None), ("", None), (None, None),
+    ("handling=lenient", None)])
+def test_prefer_parsing(prefer: str | None, expected: int | None) -> None:
+    assert server.requested_wait(prefer) == expected
