@@ -50,6 +50,19 @@ def run_image(*args: str, podman: tuple[str, ...] = (), timeout: float = 120
                           capture_output=True, timeout=timeout)
 
 
+def test_the_engines_build_context_is_the_product_only(image: str) -> None:
+    listed = subprocess.run([str(SCRIPT), "context"], cwd=REPO, check=True, text=True,
+                            capture_output=True, timeout=300).stdout.split()
+    context = {path.removeprefix("./") for path in listed}
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                           cwd=REPO, check=True, capture_output=True, text=True).stdout.split()
+    product = {f for f in files if (REPO / f).is_file()
+               and (f.split("/", 1)[0] in ("exporter_lib", "scraper")
+                    or f in ("pyproject.toml", "README.md"))}
+    assert context == product, (sorted(context - product), sorted(product - context))
+    assert not [p for p in context if "__pycache__" in p or p.endswith(".pyc")]
+
+
 def test_image_config_runs_the_scraper_as_65532(image: str) -> None:
     out = subprocess.run([str(SCRIPT), "podman", "image", "inspect", image], check=True, text=True,
                          capture_output=True, timeout=60).stdout
