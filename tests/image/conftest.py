@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "image"
-#: A first build (debootstrap of the base, pip from the package index) took about 4 min
+#: A first build (debootstrap of the base, pip from the package index) took 4-5 min
 #: on 2 shared cores; a warm one, about 10 s.
 BUILD_TIMEOUT_SECONDS = 1500
 
