@@ -2,6 +2,9 @@
 # Image of the trainjob-scraper service (the `trainjob-scraper run` command).
 #
 #   docker build -t trainjob-scraper:0.1.0 .
+#   buildah bud --layers -t trainjob-scraper:0.1.0 .
+#   scripts/image            the same with buildah on a base made locally from
+#                            Debian packages (no registry needed), then run checks
 #
 # Two stages: the builder installs the project with its `scraper` extra into a
 # virtual environment; the runtime stage copies only that environment, so no
@@ -13,6 +16,9 @@
 # (`python:3.11.13-slim-bookworm@sha256:...`, resolved with `docker buildx
 # imagetools inspect`) so rebuilds are reproducible; it is not pinned here
 # because the digest cannot be resolved from the development environment.
+# Any base works that has `python` (3.11+) on PATH whose `python -m venv` gives
+# a venv with pip: `--build-arg PYTHON_IMAGE=<image>`; scripts/image passes a
+# debootstrapped Debian bookworm with python3, python3-venv and python-is-python3.
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS builder

@@ -1,7 +1,9 @@
 # The two commands a newcomer needs (see README.md):
 #   make demo   run the main job: local control plane + training + scraper, live progress
-#   make test   run every test (control plane, Prometheus, Transformers, Kubeflow SDK)
-.PHONY: demo test lint bench
+#   make test   run every test (control plane, Prometheus, Transformers, Kubeflow SDK,
+#               the scraper image built with buildah and run with podman)
+#   make image  build the scraper image only, check it and run its tests
+.PHONY: demo test lint bench image
 
 demo:
 	scripts/bootstrap demo
@@ -9,6 +11,7 @@ demo:
 
 test:
 	scripts/bootstrap test
+	scripts/image build >/dev/null
 	.venv/bin/ruff check exporter_lib scraper trainjob_client localdev tests benchmarks
 	.venv/bin/mypy
 	.venv/bin/pytest $(ARGS)
@@ -20,3 +23,8 @@ lint:
 bench:
 	scripts/bootstrap test
 	.venv/bin/python -m benchmarks $(ARGS)
+
+image:
+	scripts/bootstrap test
+	scripts/image check
+	.venv/bin/pytest tests/image $(ARGS)

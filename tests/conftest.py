@@ -23,7 +23,7 @@ from localdev.cluster.controlplane import ControlPlane, ControlPlaneError
 from localdev.cluster.crds import CrdError, install_trainjob_crds
 
 _FOLDER_MARKERS = ("e2e", "chart", "exporter", "scraper", "client", "controlplane",
-                   "packaging", "benchmarks")
+                   "packaging", "benchmarks", "image")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,8 +1,9 @@
-"""The scraper's Dockerfile agrees with the chart (no container runtime here to build it).
+"""The scraper's Dockerfile agrees with the chart (tests/image builds and runs it).
 
-Checked statically: multi-stage, base pinned to an exact Python patch release, a
-numeric non-root user equal to the chart's runAsUser, the chart's metrics port
-exposed, and `trainjob-scraper run` as the command the chart's args assume.
+Checked statically, so these hold for any base passed as PYTHON_IMAGE: multi-stage,
+the default base pinned to an exact Python patch release, a numeric non-root user
+equal to the chart's runAsUser, the chart's metrics port exposed, and
+`trainjob-scraper run` as the command the chart's args assume.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 The wheel is built for real from this checkout (``pip wheel``, no network: the build
 backend comes from the test environment); the image context is what Docker sends under
-the repository's ``.dockerignore`` (no container engine runs here, so the context is
-computed from the ignore file's rules, which are the allow-list kind Docker documents:
-``*`` then ``!path`` exceptions).
+the repository's ``.dockerignore``, computed here from the ignore file's rules (the
+allow-list kind Docker documents: ``*`` then ``!path`` exceptions) without an engine;
+tests/image lists the context buildah really sends.
 """
 
 from __future__ import annotations
