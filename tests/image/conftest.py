@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,10 +12,6 @@ SCRIPT = REPO / "scripts" / "image"
 #: A first build (debootstrap of the base, pip from the package index) took 4-5 min
 #: on 2 shared cores; a warm one, about 10 s.
 BUILD_TIMEOUT_SECONDS = 1500
-
-# The scraper tests' helpers (service account with the chart's rules, polling, reads).
-sys.path.insert(0, str(REPO / "tests" / "scraper"))
-from scraper_testutil import pytest_runtest_makereport  # noqa: E402,F401 - a hook, by name
 
 
 @pytest.fixture(scope="session")

@@ -24,12 +24,12 @@ import urllib3
 import yaml
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
-from scraper_testutil import progress_of, scraper_service_account, trainer_status, wait_for
 
 from exporter_lib.api import Exporter
 from exporter_lib.state import State
 from localdev.cluster import objects
 from localdev.cluster.processes import free_port
+from tests.helpers.scraper import progress_of, scraper_service_account, trainer_status, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "image"
