@@ -28,11 +28,11 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/venv
 WORKDIR /src
 # Dependencies first, so a source-only change reuses this layer.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY exporter_lib/__init__.py exporter_lib/status.py exporter_lib/
 COPY scraper/__init__.py scraper/
 RUN /opt/venv/bin/pip install --upgrade pip setuptools wheel \
-    && /opt/venv/bin/pip install ".[scraper]" \
+    && /opt/venv/bin/pip install -c constraints.txt ".[scraper]" \
     && /opt/venv/bin/pip uninstall -y trainjob-progress
 # Then the project itself (not editable, no tests, no tools).
 COPY exporter_lib/ exporter_lib/

@@ -117,14 +117,20 @@ class Exporter:
 
     @property
     def url(self) -> str | None:
-        """``http://127.0.0.1:<port>`` when serving, else ``None``."""
-        return None if self.port is None else f"http://127.0.0.1:{self.port}"
+        """``http://<host>:<port>`` when serving (loopback for a wildcard host), else
+        ``None``: the address this process itself reaches the exporter at."""
+        if self.port is None:
+            return None
+        host = "127.0.0.1" if self.host in ("", "0.0.0.0") else (
+            "[::1]" if self.host == "::" else
+            f"[{self.host}]" if ":" in self.host else self.host)
+        return f"http://{host}:{self.port}"
 
     def enable_push_compat(self, namespace: str | None = None, name: str | None = None,
                            token_file: str | None = None) -> str | None:
         """Point ``KUBEFLOW_TRAINER_SERVER_URL``/``_TOKEN`` at this exporter; returns the URL.
 
-        The URL is loopback plain http with the push design's path for this pod's
+        The URL is plain http to :attr:`url` with the push design's path for this pod's
         TrainJob: ``namespace``/``name`` when given, else as the pod is told
         (:func:`exporter_lib.identity.pod_trainjob`: ``$TRAINJOB_NAME``, an upstream
         ``$KUBEFLOW_TRAINER_SERVER_URL``, ``$PET_MASTER_ADDR``; the namespace from the
@@ -138,14 +144,14 @@ class Exporter:
         if token_file is not None:
             self._token.use_path(token_file)
         environ = dict(os.environ)
-        if environ.get(ENV_SERVER_URL, "").startswith(f"http://127.0.0.1:{self.port}/"):
+        if environ.get(ENV_SERVER_URL, "").startswith(f"{self.url}/"):
             del environ[ENV_SERVER_URL]  # our own URL from an earlier call tells nothing
         told = pod_trainjob(environ)
         own = TrainJobRef(namespace or told.namespace, name or told.name,
                           "enable_push_compat()" if name else told.source)
         self._trainjob = own
         path = self._token.ensure()
-        url = (f"http://127.0.0.1:{self.port}"
+        url = (f"{self.url}"
                f"{status_path(own.namespace or 'default', own.name or 'trainjob')}")
         os.environ[ENV_SERVER_URL] = url
         os.environ[ENV_TOKEN_PATH] = path

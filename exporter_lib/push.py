@@ -62,7 +62,6 @@ class Replaceable(Protocol):
     def replace(self, status: TrainerStatus, stamp: float | None = None) -> None:
         """Make ``status`` the whole current status."""
 
-
 class PushEndpoint:
     """Validates pushed statuses and applies them to a :class:`~exporter_lib.state.State`.
 
@@ -123,7 +122,11 @@ class PushEndpoint:
         """
         status = parse_push(raw)
         self._state.replace(status)
-        return json.dumps({"trainerStatus": status.to_api()}).encode()
+        # Answer with what was stored, as the API server answers with the object it
+        # kept: metrics are a map by name here, so of repeated names the last one wins.
+        by_name = {m.name: m for m in status.metrics}
+        kept = status.model_copy(update={"metrics": tuple(by_name.values())})
+        return json.dumps({"trainerStatus": kept.to_api()}).encode()
 
 
 def parse_push(raw: bytes) -> TrainerStatus:

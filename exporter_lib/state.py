@@ -126,6 +126,7 @@ class State:
         """Make ``status`` (already validated) the whole current status.
 
         Used by the push endpoint and the sidecar: an unset field there is unset here.
+        Metrics are kept by name: of repeated names, the last one wins.
         ``stamp`` (unix seconds) defaults to now.
         """
         metrics: dict[str, MetricValue] = {m.name: m.value for m in status.metrics}

@@ -58,7 +58,7 @@ def test_the_engines_build_context_is_the_product_only(image: str) -> None:
                            cwd=REPO, check=True, capture_output=True, text=True).stdout.split()
     product = {f for f in files if (REPO / f).is_file()
                and (f.split("/", 1)[0] in ("exporter_lib", "scraper")
-                    or f in ("pyproject.toml", "README.md"))}
+                    or f in ("pyproject.toml", "README.md", "constraints.txt"))}
     assert context == product, (sorted(context - product), sorted(product - context))
     assert not [p for p in context if "__pycache__" in p or p.endswith(".pyc")]
 
@@ -262,7 +262,10 @@ def test_run_in_the_image_writes_progress_and_the_final_status(
             {"server": control_plane.server_url, "namespaces": namespace, "interval": "1s",
              "resync-interval": "2s", "leader-election": True,
              "lease-namespace": namespace, "lease-duration": "4s", "renew-deadline": "3s",
-             "retry-period": "0.5s", "identity": "in-image"},
+             "retry-period": "0.5s", "identity": "in-image",
+             # /metrics authentication is tested against the real API server in
+             # tests/scraper/test_metrics_auth.py; here the test reads the series directly.
+             "metrics-auth": False},
             control_plane.ca_cert_path, token)
         # The first start of a container on the shared cores can take some seconds.
         container.wait_ready(timeout=90)

@@ -21,6 +21,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 #: What the image holds (the scraper and the library it shares with training code).
 PRODUCT = ("exporter_lib", "scraper")
+#: Files the image context holds besides the product packages.
+CONTEXT_FILES = ("pyproject.toml", "README.md", "constraints.txt")
 #: What the wheel holds: the product plus the client (kubectl plugin, notebook helpers).
 WHEEL_PACKAGES = (*PRODUCT, "trainjob_client")
 DEV_ONLY_REQUIREMENTS = ("cryptography", "rich", "numpy")
@@ -93,7 +95,7 @@ def test_image_context_holds_no_dev_code() -> None:
     context = [f for f in files if _in_context(f, rules)]
     assert context, "the context must hold the product"
     tops = {f.split("/", 1)[0] for f in context}
-    assert tops <= {*PRODUCT, "pyproject.toml", "README.md"}, sorted(tops)
+    assert tops <= {*PRODUCT, *CONTEXT_FILES}, sorted(tops)
     assert any(f.startswith("scraper/") for f in context)
     assert not any(f.startswith(("localdev/", "tests/", "benchmarks/", "tools/")) for f in files
                    if _in_context(f, rules))
@@ -107,7 +109,7 @@ def test_dockerfile_copies_only_product_paths() -> None:
             sources += words[1:-1]
     assert sources
     for source in sources:
-        assert source.split("/", 1)[0] in {*PRODUCT, "pyproject.toml", "README.md"}, source
+        assert source.split("/", 1)[0] in {*PRODUCT, *CONTEXT_FILES}, source
 
 
 #: Imports each package may not make: dev code everywhere; the client's own display
