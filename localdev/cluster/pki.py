@@ -42,11 +42,11 @@ def _key() -> Any:
 
 
 def _key_pem(key: Any) -> bytes:
-    return key.private_bytes(
+    return bytes(key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
-    )
+    ))
 
 
 def _name(common_name: str, org: str | None = None) -> x509.Name:
