@@ -25,7 +25,8 @@ LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 
 
 def trainjob_body(namespace: str, name: str, *, runtime: str = "torch-distributed",
-                  command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                  command: Sequence[str] | None = None,
+                  env: Mapping[str, str | dict[str, Any]] | None = None,
                   num_nodes: int | None = None, run_jobs: Sequence[str] | None = None,
                   suspend: bool | None = None) -> dict[str, Any]:
     """A TrainJob on ClusterTrainingRuntime ``runtime``.
@@ -38,7 +39,9 @@ def trainjob_body(namespace: str, name: str, *, runtime: str = "torch-distribute
     if command is not None:
         trainer["command"] = list(command)
     if env:
-        trainer["env"] = [{"name": k, "value": v} for k, v in env.items()]
+        # A dict value is an EnvVarSource (``valueFrom``), e.g. a fieldRef to a label.
+        trainer["env"] = [{"name": k, "value": v} if isinstance(v, str)
+                          else {"name": k, "valueFrom": v} for k, v in env.items()]
     if num_nodes is not None:
         trainer["numNodes"] = num_nodes
     spec: dict[str, Any] = {
