@@ -64,6 +64,8 @@ KWOK_NODE = "kwok-node-0"
 KWOK_NODE_CIDR = "127.0.20.0/24"
 RUNNER_NODE = "runner-node-0"
 RUNNER_NODE_CIDR = "127.0.21.0/24"
+#: Capacity of each fake node (kwok's defaults plus GPUs the shipped runtimes request).
+NODE_CAPACITY = {"cpu": "1k", "memory": "1Ti", "pods": "1M", "nvidia.com/gpu": "64"}
 #: Label kwok manages nodes by.
 KWOK_NODE_LABEL = "type"
 KWOK_NODE_LABEL_VALUE = "kwok"
@@ -315,6 +317,10 @@ class Cluster(ControlPlane):
             with contextlib.suppress(client.ApiException):
                 core.create_node({"apiVersion": "v1", "kind": "Node",
                                   "metadata": {"name": name, "labels": labels}, "spec": spec})
+            # Before kwok's node-initialize, which keeps a capacity already set: the
+            # shipped runtimes ask for GPUs (torchtune: nvidia.com/gpu 2).
+            core.patch_node_status(name, {"status": {"capacity": NODE_CAPACITY,
+                                                     "allocatable": NODE_CAPACITY}})
 
     def _start_controllers(self, api: client.ApiClient, core: client.CoreV1Api,
                            stack: dict[str, Path], manifests: Path) -> tuple[int, bytes]:

@@ -19,6 +19,7 @@ from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from localdev.cluster import trainjobs
 from localdev.cluster.objects import apply_trainjob_status
 from localdev.cluster.stack import RUNNER_NODE, Cluster
+from scraper.config import DEFAULT_SELECTOR
 from tests.e2e.stack_helpers import recording, scraper, scraper_metric
 
 TRAINER = str(Path(__file__).with_name("stack_trainer.py"))
@@ -160,3 +161,37 @@ def test_upstream_push_writer_then_scraper_takes_trainer_status(
         assert "f:trainerStatus" in owned
         assert "f:trainerStatus" not in str(managers.get("trainer-status", {}).get("fieldsV1"))
         assert "writer" not in seen.status.metrics_dict()
+
+
+def test_torchtune_initializers_never_become_targets(
+        kube_stack: Cluster, stack_api: client.ApiClient, stack_namespace: str,
+        tmp_path: Path) -> None:
+    """torchtune-llama3.2-1b: dataset- and model-initializer Jobs run first (on the kwok
+    node, simulated), then ``node``; only the ``node`` rank-0 pod reports.  The runtime
+    mounts the PersistentVolumeClaim ``torchtune-llama3.2-1b``, which the user
+    provides: here a hostPath PersistentVolume the controller manager binds to it."""
+    ns = stack_namespace
+    core = client.CoreV1Api(stack_api)
+    core.create_persistent_volume({"metadata": {"name": f"pv-{ns}"}, "spec": {
+        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+        "storageClassName": "", "hostPath": {"path": str(tmp_path / "pv")},
+        "claimRef": {"namespace": ns, "name": "torchtune-llama3.2-1b"}}})
+    core.create_namespaced_persistent_volume_claim(ns, {
+        "metadata": {"name": "torchtune-llama3.2-1b"}, "spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+            "volumeName": f"pv-{ns}", "resources": {"requests": {"storage": "1Gi"}}}})
+    with scraper(kube_stack, ns, tmp_path) as child, recording(stack_api, ns, "tune") as rec:
+        trainjobs.create(stack_api, trainjobs.trainjob_body(
+            ns, "tune", runtime="torchtune-llama3.2-1b", run_jobs=("node",),
+            env={"RUN_ID": "tune"},
+            command=trainer_command("--steps", "15", "--step-seconds", "0.3")))
+        finished = trainjobs.wait_finished(stack_api, ns, "tune", TIMEOUT)
+        assert trainjobs.condition(finished, "Complete"), finished.get("status")
+        jobs = {p.metadata.labels["jobset.sigs.k8s.io/replicatedjob-name"]
+                for p in trainjobs.pods(stack_api, ns, "tune")}
+        assert {"dataset-initializer", "model-initializer", "node"} <= jobs, jobs
+        matched = kube_stack.kubectl("get", "pods", "-n", ns, "-l", DEFAULT_SELECTOR,
+                                     "-o", "name").stdout.split()
+        assert len(matched) == 1 and "-node-0-0-" in matched[0], matched
+        assert {s.metrics_dict()["run"] for s in rec.statuses()} == {"tune"}
+        assert _targets(child) == 0
