@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import secrets
+import select
+import shutil
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -79,3 +83,51 @@ def test_stop_leaves_no_controller_and_no_container_process(tmp_path: Path) -> N
         cluster.stop()
     assert [p for p in pids if _alive(p)] == []
     assert _pids_running(marker) == []
+
+
+_OWNER = """
+import sys, time
+from kubernetes import client
+from localdev.cluster import trainjobs
+from localdev.cluster.stack import Cluster
+cluster = Cluster()
+cluster.start()
+with cluster.api_client() as api:
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": "owner"}})
+    trainjobs.create(api, trainjobs.trainjob_body("owner", "sleeper", command=[
+        sys.executable, "-c", "import time; time.sleep(%s)" % sys.argv[1]]))
+    trainjobs.wait_pods(api, "owner", "sleeper", count=1, timeout=120)
+print(cluster.workdir, *cluster.pids, flush=True)
+time.sleep(600)
+"""
+
+
+def test_sigkill_of_the_owner_leaves_no_controller_and_no_container_process() -> None:
+    marker = f"{secrets.randbelow(10**6) + 1000}.25"
+    workdir = ""
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, marker], stdout=subprocess.PIPE,
+                             text=True, cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert owner.stdout is not None
+        ready, _, _ = select.select([owner.stdout], [], [], 180)
+        assert ready, "the owner did not start its cluster within 180 s"
+        workdir, *words = owner.stdout.readline().split()
+        pids = [int(p) for p in words]
+        assert len(pids) == 8, pids
+        deadline = time.monotonic() + 30
+        while not _pids_running(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _pids_running(marker), "the pod runner did not start the container process"
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=30)
+    finally:
+        owner.kill()
+        owner.wait(timeout=10)
+    # PR_SET_PDEATHSIG: the kernel kills each child, the pod runner's containers with it.
+    deadline = time.monotonic() + 15
+    while (any(_alive(p) for p in pids) or _pids_running(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in pids if _alive(p)] == []
+    assert _pids_running(marker) == []
+    if workdir:  # nothing but the kernel ran after SIGKILL
+        shutil.rmtree(workdir, ignore_errors=True)
