@@ -17,10 +17,11 @@ from kubernetes import client
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from localdev.cluster.stack import runner_pod_overrides
 
-#: The trainer's replicated job in the shipped runtimes (torch, torchtune: ``node``;
-#: deepspeed, mlx, mpi: ``launcher`` runs the command, ``node`` runs sshd).
-TRAINER_JOBS = {"torch-distributed": ("node",), "deepspeed-distributed": ("launcher", "node"),
-                "mlx-distributed": ("launcher", "node"), "mpi-distributed": ("launcher", "node")}
+#: The replicated job that runs the trainer command in the shipped runtimes (torch,
+#: torchtune: ``node``; deepspeed, mlx, mpi: ``launcher``, while their ``node`` pods run
+#: sshd, which cannot run here, so kwok simulates them).
+TRAINER_JOBS = {"torch-distributed": ("node",), "deepspeed-distributed": ("launcher",),
+                "mlx-distributed": ("launcher",), "mpi-distributed": ("launcher",)}
 LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 
 
