@@ -20,7 +20,8 @@ from kubernetes import client
 from localdev.cluster import objects
 from localdev.cluster.assets import AssetsError
 from localdev.cluster.controlplane import ControlPlane, ControlPlaneError
-from localdev.cluster.crds import CrdError, install_trainjob_crds
+from localdev.cluster.crds import FLAVOUR_CURRENT, CrdError, install_trainjob_crds
+from localdev.cluster.stack import Cluster
 
 _FOLDER_MARKERS = ("e2e", "chart", "exporter", "scraper", "client", "controlplane",
                    "packaging", "benchmarks", "image")
@@ -129,3 +130,65 @@ def _empty_namespace(kube_api: client.ApiClient, name: str) -> None:
             objects.delete_trainjob(kube_api, name, item["metadata"]["name"])
         for pod in client.CoreV1Api(kube_api).list_namespaced_pod(name).items:
             objects.delete_pod(kube_api, name, pod.metadata.name)
+
+
+# ----------------------------------------------------------------- the real stack
+
+
+@pytest.fixture(scope="session")
+def kube_stack(pytestconfig: pytest.Config) -> Iterator[Cluster]:
+    """The session's local cluster with its controllers (:class:`localdev.cluster.stack.Cluster`).
+
+    Its own API server, separate from :func:`control_plane` (whose hand-made
+    objects the controllers would reconcile).  Flavour "v2.2-and-later"; tests
+    that need the other one use :func:`legacy_stack_flavour`.
+    """
+    cluster = Cluster(flavour=FLAVOUR_CURRENT)
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    live = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+    try:
+        with live:
+            cluster.start()
+    except (AssetsError, ControlPlaneError, CrdError, OSError, client.ApiException) as exc:
+        cluster.stop()
+        pytest.fail(f"local cluster could not start: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def stack_api(kube_stack: Cluster) -> Iterator[client.ApiClient]:
+    """An admin ApiClient for the session's local cluster."""
+    api = kube_stack.api_client()
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture
+def stack_namespace(stack_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace on the local cluster, deleted after the test (the namespace
+    controller and the garbage collector remove what is in it)."""
+    name = _namespace_name(request.node.name)
+    core = client.CoreV1Api(stack_api)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=name, labels={"trainjob-progress.dev/test": "true"})))
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(client.ApiException, OSError):
+            core.delete_namespace(name)
+
+
+@pytest.fixture
+def legacy_stack_flavour(kube_stack: Cluster) -> Iterator[Cluster]:
+    """The local cluster with the TrainJob CRD as Trainer v2.0.0 ships it (no
+    trainerStatus), for this test only; the v2.2-and-later CRD is restored after."""
+    try:
+        kube_stack.install_flavour("before-v2.2")
+        yield kube_stack
+    finally:
+        kube_stack.install_flavour(FLAVOUR_CURRENT)

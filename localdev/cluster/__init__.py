@@ -1,13 +1,19 @@
-"""A local Kubernetes control plane (etcd + kube-apiserver built from Go modules).
+"""The local Kubernetes cluster, built from Go modules (dev only).
 
 Used by the tests and by ``python -m localdev.demo``:
 
 * :class:`ControlPlane` starts and stops the processes and hands out clients,
   kubeconfigs and ServiceAccount tokens.
-* :mod:`localdev.cluster.crds` installs the TrainJob (current or legacy) and
-  JobSet CRDs.
-* :mod:`localdev.cluster.objects` creates TrainJobs and trainer pods and plays
-  the kubelet's part for pod status.
+* :class:`localdev.cluster.stack.Cluster` adds kube-controller-manager,
+  kube-scheduler, kwok, the JobSet and Kubeflow Trainer controllers (shipped
+  CRDs, webhooks, runtimes) and the pod runner (:mod:`localdev.cluster.podrunner`):
+  TrainJobs go through the real chain of controllers
+  (:mod:`localdev.cluster.trainjobs` creates them as a user would).
+* :mod:`localdev.cluster.crds` installs the CRDs: the shipped ones in two
+  flavours, or the hand-written TrainJob (current or legacy) and JobSet CRDs.
+* :mod:`localdev.cluster.objects` (hand-made mode, bare control plane only, for
+  fast tests of one stage) creates TrainJobs and trainer pods and plays the
+  kubelet's part for pod status.
 """
 
 from localdev.cluster.assets import Assets, AssetsError, ensure_assets

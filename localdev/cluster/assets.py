@@ -1,10 +1,13 @@
-"""Locate (and if needed build) the control plane binaries.
+"""Locate (and if needed build) the local cluster's binaries and manifests.
 
-The binaries come from ``scripts/controlplane-assets``, which builds
-kube-apiserver, kubectl, etcd and helm from the Go modules pinned under
-``tools/controlplane/`` into a per-version cache directory outside the
-repository (or honours ``KUBEBUILDER_ASSETS``).  This module runs that script,
-streams its progress to stderr and returns the directory it prints last.
+They come from ``scripts/stack-assets``: it runs ``scripts/controlplane-assets``
+(kube-apiserver, kubectl, etcd and helm from the Go modules pinned under
+``tools/controlplane/``, or ``KUBEBUILDER_ASSETS``), builds
+kube-controller-manager, kube-scheduler, kwok, the JobSet controller and the
+Kubeflow Trainer controller (``tools/controlplane/kube``, ``tools/stack/*``),
+copies the manifests those projects ship out of the Go module cache, and prints
+one bundle directory.  This module runs that script, streams its progress to
+stderr and returns the directory it prints last.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from pathlib import Path
 BUILD_TIMEOUT_SECONDS = 2 * 60 * 60
 
 REQUIRED_BINARIES = ("kube-apiserver", "etcd", "kubectl")
+#: Binaries of the controllers (present in a bundle from ``scripts/stack-assets``).
+STACK_BINARIES = ("kube-controller-manager", "kube-scheduler", "kwok",
+                  "jobset-controller-manager", "trainer-controller-manager")
 #: Lines of the script's stderr quoted in an :class:`AssetsError`.
 STDERR_TAIL_LINES = 20
 
@@ -32,13 +38,34 @@ class AssetsError(RuntimeError):
 
 @dataclass(frozen=True)
 class Assets:
-    """Paths of the control plane binaries (``helm`` is ``None`` when absent)."""
+    """Paths of the local cluster's binaries (``helm`` is ``None`` when absent).
+
+    ``stack`` maps each of :data:`STACK_BINARIES` to its path; it is empty for a
+    directory with only the control plane (``KUBEBUILDER_ASSETS`` style).
+    ``manifests`` is the directory of the shipped manifests (``kwok/stage``,
+    ``jobset/crd``, ``jobset/webhook.yaml``, ``trainer/crds``,
+    ``trainer/webhook.yaml``, ``trainer/runtimes``), or ``None``.
+    """
 
     directory: Path
     kube_apiserver: Path
     etcd: Path
     kubectl: Path
     helm: Path | None
+    stack: dict[str, Path]
+    manifests: Path | None
+
+    def require_stack(self) -> dict[str, Path]:
+        """The controllers' binaries.
+
+        Raises:
+            AssetsError: the directory lacks one of :data:`STACK_BINARIES` or the manifests.
+        """
+        missing = [b for b in STACK_BINARIES if b not in self.stack]
+        if missing or self.manifests is None:
+            raise AssetsError(f"{self.directory} lacks {', '.join(missing) or 'manifests/'}: "
+                              "build the stack with scripts/stack-assets")
+        return self.stack
 
     @classmethod
     def from_directory(cls, directory: Path | str) -> Assets:
@@ -52,12 +79,15 @@ class Assets:
         if missing:
             raise AssetsError(f"{path} lacks executable {', '.join(missing)}")
         helm = path / "helm"
+        manifests = path / "manifests"
         return cls(
             directory=path,
             kube_apiserver=path / "kube-apiserver",
             etcd=path / "etcd",
             kubectl=path / "kubectl",
             helm=helm if os.access(helm, os.X_OK) else None,
+            stack={b: path / b for b in STACK_BINARIES if os.access(path / b, os.X_OK)},
+            manifests=manifests if manifests.is_dir() else None,
         )
 
 
@@ -68,9 +98,9 @@ def repo_root() -> Path:
         AssetsError: the package is not running from a checkout (installed wheel).
     """
     root = Path(__file__).resolve().parents[2]
-    if not (root / "scripts" / "controlplane-assets").is_file():
+    if not (root / "scripts" / "stack-assets").is_file():
         raise AssetsError(
-            f"scripts/controlplane-assets not found under {root}: building the control plane "
+            f"scripts/stack-assets not found under {root}: building the control plane "
             "needs a repository checkout; or set KUBEBUILDER_ASSETS to a directory with "
             "kube-apiserver, etcd and kubectl"
         )
@@ -79,7 +109,7 @@ def repo_root() -> Path:
 
 @functools.cache
 def ensure_assets(assets_dir: str | None = None) -> Assets:
-    """Return the control plane binaries, building them on first use.
+    """Return the local cluster's binaries, building them on first use.
 
     ``assets_dir`` (a directory holding the binaries) wins; otherwise the asset
     script runs (it honours ``KUBEBUILDER_ASSETS`` and its cache, so a warm run
@@ -92,7 +122,7 @@ def ensure_assets(assets_dir: str | None = None) -> Assets:
     """
     if assets_dir is not None:
         return Assets.from_directory(assets_dir)
-    script = repo_root() / "scripts" / "controlplane-assets"
+    script = repo_root() / "scripts" / "stack-assets"
     proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     # The script's own timeouts bound each build; this bounds the whole run.

@@ -1,12 +1,14 @@
 """A real Kubernetes control plane (etcd + kube-apiserver) on loopback.
 
-Used by the tests and by ``python -m localdev.demo``.  There is no scheduler,
-controller manager or kubelet: objects are stored, validated, admitted,
-authorised and watched exactly as in a cluster, but nothing reconciles them.
-Consequences: ServiceAccounts are created explicitly (no "default" one), the
-ServiceAccount admission plugin is off (it wants that controller's objects),
-namespaces never finish deleting, owner references do not cascade, and pod
-status is written by the caller (see :mod:`localdev.cluster.objects`).
+Used by the tests and by ``python -m localdev.demo``.  On its own there is no
+scheduler, controller manager or kubelet: objects are stored, validated,
+admitted, authorised and watched exactly as in a cluster, but nothing
+reconciles them.  Consequences: ServiceAccounts are created explicitly (no
+"default" one), the ServiceAccount admission plugin is off (it wants that
+controller's objects), namespaces never finish deleting, owner references do
+not cascade, and pod status is written by the caller (see
+:mod:`localdev.cluster.objects`).  :class:`localdev.cluster.stack.Cluster`
+adds the controllers (``controllers=True`` turns that admission plugin back on).
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ class ControlPlane:
     """
 
     def __init__(self, assets_dir: str | Path | None = None,
-                 workdir: str | Path | None = None) -> None:
+                 workdir: str | Path | None = None, *, controllers: bool = False) -> None:
+        self._controllers = controllers
         self._assets_dir = None if assets_dir is None else str(assets_dir)
         self._own_workdir = workdir is None
         self._workdir = None if workdir is None else Path(workdir)
@@ -164,11 +167,12 @@ class ControlPlane:
             f"--api-audiences={SERVICE_ACCOUNT_ISSUER}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--authorization-mode=RBAC",
-            # The "kubernetes" Service endpoints may not point at loopback, and
-            # nothing in-cluster needs them.
+            # The "kubernetes" Service endpoints may not point at loopback (the API
+            # server's own validation refuses 127.0.0.0/8), and nothing in-cluster needs them.
             "--endpoint-reconciler-type=none",
-            # Needs the token controller's ServiceAccounts, which nothing creates here.
-            "--disable-admission-plugins=ServiceAccount",
+            # Without a controller manager no ServiceAccount "default" is ever created,
+            # and that admission plugin would refuse every pod.
+            *([] if self._controllers else ["--disable-admission-plugins=ServiceAccount"]),
             # Saves a second of start-up; fairness has nothing to protect here.
             "--enable-priority-and-fairness=false",
             f"--cert-dir={work / 'pki'}",
@@ -248,6 +252,16 @@ class ControlPlane:
     def workdir(self) -> Path:
         """Directory with certificates, etcd data, logs and kubeconfigs."""
         return self._require()[0]
+
+    @property
+    def pki(self) -> PkiFiles:
+        """The PEM files of this control plane's CA, serving, admin and ServiceAccount keys."""
+        return self._require()[1]
+
+    @property
+    def assets(self) -> Assets:
+        """The binaries (and, from ``scripts/stack-assets``, manifests) this plane runs."""
+        return self._require()[2]
 
     @property
     def server_url(self) -> str:

@@ -47,9 +47,11 @@ def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork a
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def spawn(args: Sequence[str], log_path: Path, *, env: dict[str, str] | None = None
-          ) -> subprocess.Popen[bytes]:
+def spawn(args: Sequence[str], log_path: Path, *, env: dict[str, str] | None = None,
+          cwd: Path | None = None) -> subprocess.Popen[bytes]:
     """Start ``args`` in a new session with stdout and stderr appended to ``log_path``.
+
+    ``env`` replaces the environment when given; ``cwd`` is the working directory.
 
     Raises:
         OSError: the executable cannot be started.
@@ -68,6 +70,7 @@ def spawn(args: Sequence[str], log_path: Path, *, env: dict[str, str] | None = N
             start_new_session=True,
             preexec_fn=preexec,
             env=env,
+            cwd=cwd,
         )
     with _lock:
         _live[proc.pid] = proc
@@ -88,6 +91,17 @@ def stop(proc: subprocess.Popen[bytes], grace: float = TERMINATE_GRACE_SECONDS) 
     _signal_group(proc, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
+
+
+def forget(proc: subprocess.Popen[bytes]) -> None:
+    """Unregister ``proc`` (it exited and was reaped by its owner)."""
+    with _lock:
+        _live.pop(proc.pid, None)
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Send ``sig`` to the process group of ``proc`` (no error when it is gone)."""
+    _signal_group(proc, sig)
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

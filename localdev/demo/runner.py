@@ -2,17 +2,18 @@
 
 Local mode (no ``--kubeconfig`` and no ``KUBECONFIG``):
 
-1. build or reuse the control plane binaries and start etcd + kube-apiserver;
-2. install the TrainJob and JobSet CRDs, create a TrainJob and the rank-0 trainer
-   Pod as Kubeflow Trainer and JobSet would (no kubelet runs here, so the Pod's
-   IP 127.0.0.1 and its Running phase are written through the status subresource);
-3. start the scraper (``trainjob-scraper run``) against the local API server;
-4. start a real training process (numpy by default, Transformers on request)
-   whose exporter serves on the Pod's annotated port;
-5. show the TrainJob's ``status.trainerStatus`` live, as the API holds it;
-6. when training ends, copy its termination message into the Pod's status as the
-   kubelet would, wait for the scraper to apply that final status, and print
-   ``kubectl get trainjob`` and the status as kubectl reads it.
+1. build or reuse the local cluster (:class:`localdev.cluster.stack.Cluster`: etcd,
+   kube-apiserver, kube-controller-manager, kube-scheduler, kwok, the JobSet and
+   Kubeflow Trainer controllers with their shipped CRDs and runtimes, the pod runner);
+2. start the scraper (``trainjob-scraper run``) against it;
+3. create a TrainJob on the shipped ``torch-distributed`` runtime whose trainer
+   command is a real training process (numpy by default, Transformers on request);
+   the controllers make the JobSet, Job and pod, the pod runner runs the command
+   at the pod's IP, where its exporter listens;
+4. show the TrainJob's ``status.trainerStatus`` live, as the API holds it;
+5. when the pod ends (its termination message reported by the pod runner) and the
+   TrainJob is Complete, wait for the scraper's final status and print
+   ``kubectl get trainjob``, the status, and ``kubectl get jobsets,jobs,pods -o wide``.
 
 Cluster mode (``--kubeconfig`` or ``KUBECONFIG``): run the scraper against that
 cluster and show the live table of its TrainJobs until Ctrl-C or ``--duration``.
@@ -37,7 +38,7 @@ from rich.live import Live
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
 from localdev.cluster.processes import free_port
 from localdev.demo.display import render, summary_line, trainer_status
-from localdev.demo.processes import Child, start_scraper, start_training, wait_http_ok
+from localdev.demo.processes import Child, start_scraper, wait_http_ok
 
 NAMESPACE = "trainjob-demo"
 TRAINJOB = "demo-train"
@@ -93,76 +94,93 @@ def _workdir(keep: bool) -> Iterator[Path]:
 
 
 def _local_mode(console: Console, args: argparse.Namespace) -> int:
-    from localdev.cluster.controlplane import ControlPlane
-    from localdev.cluster.crds import install_trainjob_crds
-    from localdev.cluster.objects import create_trainer_pod, create_trainjob, terminate_pod
+    import sys
+
+    from localdev.cluster import trainjobs
+    from localdev.cluster.stack import Cluster
 
     started = time.monotonic()
     with ExitStack() as stack:
         workdir = stack.enter_context(_workdir(args.keep))
         console.rule("[bold]trainjob-progress demo")
-        console.print("1/5 control plane: building or reusing kube-apiserver, etcd, kubectl "
-                      "(the first build takes 10-20 minutes on two cores and prints progress)")
-        plane = ControlPlane()
-        stack.callback(plane.stop)
-        plane.start()
-        console.print(f"    kube-apiserver ready at {plane.server_url} "
-                      f"in {plane.startup_seconds or 0:.1f}s; kubeconfig {plane.kubeconfig_path}")
-        api = plane.api_client()
-        install_trainjob_crds(api)
+        console.print("1/5 local cluster: etcd, kube-apiserver, kube-controller-manager, "
+                      "kube-scheduler, kwok, JobSet and Kubeflow Trainer controllers, pod runner "
+                      "(the first build takes 25-35 minutes on two cores and prints progress)")
+        cluster = Cluster(workdir=workdir / "cluster")
+        stack.callback(cluster.stop)
+        cluster.start()
+        versions = ", ".join(f"{k} {v}" for k, v in cluster.stack_versions.items())
+        ready_in = (cluster.startup_seconds or 0) + (cluster.stack_startup_seconds or 0)
+        console.print(f"    ready in {ready_in:.1f}s "
+                      f"({versions}); kubeconfig {cluster.kubeconfig_path}")
+        api = cluster.api_client()
         client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
 
-        port = free_port()
-        console.print(f"2/5 TrainJob {NAMESPACE}/{TRAINJOB} and its rank-0 trainer pod "
-                      f"(exporter port {port})")
-        create_trainjob(api, NAMESPACE, TRAINJOB)
-        pod = create_trainer_pod(api, NAMESPACE, TRAINJOB, port=port)
-        pod_name = pod.metadata.name
-
-        console.print(f"3/5 scraper: trainjob-scraper run --interval {args.interval}")
+        console.print(f"2/5 scraper: trainjob-scraper run --interval {args.interval}")
         scraper_child = start_scraper(
-            workdir, kubeconfig=plane.kubeconfig_path, port=free_port(),
+            workdir, kubeconfig=cluster.kubeconfig_path, port=free_port(),
             options=["--interval", args.interval, "--namespaces", NAMESPACE],
         )
         stack.callback(scraper_child.stop)
         wait_http_ok(scraper_child.extra["base_url"] + "/readyz", scraper_child)
 
-        console.print(f"4/5 training ({args.framework}, {args.epochs} epochs) with exporter_lib")
-        training = start_training(workdir, port=port, framework=args.framework,
-                                  args=["--epochs", str(args.epochs)])
-        stack.callback(training.stop)
-
-        console.print("5/5 live status (Ctrl-C stops the demo)")
+        module = {"numpy": "localdev.demo.train_numpy",
+                  "transformers": "localdev.demo.train_transformers"}[args.framework]
+        command = [sys.executable, "-m", module, "--epochs", str(args.epochs),
+                   "--log-file", str(workdir / "training-log.jsonl")]
+        console.print(f"3/5 TrainJob {NAMESPACE}/{TRAINJOB} on ClusterTrainingRuntime "
+                      f"torch-distributed; trainer command: python -m {module}")
+        trainjobs.create(api, trainjobs.trainjob_body(
+            NAMESPACE, TRAINJOB, command=command, env={"PYTHONUNBUFFERED": "1"}))
+        pod = trainjobs.wait_pods(api, NAMESPACE, TRAINJOB, count=1, timeout=120)[0]
+        console.print(f"4/5 the controllers made JobSet {TRAINJOB}, Job "
+                      f"{pod.metadata.labels.get('batch.kubernetes.io/job-name')} and pod "
+                      f"{pod.metadata.name} ({pod.status.pod_ip} on {pod.spec.node_name}); "
+                      "the pod runner runs its command")
         objects = client.CustomObjectsApi(api)
 
         def read() -> list[dict[str, Any]]:
             return [objects.get_namespaced_custom_object(
                 API_GROUP, API_VERSION, NAMESPACE, TRAINJOB_PLURAL, TRAINJOB)]
 
-        _follow(console, read, until=lambda: not training.running(), children=[scraper_child])
-        code = training.wait(timeout=30)
-        if code != 0:
-            console.print(f"[red]training exited with code {code}:[/]\n{training.log_tail()}")
-            return 1
+        def finished() -> bool:
+            obj = read()[0]
+            return trainjobs.condition(obj, "Complete") or trainjobs.condition(obj, "Failed")
 
-        termination = Path(str(training.extra["termination_log"]))
-        message = termination.read_text() if termination.exists() else ""
-        console.print(f"training finished; the pod ends with its termination message "
-                      f"({len(message.encode())} bytes), as the kubelet would copy it")
-        terminate_pod(api, NAMESPACE, pod_name, message)
+        console.print("5/5 live status (Ctrl-C stops the demo)")
+        _follow(console, read, until=finished, children=[scraper_child])
+        pod = client.CoreV1Api(api).read_namespaced_pod(pod.metadata.name, NAMESPACE)
+        terminated = pod.status.container_statuses[0].state.terminated
+        if terminated is None or terminated.exit_code != 0:
+            console.print(f"[red]training failed: {terminated}[/]\n"
+                          + _tail_file(cluster.workdir / "pods", pod.metadata.name))
+            return 1
+        message = terminated.message or ""
+        console.print(f"training finished; pod {pod.metadata.name} ended with its termination "
+                      f"message ({len(message.encode())} bytes), TrainJob Complete")
         final = TrainerStatus.from_json(message) if message else None
         landed = _wait_final(console, read, final, scraper_child)
 
         console.rule("kubectl get trainjob")
-        console.print(plane.kubectl("get", "trainjob", "-n", NAMESPACE).stdout.rstrip(),
+        console.print(cluster.kubectl("get", "trainjob", "-n", NAMESPACE).stdout.rstrip(),
                       highlight=False)
-        jsonpath = plane.kubectl("get", "trainjob", TRAINJOB, "-n", NAMESPACE, "-o",
-                                 "jsonpath={.status.trainerStatus}").stdout
-        console.rule("kubectl get trainjob -o jsonpath='{.status.trainerStatus}'")
+        jsonpath = cluster.kubectl("get", "trainjob", TRAINJOB, "-n", NAMESPACE, "-o",
+                                   "jsonpath={.status}").stdout
+        console.rule("kubectl get trainjob -o jsonpath='{.status}'")
         console.print_json(jsonpath or "null")
+        console.rule("kubectl get jobsets,jobs,pods -o wide")
+        console.print(cluster.kubectl("get", "jobsets,jobs,pods", "-n", NAMESPACE,
+                                      "-o", "wide").stdout.rstrip(), highlight=False)
         console.print(f"demo took {time.monotonic() - started:.0f}s; logs in {workdir}"
                       + ("" if args.keep else " (removed; --keep keeps them)"))
         return 0 if landed else 1
+
+
+def _tail_file(directory: Path, pod_name: str, lines: int = 30) -> str:
+    logs = sorted(directory.glob(f"*_{pod_name}_*.log"))
+    if not logs:
+        return "(no container log)"
+    return "\n".join(logs[0].read_text(errors="replace").splitlines()[-lines:])
 
 
 def _wait_final(console: Console, read: Callable[[], list[dict[str, Any]]],

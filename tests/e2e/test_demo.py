@@ -1,7 +1,8 @@
 """The README's first command, ``make demo`` (``python -m localdev.demo``), as a newcomer runs it.
 
-Its own control plane, training process and scraper, end to end; the test reads
-what the demo prints (the final ``kubectl get trainjob`` and the status JSON).
+Its own local cluster (controllers, kwok, pod runner), TrainJob and scraper, end to
+end; the test reads what the demo prints (the TrainJob status JSON and the
+controllers' JobSet, Job and pod as ``kubectl get -o wide`` lists them).
 """
 
 from __future__ import annotations
@@ -27,11 +28,16 @@ def test_demo_runs_the_whole_path_and_ends_at_100_percent() -> None:
     # At least one live line before the end: progress was seen while training ran.
     live = re.findall(r"^demo-train: (\d+)% ", out, re.MULTILINE)
     assert live, out
-    table = out.split("kubectl get trainjob", 1)[1]
-    header, row = [line for line in table.splitlines() if line.strip()][1:3]
-    assert row[header.index("PROGRESS"):].split()[0] == "100", table
-    status = json.loads(out.split("jsonpath='{.status.trainerStatus}'", 1)[1]
-                        .split("─", 1)[-1].rsplit("demo took", 1)[0].strip().lstrip("─\n "))
-    assert status["progressPercentage"] == 100
-    names = {m["name"] for m in status["metrics"]}
-    assert {"loss", "eval_accuracy"} <= names
+    status = json.loads(out.split("jsonpath='{.status}'", 1)[1].split("─", 1)[-1]
+                        .split("─", 1)[0].strip().lstrip("─\n "))
+    trainer = status["trainerStatus"]
+    assert trainer["progressPercentage"] == 100
+    assert {"loss", "eval_accuracy"} <= {m["name"] for m in trainer["metrics"]}
+    assert any(c["type"] == "Complete" and c["status"] == "True" for c in status["conditions"])
+    # The controllers' objects, as kubectl lists them: JobSet, Job and the pod on the
+    # runner node with a loopback IP from its podCIDR.
+    objects = out.split("kubectl get jobsets,jobs,pods -o wide", 1)[1]
+    assert re.search(r"^jobset\.jobset\.x-k8s\.io/demo-train\s+Completed", objects, re.M), objects
+    assert re.search(r"^job\.batch/demo-train-node-0\s+Complete\s+1/1", objects, re.M), objects
+    assert re.search(r"^pod/demo-train-node-0-0-\w+\s+0/1\s+Completed\s.*127\.0\.21\.\d+\s+"
+                     r"runner-node-0", objects, re.M), objects

@@ -1,0 +1,133 @@
+"""The local cluster with its controllers: shipped manifests, flavours, clean stop."""
+
+from __future__ import annotations
+
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kubernetes import client
+
+from localdev.cluster import trainjobs
+from localdev.cluster.assets import ensure_assets
+from localdev.cluster.crds import (
+    FLAVOUR_CURRENT,
+    FLAVOUR_LEGACY,
+    TRAINER_STATUS_SCHEMA,
+    trainjob_crd,
+)
+from localdev.cluster.stack import RUNNER_NODE, Cluster, kwok_stages
+from tests.controlplane.test_controlplane_lifecycle import _alive, _pids_running
+
+
+def _manifests() -> Path:
+    manifests = ensure_assets().manifests
+    assert manifests is not None, "scripts/stack-assets gave no manifests/"
+    return manifests
+
+
+def test_v2_2_flavour_differs_from_the_shipped_crd_only_by_trainer_status() -> None:
+    legacy = trainjob_crd(_manifests(), FLAVOUR_LEGACY)
+    current = trainjob_crd(_manifests(), FLAVOUR_CURRENT)
+    for crd in (legacy, current):
+        version = crd["spec"]["versions"][0]
+        # The shipped printer columns: State and Age, no progress column upstream.
+        assert [c["name"] for c in version["additionalPrinterColumns"]] == ["State", "Age"]
+    old_status = legacy["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    new_status = current["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert "trainerStatus" not in old_status["properties"]
+    assert new_status["properties"].pop("trainerStatus") == TRAINER_STATUS_SCHEMA
+    assert new_status == old_status
+    del legacy["metadata"]["labels"], current["metadata"]["labels"]
+    legacy["spec"]["versions"][0]["schema"] = current["spec"]["versions"][0]["schema"] = None
+    assert legacy == current
+
+
+def test_kwok_ending_stages_skip_the_runner_node_and_nothing_else_changes() -> None:
+    stages = {s["metadata"]["name"]: s for s in kwok_stages(_manifests() / "kwok" / "stage",
+                                                              [RUNNER_NODE])}
+    assert set(stages) == {"node-initialize", "node-heartbeat-with-lease", "pod-ready",
+                           "pod-complete", "pod-delete"}
+    exclusion = {"key": ".spec.nodeName", "operator": "NotIn", "values": [RUNNER_NODE]}
+    for name in ("pod-complete", "pod-delete"):
+        assert stages[name]["spec"]["selector"]["matchExpressions"][-1] == exclusion
+    for name in ("node-initialize", "node-heartbeat-with-lease", "pod-ready"):
+        assert exclusion not in stages[name]["spec"].get("selector", {}).get(
+            "matchExpressions", [])
+
+
+def test_stop_leaves_no_controller_and_no_container_process(tmp_path: Path) -> None:
+    marker = f"{secrets.randbelow(10**6) + 1000}.5"
+    cluster = Cluster(workdir=tmp_path / "cluster")
+    cluster.start()
+    try:
+        pids = cluster.pids
+        # etcd, kube-apiserver, -controller-manager, -scheduler, kwok, JobSet, Trainer, runner
+        assert len(pids) == 8, pids
+        with cluster.api_client() as api:
+            client.CoreV1Api(api).create_namespace({"metadata": {"name": "stop-test"}})
+            trainjobs.create(api, trainjobs.trainjob_body(
+                "stop-test", "sleeper",
+                command=[sys.executable, "-c", f"import time; time.sleep({marker})"]))
+            trainjobs.wait_pods(api, "stop-test", "sleeper", count=1, timeout=120)
+        deadline = time.monotonic() + 30
+        while not _pids_running(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _pids_running(marker), "the pod runner did not start the container process"
+    finally:
+        cluster.stop()
+    assert [p for p in pids if _alive(p)] == []
+    assert _pids_running(marker) == []
+
+
+_OWNER = """
+import sys, time
+from kubernetes import client
+from localdev.cluster import trainjobs
+from localdev.cluster.stack import Cluster
+cluster = Cluster()
+cluster.start()
+with cluster.api_client() as api:
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": "owner"}})
+    trainjobs.create(api, trainjobs.trainjob_body("owner", "sleeper", command=[
+        sys.executable, "-c", "import time; time.sleep(%s)" % sys.argv[1]]))
+    trainjobs.wait_pods(api, "owner", "sleeper", count=1, timeout=120)
+print(cluster.workdir, *cluster.pids, flush=True)
+time.sleep(600)
+"""
+
+
+def test_sigkill_of_the_owner_leaves_no_controller_and_no_container_process() -> None:
+    marker = f"{secrets.randbelow(10**6) + 1000}.25"
+    workdir = ""
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, marker], stdout=subprocess.PIPE,
+                             text=True, cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert owner.stdout is not None
+        ready, _, _ = select.select([owner.stdout], [], [], 180)
+        assert ready, "the owner did not start its cluster within 180 s"
+        workdir, *words = owner.stdout.readline().split()
+        pids = [int(p) for p in words]
+        assert len(pids) == 8, pids
+        deadline = time.monotonic() + 30
+        while not _pids_running(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _pids_running(marker), "the pod runner did not start the container process"
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=30)
+    finally:
+        owner.kill()
+        owner.wait(timeout=10)
+    # PR_SET_PDEATHSIG: the kernel kills each child, the pod runner's containers with it.
+    deadline = time.monotonic() + 15
+    while (any(_alive(p) for p in pids) or _pids_running(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in pids if _alive(p)] == []
+    assert _pids_running(marker) == []
+    if workdir:  # nothing but the kernel ran after SIGKILL
+        shutil.rmtree(workdir, ignore_errors=True)
