@@ -36,7 +36,7 @@ from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, Trainer
 from localdev.cluster import trainjobs
 from localdev.cluster.prometheus import PrometheusServer, ScrapeTarget
 from localdev.cluster.stack import Cluster
-from tests.e2e.stack_helpers import python_command, recording, scraper
+from tests.helpers.stack import python_command, recording, scraper
 
 TRAINJOB = "e2e-train"
 TRAINING_TIMEOUT_SECONDS = 420

@@ -20,7 +20,7 @@ from localdev.cluster import trainjobs
 from localdev.cluster.objects import apply_trainjob_status
 from localdev.cluster.stack import RUNNER_NODE, Cluster
 from scraper.config import DEFAULT_SELECTOR
-from tests.e2e.stack_helpers import recording, scraper, scraper_metric
+from tests.helpers.stack import recording, scraper, scraper_metric
 
 TRAINER = str(Path(__file__).with_name("stack_trainer.py"))
 TIMEOUT = 120.0

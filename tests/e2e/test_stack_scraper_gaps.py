@@ -21,7 +21,7 @@ from exporter_lib.status import API_GROUP, API_VERSION
 from localdev.cluster import trainjobs
 from localdev.cluster.stack import Cluster
 from scraper.config import DEFAULT_SELECTOR
-from tests.e2e.stack_helpers import recording, scraper, scraper_metric
+from tests.helpers.stack import recording, scraper, scraper_metric
 
 TRAINER = str(Path(__file__).with_name("stack_trainer.py"))
 TIMEOUT = 120.0
