@@ -9,8 +9,10 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
 * Backoff: a target where nothing listens (refused, unreachable) is retried after
   ``interval * 2**(n-1)`` seconds, capped at ``backoff_max``; logged the first time
   only.  Any answer resets it.
-* Events: another failure is recorded as a Warning Event on the TrainJob, the same
-  message at most once per :data:`EVENT_REPEAT_SECONDS`.
+* Events: another failure is recorded as a Warning Event on the TrainJob, at most
+  once per :data:`EVENT_REPEAT_SECONDS` per target and reason, whatever the message
+  says (an exporter answering a different page per request must not flood).  What
+  the pod sent appears only as a short sanitised prefix (:func:`scraper.scraping.excerpt`).
 * Final status: a terminated pod's termination message is applied once (the
   caller claims it through :meth:`TargetState.claim_final`); a scrape that returns
   after the pod ended writes nothing, so the final status wins.
@@ -26,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from exporter_lib.status import StatusError, TrainerStatus
@@ -39,6 +41,7 @@ from scraper.scraping import (
     NothingYet,
     NotModified,
     ScrapeResult,
+    excerpt,
 )
 from scraper.status_writer import TrainJobGone, WriteOutcome
 from scraper.targets import Target
@@ -52,6 +55,12 @@ EVENT_REPEAT_SECONDS = 600.0
 REASON_INVALID = "InvalidTrainerStatus"
 REASON_SCRAPE_FAILED = "TrainerStatusScrapeFailed"
 REASON_FINAL_INVALID = "InvalidFinalTrainerStatus"
+
+#: Longest excerpt of a failure's detail (characters) kept in an Event or log line: the
+#: detail quotes what the pod sent, which namespace users can read in the Event.
+DETAIL_MAX = 160
+
+
 
 #: Outcomes after which the ETag is kept: the status is where it belongs (or cannot be).
 _SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.NOT_STORED)
@@ -89,7 +98,7 @@ class TargetState:
         etag: ETag of the last status that is safely written (sent as If-None-Match).
         refusals: consecutive failures meaning "no exporter here".
         retry_at: monotonic time before which scheduled runs do nothing (backoff).
-        last_event: the last Event message and the monotonic time it was recorded.
+        event_at: per Event reason, the monotonic time it was last recorded.
         ended: the pod's end (termination messages), once it ended.
         final_claimed: the final status write has been started (it is started once).
         dropped: the state left the table (pod gone, TrainJob gone, replaced).
@@ -101,7 +110,7 @@ class TargetState:
     etag: str | None = None
     refusals: int = 0
     retry_at: float = 0.0
-    last_event: tuple[str, float] = ("", 0.0)
+    event_at: dict[str, float] = field(default_factory=dict)
     ended: Final | None = None
     final_claimed: bool = False
     dropped: bool = False
@@ -210,12 +219,13 @@ class ScrapeLoop:
                          self._backoff_max)
             return
         reason = REASON_INVALID if failure.kind is FailureKind.INVALID else REASON_SCRAPE_FAILED
-        message = f"scraping {target.url} (pod {target.pod_name}): {failure.detail}"
-        last, at = state.last_event
         now = self._clock()
-        if last == message and now - at < EVENT_REPEAT_SECONDS:
+        at = state.event_at.get(reason)
+        if at is not None and now - at < EVENT_REPEAT_SECONDS:
             return
-        state.last_event = (message, now)
+        state.event_at[reason] = now
+        detail = excerpt(failure.detail, DETAIL_MAX)
+        message = f"scraping {target.url} (pod {target.pod_name}): {detail}"
         log.warning("TrainJob %s/%s: %s", target.namespace, target.trainjob, message)
         await self._events.event(target.namespace, target.trainjob, reason,
                                  message + "; the previous status is kept")
@@ -245,7 +255,8 @@ class ScrapeLoop:
             try:
                 status = TrainerStatus.from_json(message)
             except StatusError as exc:
-                problems.append(f"container {container}: {exc}")
+                problems.append(f"container {excerpt(container)}: "
+                                f"{excerpt(str(exc), DETAIL_MAX)}")
                 continue
             if state is not None:
                 state.view.status = status

@@ -178,7 +178,7 @@ class ExporterScraper:
                 return Failure(FailureKind.REFUSED, "connection refused")
             return Failure(FailureKind.UNREACHABLE, f"cannot connect: {exc.os_error}")
         except (aiohttp.ClientError, OSError) as exc:
-            return Failure(FailureKind.HTTP_ERROR, f"{type(exc).__name__}: {exc}"[:300])
+            return Failure(FailureKind.HTTP_ERROR, f"{type(exc).__name__}: {excerpt(str(exc))}")
 
     async def _get(self, url: str, headers: dict[str, str]) -> ScrapeResult:
         async with self._session.get(url, headers=headers, allow_redirects=False) as resp:
@@ -187,7 +187,7 @@ class ExporterScraper:
             if resp.status == 204:
                 return NothingYet()
             if 300 <= resp.status < 400:
-                where = resp.headers.get("Location", "?")[:200]
+                where = excerpt(resp.headers.get("Location", "?"))
                 return Failure(FailureKind.REDIRECT,
                                f"HTTP {resp.status} redirect to {where} (not followed)")
             if resp.status != 200:
@@ -225,7 +225,7 @@ def parse_text(body: bytes, etag: str | None = None) -> ScrapeResult:
         text = body.decode("utf-8")
         families = list(text_string_to_metric_families(text))
     except Exception as exc:  # the parser raises ValueError, TypeError, IndexError...
-        return Failure(FailureKind.INVALID, f"not Prometheus text: {exc}"[:300])
+        return Failure(FailureKind.INVALID, f"not Prometheus text: {excerpt(str(exc))}")
     progress: float | None = None
     remaining: float | None = None
     updated: float | None = None
@@ -257,6 +257,17 @@ def parse_text(body: bytes, etag: str | None = None) -> ScrapeResult:
         return Fresh(TrainerStatus.from_api(data), etag)
     except (StatusError, ValueError, OverflowError) as exc:
         return Failure(FailureKind.INVALID, f"invalid trainjob_* series: {exc}"[:1000])
+
+
+#: Longest excerpt (characters) of text an exporter chose (a header, a parser's quote of
+#: its body) in a failure's detail.
+EXCERPT_MAX = 64
+
+
+def excerpt(text: str, limit: int = EXCERPT_MAX) -> str:
+    """A short printable-ASCII prefix of ``text`` an exporter sent (others become ``?``)."""
+    clean = "".join(c if " " <= c <= "~" else "?" for c in text[:limit + 1])
+    return clean if len(clean) <= limit else clean[:limit - 3] + "..."
 
 
 def _number_text(value: float) -> str:
