@@ -26,7 +26,6 @@ from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.status import API_GROUP, API_VERSION
 from scraper.kube.calls import call
-from scraper.kube.client import REQUEST_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +40,9 @@ EVENT_QPS = 1.0
 EVENT_BURST = 10
 #: Longest wait for an Event token (seconds) before the Event is dropped.
 EVENT_WAIT_SECONDS = 2.0
+#: ``(connect, read)`` seconds of an Event call: a scrape run waits for its Event, so a
+#: dead API server must not hold the run for the general request timeout.
+EVENT_REQUEST_TIMEOUT = (2, 3)
 
 
 class EventRecorder:
@@ -100,14 +102,14 @@ class EventRecorder:
         try:
             try:
                 await call(self._core.create_namespaced_event, namespace, body,
-                           _request_timeout=REQUEST_TIMEOUT)
+                           _request_timeout=EVENT_REQUEST_TIMEOUT)
             except ApiException as exc:
                 if exc.status != 409:
                     raise
                 count = self._counts.get(event_name, 1) + 1
                 await call(self._core.patch_namespaced_event, event_name, namespace,
                            {"count": count, "lastTimestamp": now},
-                           _request_timeout=REQUEST_TIMEOUT)
+                           _request_timeout=EVENT_REQUEST_TIMEOUT)
                 if len(self._counts) > COUNTS_MAX:
                     self._counts.clear()
                 self._counts[event_name] = count
