@@ -107,7 +107,11 @@ class ScraperApp:
                 key, f"no scrape slot came free in time (all {s.concurrency} in use)"),
             count_scrape=lambda result: self.telemetry.scrapes.labels(result).inc(),
             count_write=lambda outcome: self.telemetry.writes.labels(outcome.value).inc(),
+            waiting=s.wait_scrapes,
+            on_hold=lambda key, holding: (self.scheduler.pause(key) if holding
+                                          else self.scheduler.resume(key)),
         )
+        self.telemetry.held_scrapes.set_function(lambda: self.scraper.held)
         self.manager = TargetManager(
             self.loop, self.scheduler, spawn=self._spawn, forget=self.writer.forget,
             default_port=s.default_port, default_path=s.default_path,
@@ -178,6 +182,7 @@ class ScraperApp:
             log.info("stopping: no new scrapes; waiting up to %gs for in-flight writes",
                      s.shutdown_timeout)
             self.manager.leading = False  # closes the write fence for anything not yet started
+            self.manager.stop_holding()  # scrapes branch (issue 14.1): held requests end now
             # Wait for in-flight writes before shutting the scheduler down: its
             # shutdown cancels the running scrape jobs, and so the writes inside them.
             # Meanwhile jobs that fire return at once (not leading).

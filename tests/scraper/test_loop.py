@@ -74,12 +74,18 @@ class FakeScraper:
     results: list[ScrapeResult] = field(default_factory=list)
     calls: list[tuple[str, str | None]] = field(default_factory=list)
     gate: asyncio.Event | None = None  # when set: a scrape waits for it
+    waits: list[tuple[str | None, float]] = field(default_factory=list)  # waiting scrapes
 
     async def scrape(self, target: Target, etag: str | None = None) -> ScrapeResult:
         self.calls.append((target.url, etag))
         if self.gate is not None:
             await self.gate.wait()
         return self.results.pop(0) if len(self.results) > 1 else self.results[0]
+
+    async def wait_for_change(self, target: Target, etag: str | None,
+                              wait: float) -> ScrapeResult:
+        self.waits.append((etag, wait))
+        return await self.scrape(target, etag)
 
 
 @dataclass
