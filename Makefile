@@ -23,6 +23,10 @@ lint:
 bench:
 	scripts/bootstrap test
 	.venv/bin/python -m benchmarks $(ARGS)
+	.venv/bin/python -m benchmarks.waiting
+	.venv/bin/python -m benchmarks.hung
+	.venv/bin/python -m benchmarks.churn
+	.venv/bin/python -m benchmarks.churn --api
 
 image:
 	scripts/bootstrap test

@@ -54,7 +54,7 @@ def log(message: str) -> None:
 
 def run_ours(urls: list[str], interval: float, warmup: float, window: float,
              cpu: int | None = None, profile: Path | None = None,
-             writes: bool = True) -> dict[str, Any]:
+             writes: bool = True, wait: bool = True) -> dict[str, Any]:
     """Our scraper (discovery bypassed) in a child process; see benchmarks/our_scraper.py."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(urls, handle)
@@ -65,6 +65,8 @@ def run_ours(urls: list[str], interval: float, warmup: float, window: float,
             cmd += ["--cpu", str(cpu)]
         if not writes:
             cmd.append("--no-writes")
+        if not wait:
+            cmd.append("--no-wait-scrapes")
         if profile is not None:  # py-spy (dev extra) samples the child without pausing it
             spy = Path(sys.executable).with_name("py-spy")
             cmd = [str(spy), "record", "--nonblocking", "-r", "250", "-f", "raw",

@@ -85,10 +85,10 @@ def scrape_counts(app: ScraperApp) -> dict[str, float]:
 
 
 async def run(urls: list[str], interval: float, warmup: float, window: float,
-              concurrency: int, writes: bool = True) -> dict[str, Any]:
+              concurrency: int, writes: bool = True, wait: bool = True) -> dict[str, Any]:
     settings = ScraperSettings(interval=interval, concurrency=concurrency, write_qps=1000,
                                write_burst=10000, listen_host="127.0.0.1", listen_port=0,
-                               log_level="WARNING")
+                               log_level="WARNING", wait_scrapes=wait)
     api = k8s.ApiClient()
     apps: list[ScraperApp] = []
     kind = OfflineWriter if writes else ScrapeOnlyWriter
@@ -116,7 +116,9 @@ async def run(urls: list[str], interval: float, warmup: float, window: float,
         k1 = skipped(app)
         t1 = time.monotonic()
         rss_after = rss_bytes()
+        held = app.scraper.held
     finally:
+        app.manager.stop_holding()
         app.scheduler.shutdown()
         await asyncio.sleep(0.2)
         await app.scraper.close()
@@ -134,6 +136,7 @@ async def run(urls: list[str], interval: float, warmup: float, window: float,
         "expected": len(urls) * (t1 - t0) / interval,
         "rss_before": rss_before,
         "rss_after": rss_after,
+        "held": held,  # waiting scrapes open at the end of the window
     }
 
 
@@ -147,13 +150,15 @@ def main() -> None:
     parser.add_argument("--cpu", type=int, default=None, help="pin this process to one core")
     parser.add_argument("--no-writes", action="store_true",
                         help="detect changes but leave out the status write path")
+    parser.add_argument("--no-wait-scrapes", action="store_true",
+                        help="poll every target (no Prefer: wait)")
     args = parser.parse_args()
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     with open(args.urls_file) as handle:
         urls = json.load(handle)
     result = asyncio.run(run(urls, args.interval, args.warmup, args.window, args.concurrency,
-                             writes=not args.no_writes))
+                             writes=not args.no_writes, wait=not args.no_wait_scrapes))
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
 

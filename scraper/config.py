@@ -160,6 +160,14 @@ class ScraperSettings(BaseSettings):
         default=1024, ge=1, le=1 << 20, description="/metrics decisions cached at most"
     )
     # --- end /metrics authentication
+    # --- waiting scrapes (scrapes branch, issue 14.1)
+    wait_scrapes: bool = Field(
+        default=True,
+        description="hold one scrape per target open at exporters that offer it "
+        "(Trainjob-Exporter-Contract 2, Prefer: wait): changes arrive at once, an "
+        "unchanged exporter costs one request per max-wait; false: poll every target",
+    )
+    # --- end waiting scrapes
     leader_election: bool = Field(
         default=False, description="elect one leader through a coordination.k8s.io Lease"
     )

@@ -313,7 +313,9 @@ class PodWatcher:
             allow_watch_bookmarks=True,
             watch=True,
             timeout_seconds=WATCH_TIMEOUT_SECONDS,
-            _request_timeout=WATCH_TIMEOUT_SECONDS + 30,
+            # Between two bytes the server is silent at most until its own timeout
+            # (bookmarks and events come sooner): a dead server is noticed 10 s later.
+            _request_timeout=(REQUEST_TIMEOUT[0], WATCH_TIMEOUT_SECONDS + 10),
             _preload_content=False,
         )
         try:

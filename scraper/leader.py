@@ -18,6 +18,14 @@ release the lock.  So this module runs the same algorithm as client-go's
   over: :meth:`LeaseElector.may_write` is the fence every write checks.
 * On shutdown the leader releases the Lease (empty holder, 1 s duration) so a
   standby takes over at its next poll instead of after ``lease_duration``.
+* Every step has a deadline (as client-go's ``RenewDeadline`` context): a leader's
+  step may last only until ``renew_deadline`` after its last renew, a candidate's
+  ``renew_deadline``; each API call within it has that much time, urllib3 does not
+  retry (:func:`scraper.kube.client.without_retries`).  So with the API server or
+  etcd dead, the leader stops leading (and ``on_change(False)`` runs) at
+  ``renew_deadline`` after its last renew, not when a blocked call returns.
+  The calls run on two threads of the elector's own, so they never queue behind
+  other calls (writes, lists) blocked on the same dead server.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,7 +42,9 @@ from kubernetes.client import ApiClient, CoordinationV1Api
 from kubernetes.client.exceptions import ApiException
 
 from scraper.kube.calls import call
-from scraper.kube.client import REQUEST_TIMEOUT
+
+#: Shortest time given to one step (seconds), so a step right at the deadline still tries.
+MIN_STEP_SECONDS = 0.2
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +92,21 @@ class LeaseElector:
         self._last_renew = 0.0  # monotonic time of the last successful acquire/renew
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
+        self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lease")
+        self._step_deadline = renew_deadline  # seconds the running step may take
+
+    def _step_budget(self) -> float:
+        """Seconds the next step may take: until the renew deadline while leading."""
+        if self._leading:
+            left = self._last_renew + self._deadline - time.monotonic()
+            return max(MIN_STEP_SECONDS, left)
+        return self._deadline
+
+    async def _call(self, func: Any, *args: Any) -> Any:
+        """``func(*args)`` on the elector's threads, within the running step's deadline."""
+        limit = self._step_deadline
+        return await call(func, *args, executor=self._executor, deadline=limit,
+                          _request_timeout=(min(5.0, limit), limit))
 
     def may_write(self) -> bool:
         """The write fence: leading and renewed within ``renew_deadline`` seconds."""
@@ -90,21 +116,28 @@ class LeaseElector:
         """Campaign and renew until cancelled (then release the Lease if held)."""
         try:
             while True:
-                ok = await self._try_acquire_or_renew()
-                now = time.monotonic()
+                if self._leading and time.monotonic() - self._last_renew >= self._deadline:
+                    self._step_down()
+                started = time.monotonic()
+                self._step_deadline = budget = self._step_budget()
+                try:
+                    async with asyncio.timeout(budget):
+                        ok = await self._try_acquire_or_renew()
+                except TimeoutError:
+                    log.warning("Lease %s/%s: no answer within %.1fs", self.namespace,
+                                self.name, budget)
+                    ok = False
                 if ok:
-                    self._last_renew = now
+                    # From the step's start: the renewTime sent was taken then.
+                    self._last_renew = started
                     if not self._leading:
                         self._leading = True
                         log.info("became leader (Lease %s/%s, identity %s)",
                                  self.namespace, self.name, self.identity)
                         self._on_change(True)
-                elif self._leading and now - self._last_renew >= self._deadline:
-                    self._leading = False
-                    log.warning("lost leadership: Lease %s/%s not renewed for %.1fs",
-                                self.namespace, self.name, self._deadline)
-                    self._on_change(False)
-                await asyncio.sleep(self._period)
+                elif self._leading and time.monotonic() - self._last_renew >= self._deadline:
+                    self._step_down()
+                await asyncio.sleep(self._pause())
         finally:
             if self._leading:
                 self._leading = False
@@ -112,6 +145,21 @@ class LeaseElector:
                     self._on_change(False)
                 finally:  # the Lease is released even when the callback fails
                     await asyncio.shield(self.release())
+            self._executor.shutdown(wait=False)
+
+    def _step_down(self) -> None:
+        self._leading = False
+        log.warning("lost leadership: Lease %s/%s not renewed for %.1fs",
+                    self.namespace, self.name, self._deadline)
+        self._on_change(False)
+
+    def _pause(self) -> float:
+        """Seconds to the next step: ``retry_period``, but a leader whose renews fail
+        wakes at its renew deadline to step down on time."""
+        if not self._leading:
+            return self._period
+        left = self._last_renew + self._deadline - time.monotonic()
+        return min(self._period, max(0.0, left))
 
     def _body(self, *, holder: str, duration: int, acquired: datetime, renewed: datetime,
               transitions: int,
@@ -130,18 +178,17 @@ class LeaseElector:
         }
 
     async def release(self) -> None:
-        """Give the Lease up if this replica holds it (best effort, bounded)."""
+        """Give the Lease up if this replica holds it (best effort, within ``renew_deadline``)."""
+        self._step_deadline = self._deadline
         try:
-            lease = await call(self._api.read_namespaced_lease, self.name, self.namespace,
-                               _request_timeout=REQUEST_TIMEOUT)
+            lease = await self._call(self._api.read_namespaced_lease, self.name, self.namespace)
             if lease.spec.holder_identity != self.identity:
                 return
             now = datetime.now(UTC)
             body = self._body(holder="", duration=1, acquired=now, renewed=now,
                               transitions=lease.spec.lease_transitions or 0,
                               resource_version=lease.metadata.resource_version)
-            await call(self._api.replace_namespaced_lease, self.name, self.namespace, body,
-                       _request_timeout=REQUEST_TIMEOUT)
+            await self._call(self._api.replace_namespaced_lease, self.name, self.namespace, body)
             log.info("released Lease %s/%s", self.namespace, self.name)
         except Exception as exc:
             log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, exc)
@@ -166,15 +213,13 @@ class LeaseElector:
         now = datetime.now(UTC)
         duration = max(1, round(self._duration))
         try:
-            lease = await call(self._api.read_namespaced_lease, self.name, self.namespace,
-                               _request_timeout=REQUEST_TIMEOUT)
+            lease = await self._call(self._api.read_namespaced_lease, self.name, self.namespace)
         except ApiException as exc:
             if exc.status != 404:
                 raise
             body = self._body(holder=self.identity, duration=duration, acquired=now,
                               renewed=now, transitions=0)
-            await call(self._api.create_namespaced_lease, self.namespace, body,
-                       _request_timeout=REQUEST_TIMEOUT)
+            await self._call(self._api.create_namespaced_lease, self.namespace, body)
             return True
         spec = lease.spec
         holder = spec.holder_identity or ""
@@ -193,7 +238,6 @@ class LeaseElector:
         body = self._body(holder=self.identity, duration=duration, acquired=acquired,
                           renewed=now, transitions=transitions,
                           resource_version=lease.metadata.resource_version)
-        await call(self._api.replace_namespaced_lease, self.name, self.namespace, body,
-                   _request_timeout=REQUEST_TIMEOUT)
+        await self._call(self._api.replace_namespaced_lease, self.name, self.namespace, body)
         return True
 

@@ -9,8 +9,14 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
 * Backoff: a target where nothing listens (refused, unreachable) is retried after
   ``interval * 2**(n-1)`` seconds, capped at ``backoff_max``; logged the first time
   only.  Any answer resets it.
-* Events: another failure is recorded as a Warning Event on the TrainJob, the same
-  message at most once per :data:`EVENT_REPEAT_SECONDS`.
+* Events: another failure is recorded as a Warning Event on the TrainJob, at most
+  once per :data:`EVENT_REPEAT_SECONDS` per target and reason, whatever the message
+  says (an exporter answering a different page per request must not flood).  What
+  the pod sent appears only as a short sanitised prefix (:func:`scraper.scraping.excerpt`).
+* Waiting scrapes: an exporter whose answers carry ``Trainjob-Exporter-Contract: 2;
+  max-wait=N`` gets one held request at a time (``Prefer: wait=N`` with the ETag),
+  opened no sooner than one interval after its previous answer; any failure, or an
+  answer without the header, goes back to polling.
 * Final status: a terminated pod's termination message is applied once (the
   caller claims it through :meth:`TargetState.claim_final`); a scrape that returns
   after the pod ended writes nothing, so the final status wins.
@@ -23,10 +29,11 @@ and :class:`scraper.kube.events.EventRecorder`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from exporter_lib.status import StatusError, TrainerStatus
@@ -39,6 +46,7 @@ from scraper.scraping import (
     NothingYet,
     NotModified,
     ScrapeResult,
+    excerpt,
 )
 from scraper.status_writer import TrainJobGone, WriteOutcome
 from scraper.targets import Target
@@ -53,6 +61,12 @@ REASON_INVALID = "InvalidTrainerStatus"
 REASON_SCRAPE_FAILED = "TrainerStatusScrapeFailed"
 REASON_FINAL_INVALID = "InvalidFinalTrainerStatus"
 
+#: Longest excerpt of a failure's detail (characters) kept in an Event or log line: the
+#: detail quotes what the pod sent, which namespace users can read in the Event.
+DETAIL_MAX = 160
+
+
+
 #: Outcomes after which the ETag is kept: the status is where it belongs (or cannot be).
 _SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.NOT_STORED)
 
@@ -61,6 +75,11 @@ class Scraper(Protocol):
     """Scrapes one target; raises nothing but cancellation."""
 
     async def scrape(self, target: Target, etag: str | None = None) -> ScrapeResult: ...
+
+    async def wait_for_change(self, target: Target, etag: str | None,
+                              wait: float) -> ScrapeResult:
+        """A waiting scrape (``Prefer: wait``), held up to ``wait`` seconds."""
+        ...
 
 
 class StatusWriter(Protocol):
@@ -89,10 +108,14 @@ class TargetState:
         etag: ETag of the last status that is safely written (sent as If-None-Match).
         refusals: consecutive failures meaning "no exporter here".
         retry_at: monotonic time before which scheduled runs do nothing (backoff).
-        last_event: the last Event message and the monotonic time it was recorded.
+        event_at: per Event reason, the monotonic time it was last recorded.
         ended: the pod's end (termination messages), once it ended.
         final_claimed: the final status write has been started (it is started once).
         dropped: the state left the table (pod gone, TrainJob gone, replaced).
+        max_wait: the exporter's longest wait when its last answer offered waiting
+            scrapes (contract 2), else None (the target is polled).
+        answered_at: monotonic time of the target's last answer (the floor of the next).
+        held: the task keeping this target's one waiting scrape open, if any.
     """
 
     view: JobView
@@ -101,10 +124,19 @@ class TargetState:
     etag: str | None = None
     refusals: int = 0
     retry_at: float = 0.0
-    last_event: tuple[str, float] = ("", 0.0)
+    event_at: dict[str, float] = field(default_factory=dict)
     ended: Final | None = None
     final_claimed: bool = False
     dropped: bool = False
+    max_wait: float | None = None
+    answered_at: float = float("-inf")
+    held: asyncio.Task[None] | None = None
+
+    def stop_holding(self) -> None:
+        """Cancel the waiting scrape in flight (leadership lost, pod gone, stop)."""
+        if self.held is not None:
+            self.held.cancel()
+            self.held = None
 
     @property
     def trainjob_key(self) -> tuple[str, str]:
@@ -119,9 +151,11 @@ class TargetState:
         return True
 
     def retarget(self, target: Target) -> None:
-        """Set the target; a new URL starts over (no ETag, no backoff)."""
+        """Set the target; a new URL starts over (no ETag, no backoff, polled first)."""
         if self.target is not None and self.target.url != target.url:
             self.etag, self.refusals, self.retry_at = None, 0, 0.0
+            self.max_wait = None
+            self.stop_holding()
         self.target = target
 
 
@@ -138,6 +172,9 @@ class ScrapeLoop:
             ``empty`` or a :class:`FailureKind` value).
         count_write: called with :attr:`WriteOutcome.FAILED` when a write raised.
         clock: monotonic seconds (injectable for tests).
+        waiting: use waiting scrapes where the exporter offers them (``--wait-scrapes``).
+        on_hold: called with ``(target key, True)`` when a target's waiting scrapes
+            start and ``(key, False)`` when they end (the scheduler pauses its job meanwhile).
     """
 
     def __init__(
@@ -153,7 +190,11 @@ class ScrapeLoop:
         count_scrape: Callable[[str], None] = lambda result: None,
         count_write: Callable[[WriteOutcome], None] = lambda outcome: None,
         clock: Callable[[], float] = time.monotonic,
+        waiting: bool = True,
+        on_hold: Callable[[str, bool], None] = lambda key, holding: None,
     ) -> None:
+        self._waiting = waiting
+        self._on_hold = on_hold
         self._scraper = scraper
         self._writer = writer
         self._events = events
@@ -172,14 +213,63 @@ class ScrapeLoop:
             return
         if self._clock() < state.retry_at:
             return
+        if state.max_wait is not None:
+            # Waiting scrapes: the one held request per target replaces the polls.
+            if state.held is None or state.held.done():
+                state.held = asyncio.create_task(self._hold(state, target),
+                                                 name=f"held-scrape {target.key}")
+                self._on_hold(target.key, True)
+            return
         result = await self._scraper.scrape(target, state.etag)
         if isinstance(result, Busy):
             self._on_busy(target.key)
             return
+        state.answered_at = self._clock()
+        await self._handle(state, target, result)
+
+    async def _hold(self, state: TargetState, target: Target) -> None:
+        """Keep one waiting scrape open for ``target`` while its exporter offers them.
+
+        The schedule stays the floor: a request is sent no sooner than one interval
+        after the previous answer, so a target answers at most once per interval.  Ends
+        (back to polling by the scheduled runs) on a failure, an answer without the
+        contract header, a new target, the end of leadership or the state's drop.
+        """
+        try:
+            while True:
+                delay = state.answered_at + target.interval - self._clock()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if (state.dropped or state.target != target or not self._leading()
+                        or state.max_wait is None or self._clock() < state.retry_at):
+                    return
+                result = await self._scraper.wait_for_change(target, state.etag,
+                                                             state.max_wait)
+                state.answered_at = self._clock()
+                if state.dropped or not self._leading():
+                    return
+                await self._handle(state, target, result)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug must not end waiting silently; polling takes over
+            log.exception("waiting scrape of %s failed; polling it", target.key)
+            state.max_wait = None
+        finally:
+            if state.held is asyncio.current_task():
+                state.held = None
+            self._on_hold(target.key, False)
+
+    async def _handle(self, state: TargetState, target: Target, result: ScrapeResult) -> None:
+        """The rules for one answer (or failure) of ``target``."""
+        if isinstance(result, Busy):
+            self._on_busy(target.key)
+            return
         if isinstance(result, Failure):
+            state.max_wait = None
             self._count_scrape(result.kind.value)
             await self._on_failure(state, target, result)
             return
+        state.max_wait = result.max_wait if self._waiting else None
         if state.refusals:
             log.info("target %s answers again", target.key)
         state.refusals, state.retry_at, state.view.up = 0, 0.0, True
@@ -210,12 +300,13 @@ class ScrapeLoop:
                          self._backoff_max)
             return
         reason = REASON_INVALID if failure.kind is FailureKind.INVALID else REASON_SCRAPE_FAILED
-        message = f"scraping {target.url} (pod {target.pod_name}): {failure.detail}"
-        last, at = state.last_event
         now = self._clock()
-        if last == message and now - at < EVENT_REPEAT_SECONDS:
+        at = state.event_at.get(reason)
+        if at is not None and now - at < EVENT_REPEAT_SECONDS:
             return
-        state.last_event = (message, now)
+        state.event_at[reason] = now
+        detail = excerpt(failure.detail, DETAIL_MAX)
+        message = f"scraping {target.url} (pod {target.pod_name}): {detail}"
         log.warning("TrainJob %s/%s: %s", target.namespace, target.trainjob, message)
         await self._events.event(target.namespace, target.trainjob, reason,
                                  message + "; the previous status is kept")
@@ -245,7 +336,8 @@ class ScrapeLoop:
             try:
                 status = TrainerStatus.from_json(message)
             except StatusError as exc:
-                problems.append(f"container {container}: {exc}")
+                problems.append(f"container {excerpt(container)}: "
+                                f"{excerpt(str(exc), DETAIL_MAX)}")
                 continue
             if state is not None:
                 state.view.status = status

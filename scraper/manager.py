@@ -95,6 +95,12 @@ class TargetManager:
         else:
             for key in self._scheduler.scheduled_keys():
                 self._scheduler.unschedule(key)
+            self.stop_holding()
+
+    def stop_holding(self) -> None:
+        """Cancel every waiting scrape in flight (re-opened by the runs of a new term)."""
+        for state in self.states.values():
+            state.stop_holding()
 
     # ------------------------------------------------------------ discovery
 
@@ -148,6 +154,7 @@ class TargetManager:
                 self._scheduler.schedule(decision.target)
         elif isinstance(decision, Final):
             state.target = None
+            state.stop_holding()
             state.ended = decision
             state.view.up = False
             self._scheduler.unschedule(key)
@@ -160,6 +167,7 @@ class TargetManager:
         state = self.states.pop(key, None)
         if state is not None:
             state.dropped = True
+            state.stop_holding()
 
     def drop_trainjob(self, namespace: str, trainjob: str) -> None:
         """Forget every target of a TrainJob that is gone."""

@@ -175,6 +175,19 @@ class TargetScheduler:
         self._scheduled[target.key] = target
         log.debug("scheduled %s every %.1fs (%s)", target.key, target.interval, target.url)
 
+    def pause(self, key: str) -> None:
+        """Stop firing the target's job until :meth:`resume` (its waiting scrape is open:
+        a run per interval would only find it open, at the cost of a wakeup and a job run)."""
+        if key in self._scheduled:
+            with contextlib.suppress(Exception):  # JobLookupError: already gone
+                self._scheduler.pause_job(key)
+
+    def resume(self, key: str) -> None:
+        """Fire the target's job again at its phase (its waiting scrape ended)."""
+        if key in self._scheduled:
+            with contextlib.suppress(Exception):
+                self._scheduler.resume_job(key)
+
     def unschedule(self, key: str) -> None:
         """Remove the target's job if there is one."""
         if self._scheduled.pop(key, None) is not None:

@@ -4,6 +4,15 @@ Knows the exporter's wire contract (docs/architecture.md) and nothing of the
 Kubernetes API.  One pooled :class:`aiohttp.ClientSession` with keep-alive
 serves every target; each scrape has a timeout, a body-size cap, never follows
 redirects and waits for a slot under a concurrency cap.
+
+Slots come in two lanes (issue 13, input 12: 48 hung exporters beside 20 healthy
+ones took the slots, and the healthy ones got 174 of 400 scrapes).  A target whose
+last :data:`HUNG_AFTER` scrapes timed out is *hung*: its scrapes take a slot of the
+small hung lane (:func:`hung_slots` of ``concurrency``) and never wait for one (a
+full lane skips the run at once), so however many exporters of one namespace
+hang, they hold at most that lane and the other targets keep every regular slot.
+Any answer moves the target back.  In the hung lane no namespace holds more than
+half of the slots while another namespace waits for one.
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,20 +56,26 @@ class FailureKind(enum.Enum):
 
 @dataclass(frozen=True)
 class Fresh:
-    """A new status.  ``etag`` is the response's ETag (None when absent)."""
+    """A new status.  ``etag`` is the response's ETag (None when absent); ``max_wait`` the
+    exporter's longest wait when it serves waiting scrapes (:func:`max_wait_of`)."""
 
     status: TrainerStatus
     etag: str | None
+    max_wait: float | None = None
 
 
 @dataclass(frozen=True)
 class NotModified:
-    """304: the status is the one the given ETag names."""
+    """304: the status is the one the given ETag names (``max_wait`` as in :class:`Fresh`)."""
+
+    max_wait: float | None = None
 
 
 @dataclass(frozen=True)
 class NothingYet:
     """204 (or text without trainjob series): the job has not reported yet."""
+
+    max_wait: float | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,23 @@ class ScrapeLimits:
     concurrency: int = 32
 
 
+#: The exporter's contract header (docs/architecture.md, "Wire contract").
+CONTRACT_HEADER = "Trainjob-Exporter-Contract"
+#: Longest wait asked for (seconds), whatever an exporter advertises.
+WAIT_MAX_SECONDS = 300.0
+_CONTRACT = re.compile(r"^\s*(\d+)\s*;\s*max-wait\s*=\s*(\d{1,6})\s*$")
+
+
+def max_wait_of(header: str | None) -> float | None:
+    """The seconds an exporter may hold a scrape, from ``Trainjob-Exporter-Contract:
+    <version>;max-wait=<seconds>``; None without the header, below version 2, or when it
+    is malformed (then the target is polled)."""
+    match = _CONTRACT.match(header or "")
+    if match is None or int(match.group(1)) < 2 or int(match.group(2)) < 1:
+        return None
+    return min(float(match.group(2)), WAIT_MAX_SECONDS)
+
+
 def client_session(concurrency: int) -> aiohttp.ClientSession:
     """The pooled session every scrape goes through: keep-alive, at most ``concurrency``
     connections, no cookies, no decompression, no timers of its own.
@@ -112,6 +145,47 @@ def client_session(concurrency: int) -> aiohttp.ClientSession:
     )
 
 
+#: Consecutive timeouts after which a target's scrapes move to the hung lane.
+HUNG_AFTER = 1
+#: Targets remembered as timing out at most (a bound under pod churn; the oldest go).
+TIMEOUTS_KEPT = 100_000
+
+
+def hung_slots(concurrency: int) -> int:
+    """Slots of the hung lane: a quarter of ``concurrency``, at least 1."""
+    return max(1, concurrency // 4)
+
+
+class HungLane:
+    """The hung lane's slots: at most ``size`` at once, and a namespace at most half of
+    them (at least 1) while scrapes of other namespaces are in the lane."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.in_use = 0
+        self._per_namespace: dict[str, int] = {}
+
+    def try_take(self, namespace: str) -> bool:
+        """Take a slot now if the rules allow it; never waits."""
+        if self.in_use >= self.size:
+            return False
+        mine = self._per_namespace.get(namespace, 0)
+        others = self.in_use - mine
+        if others and mine >= max(1, self.size // 2):
+            return False
+        self.in_use += 1
+        self._per_namespace[namespace] = mine + 1
+        return True
+
+    def give(self, namespace: str) -> None:
+        self.in_use -= 1
+        left = self._per_namespace[namespace] - 1
+        if left:
+            self._per_namespace[namespace] = left
+        else:
+            del self._per_namespace[namespace]
+
+
 class ExporterScraper:
     """Scrapes exporters; create inside a running loop, ``await close()`` at the end."""
 
@@ -121,12 +195,58 @@ class ExporterScraper:
         slot was free (the wait for a slot is the scraper's, not the exporter's)."""
         self.limits = limits
         self._observe = observe
-        self._session = client_session(limits.concurrency)
+        self._hung = HungLane(hung_slots(limits.concurrency))
+        # The connector's cap covers both lanes.
+        self._session = client_session(limits.concurrency + self._hung.size)
         self._slots = asyncio.Semaphore(limits.concurrency)
+        self._timeouts: dict[str, int] = {}  # target key -> consecutive timeouts
+        # Held requests have their own pool: they sit idle by design and must take
+        # neither a scrape slot nor a pooled connection the polled scrapes need.
+        self._held_session: aiohttp.ClientSession | None = None
+        self.held = 0  # held requests in flight
+
+    def is_hung(self, key: str) -> bool:
+        """Whether the target's scrapes go to the hung lane."""
+        return self._timeouts.get(key, 0) >= HUNG_AFTER
+
+    def _note(self, key: str, result: ScrapeResult) -> None:
+        if isinstance(result, Failure) and result.kind is FailureKind.TIMEOUT:
+            self._timeouts[key] = self._timeouts.pop(key, 0) + 1
+            if len(self._timeouts) > TIMEOUTS_KEPT:
+                del self._timeouts[next(iter(self._timeouts))]
+        elif not isinstance(result, Busy):
+            self._timeouts.pop(key, None)
 
     async def close(self) -> None:
         """Close pooled connections."""
         await self._session.close()
+        if self._held_session is not None:
+            await self._held_session.close()
+
+    async def wait_for_change(self, target: Target, etag: str | None,
+                              wait: float) -> ScrapeResult:
+        """A waiting scrape: GET with ``If-None-Match: etag`` and ``Prefer: wait=<wait>``
+        (RFC 7240), which an exporter of contract 2 holds until its status changes or
+        ``wait`` seconds pass.
+
+        Takes no scrape slot (a held request is not a hung exporter); bounded by
+        ``wait`` plus the scrape timeout.  The caller keeps one per target.  Returns as
+        :meth:`scrape` does (never :class:`Busy`); raises nothing but cancellation.
+        """
+        if self._held_session is None:
+            self._held_session = client_session(0)
+        limit = wait + min(self.limits.timeout, target.interval * 0.9)
+        headers = {"Accept": ACCEPT, "Accept-Encoding": "identity",
+                   "Prefer": f"wait={int(wait)}"}
+        if etag:
+            headers["If-None-Match"] = etag
+        self.held += 1
+        try:
+            result = await self._scrape(target.url, headers, limit, self._held_session)
+        finally:
+            self.held -= 1
+        self._note(target.key, result)
+        return result
 
     async def scrape(self, target: Target, etag: str | None = None) -> ScrapeResult:
         """GET the target's URL once.
@@ -144,6 +264,8 @@ class ExporterScraper:
         headers = {"Accept": ACCEPT, "Accept-Encoding": "identity"}
         if etag:
             headers["If-None-Match"] = etag
+        if self.is_hung(target.key):
+            return await self._scrape_hung(target, headers, timeout)
         try:
             # The wait for a slot is bounded too: hung exporters holding every slot
             # must not stall the other targets' runs without end.
@@ -153,24 +275,43 @@ class ExporterScraper:
             return Busy()
         started = time.monotonic()
         try:
-            return await self._scrape(target.url, headers, timeout)
+            result = await self._scrape(target.url, headers, timeout)
         finally:
             self._slots.release()
             if self._observe is not None:
                 self._observe(time.monotonic() - started)
+        self._note(target.key, result)
+        return result
 
-    async def _scrape(self, url: str, headers: dict[str, str], limit: float) -> ScrapeResult:
+    async def _scrape_hung(self, target: Target, headers: dict[str, str],
+                           limit: float) -> ScrapeResult:
+        """A scrape of a hung target in the hung lane; :class:`Busy` at once when full."""
+        if not self._hung.try_take(target.namespace):
+            return Busy()
+        started = time.monotonic()
+        try:
+            result = await self._scrape(target.url, headers, limit)
+        finally:
+            self._hung.give(target.namespace)
+            if self._observe is not None:
+                self._observe(time.monotonic() - started)
+        self._note(target.key, result)
+        return result
+
+    async def _scrape(self, url: str, headers: dict[str, str], limit: float,
+                      session: aiohttp.ClientSession | None = None) -> ScrapeResult:
         """One GET (retried once on a stale pooled connection) within ``limit`` seconds."""
+        session = session or self._session
         try:
             async with asyncio.timeout(limit):
                 try:
-                    return await self._get(url, headers)
+                    return await self._get(url, headers, session)
                 except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                     if isinstance(exc, aiohttp.ClientConnectorError):
                         raise
                     # A pooled keep-alive connection the exporter closed while idle:
                     # not the exporter's fault, so try once more on a fresh one.
-                    return await self._get(url, headers)
+                    return await self._get(url, headers, session)
         except TimeoutError:
             return Failure(FailureKind.TIMEOUT, f"no complete answer within {limit:g}s")
         except aiohttp.ClientConnectorError as exc:
@@ -178,16 +319,18 @@ class ExporterScraper:
                 return Failure(FailureKind.REFUSED, "connection refused")
             return Failure(FailureKind.UNREACHABLE, f"cannot connect: {exc.os_error}")
         except (aiohttp.ClientError, OSError) as exc:
-            return Failure(FailureKind.HTTP_ERROR, f"{type(exc).__name__}: {exc}"[:300])
+            return Failure(FailureKind.HTTP_ERROR, f"{type(exc).__name__}: {excerpt(str(exc))}")
 
-    async def _get(self, url: str, headers: dict[str, str]) -> ScrapeResult:
-        async with self._session.get(url, headers=headers, allow_redirects=False) as resp:
+    async def _get(self, url: str, headers: dict[str, str],
+                   session: aiohttp.ClientSession) -> ScrapeResult:
+        async with session.get(url, headers=headers, allow_redirects=False) as resp:
+            max_wait = max_wait_of(resp.headers.get(CONTRACT_HEADER))
             if resp.status == 304:
-                return NotModified()
+                return NotModified(max_wait)
             if resp.status == 204:
-                return NothingYet()
+                return NothingYet(max_wait)
             if 300 <= resp.status < 400:
-                where = resp.headers.get("Location", "?")[:200]
+                where = excerpt(resp.headers.get("Location", "?"))
                 return Failure(FailureKind.REDIRECT,
                                f"HTTP {resp.status} redirect to {where} (not followed)")
             if resp.status != 200:
@@ -205,7 +348,7 @@ class ExporterScraper:
             ctype = resp.content_type
         if ctype == "application/json":
             try:
-                return Fresh(TrainerStatus.from_json(bytes(body)), etag)
+                return Fresh(TrainerStatus.from_json(bytes(body)), etag, max_wait)
             except StatusError as exc:
                 return Failure(FailureKind.INVALID, f"invalid trainerStatus JSON: {exc}"[:1000])
         return parse_text(bytes(body), etag)
@@ -225,7 +368,7 @@ def parse_text(body: bytes, etag: str | None = None) -> ScrapeResult:
         text = body.decode("utf-8")
         families = list(text_string_to_metric_families(text))
     except Exception as exc:  # the parser raises ValueError, TypeError, IndexError...
-        return Failure(FailureKind.INVALID, f"not Prometheus text: {exc}"[:300])
+        return Failure(FailureKind.INVALID, f"not Prometheus text: {excerpt(str(exc))}")
     progress: float | None = None
     remaining: float | None = None
     updated: float | None = None
@@ -257,6 +400,17 @@ def parse_text(body: bytes, etag: str | None = None) -> ScrapeResult:
         return Fresh(TrainerStatus.from_api(data), etag)
     except (StatusError, ValueError, OverflowError) as exc:
         return Failure(FailureKind.INVALID, f"invalid trainjob_* series: {exc}"[:1000])
+
+
+#: Longest excerpt (characters) of text an exporter chose (a header, a parser's quote of
+#: its body) in a failure's detail.
+EXCERPT_MAX = 64
+
+
+def excerpt(text: str, limit: int = EXCERPT_MAX) -> str:
+    """A short printable-ASCII prefix of ``text`` an exporter sent (others become ``?``)."""
+    clean = "".join(c if " " <= c <= "~" else "?" for c in text[:limit + 1])
+    return clean if len(clean) <= limit else clean[:limit - 3] + "..."
 
 
 def _number_text(value: float) -> str:

@@ -147,12 +147,13 @@ class StatusWriter:
         on_write: Callable[[WriteOutcome], None] = lambda outcome: None,
         cache: TrainJobCache | None = None,
     ) -> Self:
-        """A writer with its own cache (unless given), CRD knowledge and Event recorder,
-        the Events sharing the writes' token bucket (``qps`` sustained, ``burst`` at once)."""
+        """A writer with its own cache (unless given), CRD knowledge and Event recorder;
+        writes take tokens of a bucket of ``qps`` sustained, ``burst`` at once (Events
+        have a bucket of their own: they never spend the writes' budget)."""
         limiter = AsyncLimiter(burst, burst / qps)
         cache = cache or TrainJobCache(CustomObjectsApi(api_client))
-        events = EventRecorder(CoreV1Api(api_client), identity=identity, limiter=limiter,
-                               uid_of=cache.uid_of)
+        # scrapes branch (issue 13 input 7): Events no longer share the write bucket.
+        events = EventRecorder(CoreV1Api(api_client), identity=identity, uid_of=cache.uid_of)
         crd = CrdSupport(ApiextensionsV1Api(api_client))
         writer = cls(api_client, cache=cache, crd=crd, events=events, limiter=limiter,
                      attempts=attempts, may_write=may_write, on_write=on_write)

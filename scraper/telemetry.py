@@ -96,6 +96,9 @@ class Telemetry:
                                       "Times the pod watch started over", ["reason"], registry=r)
         self.leader = Gauge("trainjob_scraper_leader", "1 while this replica leads",
                             registry=r)
+        self.held_scrapes = Gauge("trainjob_scraper_held_scrapes", "Waiting scrapes "
+                                  "(Prefer: wait) open now, at most one per target",
+                                  registry=r)
         self.skipped_runs = Counter(
             "trainjob_scraper_skipped_runs", "Scheduled scrapes skipped because the "
             "target's previous scrape had not finished or no concurrency slot came free "

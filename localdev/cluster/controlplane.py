@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import shutil
+import signal
 import ssl
 import subprocess
 import tempfile
@@ -81,6 +83,7 @@ class ControlPlane:
         self._assets: Assets | None = None
         self._pki: PkiFiles | None = None
         self._etcd: subprocess.Popen[bytes] | None = None
+        self._etcd_args: list[str] = []
         self._apiserver: subprocess.Popen[bytes] | None = None
         self._port = 0
         self.startup_seconds: float | None = None
@@ -139,7 +142,7 @@ class ControlPlane:
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         data_dir = work / f"etcd-data-{etcd_port}"
-        self._etcd = processes.spawn([
+        self._etcd_args = [
             str(self._assets.etcd),
             f"--data-dir={data_dir}",
             f"--listen-client-urls={etcd_url}",
@@ -150,7 +153,8 @@ class ControlPlane:
             # Throw-away data: skipping fsync makes start-up and writes much faster.
             "--unsafe-no-fsync",
             "--log-level=warn",
-        ], work / "etcd.log")
+        ]
+        self._etcd = processes.spawn(self._etcd_args, work / "etcd.log")
         pki = self._pki
         self._apiserver = processes.spawn([
             str(self._assets.kube_apiserver),
@@ -229,6 +233,22 @@ class ControlPlane:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
             processes.on_kill_all(id(self), None)
+
+    def kill_etcd(self) -> None:
+        """SIGKILL etcd (a fault test); the API server keeps running without storage."""
+        if self._etcd is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._etcd.pid, signal.SIGKILL)  # no SIGTERM: no clean exit
+            processes.stop(self._etcd, grace=5)  # reaps it, forgets its pid
+            self._etcd = None
+
+    def start_etcd(self) -> None:
+        """Start etcd again after :meth:`kill_etcd`: same port and data, then wait until
+        the API server's ``/readyz`` is ok."""
+        assert self._workdir is not None
+        if self._etcd is None:
+            self._etcd = processes.spawn(self._etcd_args, self._workdir / "etcd.log")
+        self._wait_ready()
 
     @property
     def running(self) -> bool:

@@ -6,13 +6,22 @@ token bucket (:class:`aiolimiter.AsyncLimiter`), retries of transient answers wi
 capped exponential backoff and jitter (:class:`Backoff`, driven by tenacity) and
 honours ``Retry-After``.  The pod watch, which lives in a thread of its own, backs
 off with the same :class:`Backoff`.
+
+Every try has a **deadline** (:func:`deadline_of`): the caller's wait ends then,
+whatever the worker thread still waits for, so no decision waits longer than it
+planned (issue 13, input 11: the client's hidden urllib3 retries stacked a 10 s read
+timeout four times).  The client itself is built without those retries
+(:func:`scraper.kube.client.without_retries`), so the thread ends within its
+``_request_timeout`` too and does not keep a worker long after the caller gave up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -69,10 +78,24 @@ def retry_after(exc: BaseException | None) -> float | None:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """409, 429, 5xx and connection errors: worth another try."""
+    """409, 429, 5xx, connection errors and a try past its deadline: worth another try."""
     if isinstance(exc, ApiException):
         return exc.status in (409, 429) or (exc.status or 0) >= 500
-    return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError)
+    return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
+
+
+def deadline_of(request_timeout: Any) -> float | None:
+    """Seconds one try may take given the client's ``_request_timeout``: connect plus
+    read for a ``(connect, read)`` pair, twice a single number, None when unset.
+
+    The read timeout bounds the wait between two bytes; the deadline bounds the whole
+    answer (a server trickling bytes cannot stretch it).
+    """
+    if request_timeout is None:
+        return None
+    if isinstance(request_timeout, tuple):
+        return float(sum(request_timeout))
+    return 2.0 * float(request_timeout)
 
 
 @dataclass(frozen=True)
@@ -94,6 +117,8 @@ async def call(
     limiter: AsyncLimiter | None = None,
     retries: Retries = ONCE,
     before_try: Callable[[], None] | None = None,
+    deadline: float | None = None,
+    executor: Executor | None = None,
     **kwargs: Any,
 ) -> T:
     """``func(*args, **kwargs)`` in a worker thread; the result of the first try that returns.
@@ -103,10 +128,23 @@ async def call(
         retries: which errors are tried again, how often and after how long.
         before_try: called before every try, after the token (a fence that raises to
             stop, e.g. when this replica no longer leads).
+        deadline: seconds one try may take (default: :func:`deadline_of` the
+            ``_request_timeout`` keyword); past it the try fails with TimeoutError.
+        executor: the worker threads (default: the loop's default executor); a caller
+            whose calls must not queue behind others' (the Lease) brings its own.
 
     Raises:
-        The last try's exception, or what ``before_try`` raised.
+        The last try's exception, TimeoutError when a try passed its deadline, or what
+        ``before_try`` raised.
     """
+    limit = deadline if deadline is not None else deadline_of(kwargs.get("_request_timeout"))
+    loop = asyncio.get_running_loop()
+
+    async def once() -> T:
+        job = loop.run_in_executor(executor, functools.partial(func, *args, **kwargs))
+        if limit is None:
+            return await job
+        return await asyncio.wait_for(job, limit)
 
     def wait(state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -122,9 +160,9 @@ async def call(
             if limiter is None:
                 if before_try is not None:
                     before_try()
-                return await asyncio.to_thread(func, *args, **kwargs)
+                return await once()
             async with limiter:
                 if before_try is not None:
                     before_try()
-                return await asyncio.to_thread(func, *args, **kwargs)
+                return await once()
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover

@@ -4,10 +4,17 @@ The Event's name is the TrainJob's name plus a hash of (UID, reason, message), s
 repeat of the same report is a 409 on create and becomes a patch of ``count`` and
 ``lastTimestamp``, as client-go's event recorder does.  The count is kept here: the
 least-privilege role has no ``get`` on Events.
+
+Events have a token bucket of their own (:data:`EVENT_QPS`, :data:`EVENT_BURST`),
+never the status writes' one: a flood of failures must not delay a status write.
+An Event that finds no token within :data:`EVENT_WAIT_SECONDS` is dropped (logged,
+counted by the caller's rules as recorded): the scrape run that raised it must not
+wait behind other targets' Events.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Callable
@@ -19,7 +26,6 @@ from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.status import API_GROUP, API_VERSION
 from scraper.kube.calls import call
-from scraper.kube.client import REQUEST_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +35,14 @@ COMPONENT = "trainjob-scraper"
 MESSAGE_MAX = 1024
 #: Repeat counts kept at most; beyond, the table starts over (bounds memory on long runs).
 COUNTS_MAX = 10_000
+#: Events' own budget: sustained per second, and at once.
+EVENT_QPS = 1.0
+EVENT_BURST = 10
+#: Longest wait for an Event token (seconds) before the Event is dropped.
+EVENT_WAIT_SECONDS = 2.0
+#: ``(connect, read)`` seconds of an Event call: a scrape run waits for its Event, so a
+#: dead API server must not hold the run for the general request timeout.
+EVENT_REQUEST_TIMEOUT = (2, 3)
 
 
 class EventRecorder:
@@ -37,15 +51,16 @@ class EventRecorder:
     Args:
         core: the client's CoreV1Api.
         identity: this replica's name (``reportingInstance``, cut to 128 characters).
-        limiter: the token bucket shared with the status writes.
+        limiter: the Events' token bucket (default: :data:`EVENT_QPS`, :data:`EVENT_BURST`);
+            never the status writes' bucket.
         uid_of: the UID of a TrainJob ``(namespace, name)`` when known, else ``""``.
     """
 
-    def __init__(self, core: CoreV1Api, *, identity: str, limiter: AsyncLimiter,
+    def __init__(self, core: CoreV1Api, *, identity: str, limiter: AsyncLimiter | None = None,
                  uid_of: Callable[[str, str], str] = lambda namespace, name: "") -> None:
         self._core = core
         self._identity = identity
-        self._limiter = limiter
+        self._limiter = limiter or AsyncLimiter(EVENT_BURST, EVENT_BURST / EVENT_QPS)
         self._uid_of = uid_of
         self._counts: dict[str, int] = {}
 
@@ -78,20 +93,26 @@ class EventRecorder:
             "count": 1,
         }
         try:
-            async with self._limiter:  # one token for the create and its repeat patch
-                try:
-                    await call(self._core.create_namespaced_event, namespace, body,
-                               _request_timeout=REQUEST_TIMEOUT)
-                except ApiException as exc:
-                    if exc.status != 409:
-                        raise
-                    count = self._counts.get(event_name, 1) + 1
-                    await call(self._core.patch_namespaced_event, event_name, namespace,
-                               {"count": count, "lastTimestamp": now},
-                               _request_timeout=REQUEST_TIMEOUT)
-                    if len(self._counts) > COUNTS_MAX:
-                        self._counts.clear()
-                    self._counts[event_name] = count
+            async with asyncio.timeout(EVENT_WAIT_SECONDS):
+                await self._limiter.acquire()  # one token for the create and its repeat patch
+        except TimeoutError:
+            log.warning("event %s on TrainJob %s/%s dropped: more than %g Events/s",
+                        reason, namespace, name, EVENT_QPS)
+            return
+        try:
+            try:
+                await call(self._core.create_namespaced_event, namespace, body,
+                           _request_timeout=EVENT_REQUEST_TIMEOUT)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                count = self._counts.get(event_name, 1) + 1
+                await call(self._core.patch_namespaced_event, event_name, namespace,
+                           {"count": count, "lastTimestamp": now},
+                           _request_timeout=EVENT_REQUEST_TIMEOUT)
+                if len(self._counts) > COUNTS_MAX:
+                    self._counts.clear()
+                self._counts[event_name] = count
             log.info("event %s on TrainJob %s/%s: %s", reason, namespace, name, message)
         except Exception as exc:
             log.warning("could not record event %s on TrainJob %s/%s: %s",

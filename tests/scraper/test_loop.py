@@ -22,6 +22,7 @@ import pytest
 from exporter_lib.status import TrainerStatus
 from scraper.discovery import Final
 from scraper.loop import (
+    DETAIL_MAX,
     EVENT_REPEAT_SECONDS,
     REASON_FINAL_INVALID,
     REASON_INVALID,
@@ -73,12 +74,18 @@ class FakeScraper:
     results: list[ScrapeResult] = field(default_factory=list)
     calls: list[tuple[str, str | None]] = field(default_factory=list)
     gate: asyncio.Event | None = None  # when set: a scrape waits for it
+    waits: list[tuple[str | None, float]] = field(default_factory=list)  # waiting scrapes
 
     async def scrape(self, target: Target, etag: str | None = None) -> ScrapeResult:
         self.calls.append((target.url, etag))
         if self.gate is not None:
             await self.gate.wait()
         return self.results.pop(0) if len(self.results) > 1 else self.results[0]
+
+    async def wait_for_change(self, target: Target, etag: str | None,
+                              wait: float) -> ScrapeResult:
+        self.waits.append((etag, wait))
+        return await self.scrape(target, etag)
 
 
 @dataclass
@@ -326,6 +333,46 @@ async def test_event_dedupe_same_message_once_per_period(rig: Rig) -> None:
     assert [r[2] for r in rig.events.recorded] == [REASON_INVALID, REASON_INVALID,
                                                    REASON_SCRAPE_FAILED]
     assert rig.scrapes == ["invalid"] * 4 + ["timeout"]
+
+
+async def test_event_dedupe_is_per_reason_not_per_message(rig: Rig) -> None:
+    # Issue 13 input 7: an HTML page differing per request (a request id in it) must
+    # not make an Event per scrape; one per target and reason per window.
+    state = rig.state()
+    for i in range(20):
+        rig.scraper.results = [Failure(FailureKind.INVALID, f"not Prometheus text: <!-- {i} -->")]
+        await rig.loop.run(state)
+        rig.clock.now += 1
+    assert [r[2] for r in rig.events.recorded] == [REASON_INVALID]
+    rig.clock.now += EVENT_REPEAT_SECONDS
+    await rig.loop.run(state)
+    assert [r[2] for r in rig.events.recorded] == [REASON_INVALID, REASON_INVALID]
+    # Another target is another key.
+    other = rig.state(_target(url="http://10.0.0.8:28080/metrics"))
+    await rig.loop.run(other)
+    assert len(rig.events.recorded) == 3
+
+
+async def test_event_message_carries_only_a_short_printable_prefix(rig: Rig) -> None:
+    # Issue 13 input 9: what the pod sent reaches an object namespace users read.
+    state = rig.state()
+    foreign = "secret\x00\u2603\x1b[31m" + "A" * 5000
+    rig.scraper.results = [Failure(FailureKind.INVALID, foreign)]
+    await rig.loop.run(state)
+    [(_, _, _, message)] = rig.events.recorded
+    assert all(" " <= c <= "~" for c in message), message
+    assert "A" * (DETAIL_MAX + 1) not in message
+    assert len(message) < DETAIL_MAX + 200  # the URL, the pod name and the suffix
+    assert "secret???[31m" in message
+
+
+async def test_invalid_termination_message_event_is_sanitised(rig: Rig) -> None:
+    rig.manager.on_pod(_pod("Succeeded", message="\u2603" * 3000), deleted=False)
+    await rig.settle()
+    [(_, _, reason, message)] = rig.events.recorded
+    assert reason == REASON_FINAL_INVALID
+    assert all(" " <= c <= "~" for c in message), message
+    assert len(message) < 600
 
 
 # ---------------------------------------------------------------- final status

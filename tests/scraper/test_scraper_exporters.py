@@ -30,54 +30,66 @@ def test_garbage_oversized_slow_redirect(
     kube_api: client.ApiClient, namespace: str, exporter_factory: Callable[..., FakeExporter],
     scraper_factory: Callable[..., ScraperProcess],
 ) -> None:
-    exp = exporter_factory(body=status_json(30))
-    objects.create_trainjob(kube_api, namespace, "job-g")
-    objects.create_trainer_pod(kube_api, namespace, "job-g", port=exp.port)
+    # One TrainJob per failure: Events are deduplicated per target and reason for 10
+    # minutes (issue 13 input 7), so one target shows only its first failure's text.
+    kinds = ["limits", "notjson", "huge", "slow", "redirect"]
+    exps = {k: exporter_factory(body=status_json(30)) for k in kinds}
+    for k in kinds:
+        objects.create_trainjob(kube_api, namespace, f"job-{k}")
+        objects.create_trainer_pod(kube_api, namespace, f"job-{k}", port=exps[k].port)
     scraper = scraper_factory("--interval=1s", f"--namespaces={namespace}",
                               "--scrape-timeout=0.5s", "--max-body-bytes=65536")
-    wait_for(lambda: progress_of(kube_api, namespace, "job-g") == 30, 20, "progress 30")
+    for k in kinds:
+        wait_for(lambda k=k: progress_of(kube_api, namespace, f"job-{k}") == 30, 20,
+                 f"progress 30 of job-{k}")
 
     # Values breaking the Trainer API limits: an Event naming field and value.
-    exp.mode, exp.body = "garbage", {"progressPercentage": 150, "lastUpdatedTime":
-                                     "2024-01-01T00:00:00Z"}
-    msgs = wait_for(lambda: _event_messages(kube_api, namespace, "job-g",
+    exps["limits"].mode, exps["limits"].body = "garbage", {
+        "progressPercentage": 150, "lastUpdatedTime": "2024-01-01T00:00:00Z"}
+    msgs = wait_for(lambda: _event_messages(kube_api, namespace, "job-limits",
                                             "InvalidTrainerStatus"), 20, "invalid event")
     assert "progressPercentage=150" in msgs[0] and "previous status is kept" in msgs[0]
-    exp.body = b"<html>not json"
+    exps["notjson"].mode, exps["notjson"].body = "garbage", b"<html>not json"
     wait_for(lambda: any("not valid JSON" in m for m in _event_messages(
-        kube_api, namespace, "job-g", "InvalidTrainerStatus")), 20, "not-JSON event")
-    assert progress_of(kube_api, namespace, "job-g") == 30
+        kube_api, namespace, "job-notjson", "InvalidTrainerStatus")), 20, "not-JSON event")
+    assert progress_of(kube_api, namespace, "job-limits") == 30
+    assert progress_of(kube_api, namespace, "job-notjson") == 30
 
     # Oversized: refused at the cap, not read whole.
-    exp.mode = "huge"
-    msgs = wait_for(lambda: _event_messages(kube_api, namespace, "job-g",
+    exps["huge"].mode = "huge"
+    msgs = wait_for(lambda: _event_messages(kube_api, namespace, "job-huge",
                                             "TrainerStatusScrapeFailed"), 20, "size event")
     assert any("65536-byte cap" in m for m in msgs)
 
     # Slow: bounded by the scrape timeout.
-    exp.mode, exp.delay = "slow", 30
+    exps["slow"].mode, exps["slow"].delay = "slow", 30
     wait_for(lambda: any("within 0.5s" in m for m in _event_messages(
-        kube_api, namespace, "job-g", "TrainerStatusScrapeFailed")), 20, "timeout event")
+        kube_api, namespace, "job-slow", "TrainerStatusScrapeFailed")), 20, "timeout event")
     assert scraper.value("trainjob_scraper_scrapes_total", result="timeout") >= 1
 
     # Redirect: never followed.
+    exp = exps["redirect"]
     exp.mode = "redirect"
     wait_for(lambda: any("redirect" in m for m in _event_messages(
-        kube_api, namespace, "job-g", "TrainerStatusScrapeFailed")), 20, "redirect event")
+        kube_api, namespace, "job-redirect", "TrainerStatusScrapeFailed")), 20,
+        "redirect event")
     assert exp.elsewhere_hits == 0
-    assert progress_of(kube_api, namespace, "job-g") == 30
-    assert scraper.value("trainjob_scraper_status_writes_total", result="written") == 1
-    labels = {"namespace": namespace, "trainjob": "job-g"}
+    for k in kinds:
+        assert progress_of(kube_api, namespace, f"job-{k}") == 30
+    assert scraper.value("trainjob_scraper_status_writes_total", result="written") == len(kinds)
+    labels = {"namespace": namespace, "trainjob": "job-redirect"}
     assert scraper.value("trainjob_progress_ratio", **labels) == pytest.approx(0.3)
-    up = [s for s in scraper.series("trainjob_scraper_target_up") if s["trainjob"] == "job-g"]
+    up = [s for s in scraper.series("trainjob_scraper_target_up")
+          if s["trainjob"] == "job-redirect"]
     assert up and scraper.value("trainjob_scraper_target_up", **up[0]) == 0
     # Repeats of one failure are one Event with a count, not a flood.
-    repeated = [e for e in events(kube_api, namespace, "job-g") if "redirect" in e.message]
+    time.sleep(2)  # a few more failing scrapes
+    repeated = [e for e in events(kube_api, namespace, "job-redirect") if "redirect" in e.message]
     assert len(repeated) == 1
 
     # Recovery: a valid report is written again.
     exp.mode, exp.body = "json", status_json(45)
-    wait_for(lambda: progress_of(kube_api, namespace, "job-g") == 45, 20, "progress 45")
+    wait_for(lambda: progress_of(kube_api, namespace, "job-redirect") == 45, 20, "progress 45")
 
 
 def test_prometheus_text_exporter(

@@ -53,7 +53,10 @@ def test_status_written_readable_and_unchanged_means_no_write(
     objects.create_trainer_pod(kube_api, namespace, "job-a", port=exp.port)
     state.update(progress_percentage=25, estimated_remaining_seconds=300,
                  metrics={"loss": 0.75, "phase": "warmup"})
-    scraper = scraper_factory("--interval=1s", f"--namespaces={namespace}")
+    # Polling: this test counts the 304s of an unchanged exporter (waiting scrapes
+    # hold one request open instead: test_unchanged_exporter_holds_one_waiting_scrape).
+    scraper = scraper_factory("--interval=1s", f"--namespaces={namespace}",
+                              "--no-wait-scrapes")
 
     wait_for(lambda: progress_of(kube_api, namespace, "job-a") == 25, 20, "progress 25 written")
     out = control_plane.kubectl("get", "trainjob", "job-a", "-n", namespace, "-o",
@@ -101,6 +104,38 @@ def test_status_written_readable_and_unchanged_means_no_write(
 
 def _pod_name(kube_api: client.ApiClient, namespace: str) -> str:
     return str(client.CoreV1Api(kube_api).list_namespaced_pod(namespace).items[0].metadata.name)
+
+
+def test_unchanged_exporter_holds_one_waiting_scrape(
+    kube_api: client.ApiClient, namespace: str,
+    real_exporter: tuple[State, Exporter, Path], scraper_factory: Callable[..., ScraperProcess],
+) -> None:
+    """Waiting scrapes (default) on the real API server: unchanged costs no scrapes,
+    a change lands well within one interval (issue 14.1)."""
+    state, exp, _ = real_exporter
+    objects.create_trainjob(kube_api, namespace, "job-w")
+    assert exp.port is not None
+    objects.create_trainer_pod(kube_api, namespace, "job-w", port=exp.port)
+    state.update(progress_percentage=25)
+    scraper = scraper_factory("--interval=5s", f"--namespaces={namespace}")
+    wait_for(lambda: progress_of(kube_api, namespace, "job-w") == 25, 20, "progress 25")
+    wait_for(lambda: scraper.value("trainjob_scraper_held_scrapes") == 1, 15, "held scrape")
+    rv = resource_version(kube_api, namespace, "job-w")
+    scrapes = sum(v for (n, _), v in scraper.metrics().items()
+                  if n == "trainjob_scraper_scrapes_total")
+    time.sleep(11)  # two intervals unchanged: one request held open, nothing answered
+    assert resource_version(kube_api, namespace, "job-w") == rv
+    assert scrapes == sum(v for (n, _), v in scraper.metrics().items()
+                          if n == "trainjob_scraper_scrapes_total")
+    assert scraper.value("trainjob_scraper_held_scrapes") == 1
+    changed = time.monotonic()
+    state.update(progress_percentage=60)
+    wait_for(lambda: progress_of(kube_api, namespace, "job-w") == 60, 5, "progress 60",
+             period=0.02)
+    latency = time.monotonic() - changed
+    print(f"update() to TrainJob status with a waiting scrape: {latency:.3f}s (interval 5s)")
+    assert latency < 2.5  # half an interval: polling would take up to 5 s
+    assert scraper.value("trainjob_scraper_status_writes_total", result="written") == 2
 
 
 def test_final_status_from_termination_message(

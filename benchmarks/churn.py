@@ -1,0 +1,236 @@
+"""Scraper RSS under pod churn (issue 13, input 8): must reach a plateau.
+
+``python -m benchmarks.churn [--targets 1000] [--rounds 10] [--cycles 2000]``
+
+In one process, the scraper's real target manager, scheduler (APScheduler), scrape
+loop and exporter scraper (aiohttp) get ``--targets`` Running pods, then rounds of
+``--cycles`` pod create/delete cycles (a pod added Running, scheduled, scraped for
+a moment, deleted), fed through :meth:`TargetManager.on_pod` as the pod watch feeds
+them; discovery's list+watch against an API server is left out (the watch thread's
+own memory is not measured here).  Targets point at 127.0.0.1 ports where nothing
+listens (refused: backed off) or at one loopback exporter answering 304, and every
+churned pod gets a new port, so the connector sees new hosts as in a cluster.
+
+After each round, once settled (1 s), prints RSS (``/proc/self/statm``), the
+tracemalloc total, scheduled jobs and the table sizes, as one JSON line.  A plateau
+is what the issue asks: the last rounds within a few MiB of each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import sys
+import time
+import tracemalloc
+from typing import Any
+
+from aiohttp import web
+
+from benchmarks.procstat import rss_bytes
+from exporter_lib.status import TrainerStatus
+from scraper.loop import ScrapeLoop
+from scraper.manager import TargetManager
+from scraper.scheduling import TargetScheduler
+from scraper.scraping import ExporterScraper, ScrapeLimits
+from scraper.status_writer import WriteOutcome
+
+NAMESPACE = "churn"
+BODY = '{"progressPercentage": 5, "lastUpdatedTime": "2025-01-01T00:00:00Z"}'
+
+
+class _Writer:
+    async def apply(self, namespace: str, name: str, status: TrainerStatus) -> WriteOutcome:
+        return WriteOutcome.UNCHANGED
+
+
+class _Events:
+    async def event(self, namespace: str, name: str, reason: str, message: str) -> None:
+        return None
+
+
+def _pod(name: str, uid: str, port: int) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": NAMESPACE, "name": name, "uid": uid, "annotations": {
+            "trainjob-progress.dev/port": str(port), "trainjob-progress.dev/interval": "1s"},
+            "labels": {"jobset.sigs.k8s.io/jobset-name": name}},
+        "status": {"phase": "Running", "podIP": "127.0.0.1"},
+    }
+
+
+async def run(targets: int, rounds: int, cycles: int) -> list[dict[str, Any]]:
+    async def handle(request: web.Request) -> web.Response:
+        if request.headers.get("If-None-Match") == '"1"':
+            return web.Response(status=304)
+        return web.Response(text=BODY, content_type="application/json",
+                            headers={"ETag": '"1"'})
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+    await site.start()
+    live_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    scraper = ExporterScraper(ScrapeLimits(0.9, 1 << 20, 32))
+    holder: dict[str, TargetManager] = {}
+
+    async def job(key: str) -> None:
+        await holder["m"].run(key)
+
+    scheduler = TargetScheduler(job)
+    loop = ScrapeLoop(scraper, _Writer(), _Events(), backoff_max=5.0,
+                      on_hold=lambda key, holding: (scheduler.pause(key) if holding
+                                                    else scheduler.resume(key)))
+    manager = TargetManager(loop, scheduler, spawn=asyncio.ensure_future,
+                            default_port=28080, default_path="/metrics",
+                            default_interval=1.0, leading=True)
+    holder["m"] = manager
+    scheduler.start()
+    tracemalloc.start()
+    out: list[dict[str, Any]] = []
+    try:
+        for i in range(targets):
+            manager.on_pod(_pod(f"base-{i}", f"base-{i}", live_port), deleted=False)
+        await asyncio.sleep(3)
+        next_port = 40000
+        for r in range(rounds + 1):
+            if r:
+                started = time.monotonic()
+                for c in range(cycles):
+                    # Every 4th churned pod answers; the others refuse (nothing listens).
+                    port = live_port if c % 4 == 0 else next_port
+                    next_port = 40000 + (next_port - 40000 + 1) % 20000
+                    pod = _pod(f"churn-{r}-{c}", f"uid-{r}-{c}", port)
+                    manager.on_pod(pod, deleted=False)
+                    if c % 50 == 49:
+                        await asyncio.sleep(0.05)  # let some runs happen
+                    manager.on_pod(pod, deleted=True)
+                took = time.monotonic() - started
+            else:
+                took = 0.0
+            await asyncio.sleep(1.0)
+            gc.collect()
+            current, _ = tracemalloc.get_traced_memory()
+            row = {"round": r, "rss_mib": round(rss_bytes() / 2**20, 1),
+                   "tracemalloc_mib": round(current / 2**20, 1),
+                   "jobs": len(scheduler._scheduler.get_jobs()),
+                   "states": len(manager.states),
+                   "scraper_timeouts": len(scraper._timeouts),
+                   "connector_conns": sum(len(v) for v in
+                                          scraper._session.connector._conns.values()),  # type: ignore[union-attr]
+                   "round_seconds": round(took, 1)}
+            print(json.dumps(row), flush=True)
+            out.append(row)
+    finally:
+        manager.stop_holding()
+        scheduler.shutdown()
+        await asyncio.sleep(0.2)
+        await scraper.close()
+        await runner.cleanup()
+    return out
+
+
+def run_api(targets: int, rounds: int, cycles: int, settle: float,
+            answering: bool = False) -> list[dict[str, Any]]:
+    """The whole scraper (``python -m scraper run``, pod list+watch included) against the
+    local control plane; pods are created and deleted through the API, 16 at a time."""
+    import os
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kubernetes import client
+
+    from benchmarks.farm import free_ports
+    from localdev.cluster import objects
+    from localdev.cluster.controlplane import ControlPlane
+
+    out: list[dict[str, Any]] = []
+    with ControlPlane() as cp:
+        api = cp.api_client()
+        core = client.CoreV1Api(api)
+        from localdev.cluster.crds import install_trainjob_crds
+        install_trainjob_crds(api)
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+        objects.create_trainjob(api, NAMESPACE, "tj")
+        exporter = None
+        if answering:  # one real exporter_lib exporter answers every pod's scrape
+            from exporter_lib.api import Exporter
+            from exporter_lib.state import State
+            state = State()
+            exporter = Exporter(state, state, host="127.0.0.1", port=0, status_file=None,
+                                termination_message_path=None, serve=True)
+            state.update(progress_percentage=5)
+            assert exporter.port is not None
+            port = exporter.port
+        else:
+            port = free_ports(1)[0]  # nothing listens: refused, backed off
+        pool = ThreadPoolExecutor(16)
+
+        def make(i: int = 0) -> Any:
+            for _ in range(5):  # the helper's 5-hex-digit name suffix collides now and then
+                try:
+                    return objects.create_trainer_pod(api, NAMESPACE, "tj", port=port,
+                                                      owner_chain=False)
+                except client.ApiException as exc:
+                    if exc.status != 409:
+                        raise
+            raise RuntimeError("pod names kept colliding")
+
+        list(pool.map(make, range(targets)))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "scraper", "run", f"--kubeconfig={cp.kubeconfig_path}",
+             f"--namespaces={NAMESPACE}", "--listen-host=127.0.0.1", "--listen-port=0",
+             "--no-metrics-auth", "--log-level=WARNING", "--interval=1s"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
+        try:
+            time.sleep(settle)
+            for r in range(rounds + 1):
+                if r:
+                    def cycle(c: int) -> None:
+                        pod = make()
+                        core.delete_namespaced_pod(pod.metadata.name, NAMESPACE,
+                                                   grace_period_seconds=0)
+                    list(pool.map(cycle, range(cycles)))
+                time.sleep(settle)
+                with open(f"/proc/{proc.pid}/status") as handle:
+                    rss = next(int(line.split()[1]) for line in handle
+                               if line.startswith("VmRSS"))
+                row = {"round": r, "rss_mib": round(rss / 1024, 1)}
+                print(json.dumps(row), flush=True)
+                out.append(row)
+        finally:
+            proc.terminate()
+            proc.wait(20)
+            pool.shutdown()
+            if exporter is not None:
+                exporter.stop()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--cycles", type=int, default=2000)
+    parser.add_argument("--api", action="store_true",
+                        help="the whole scraper process against the local control plane")
+    parser.add_argument("--settle", type=float, default=10.0, help="seconds after a round")
+    parser.add_argument("--answering", action="store_true",
+                        help="with --api: pods point at a real exporter (scrapes, writes)")
+    args = parser.parse_args()
+    if args.api:
+        rows = run_api(args.targets, args.rounds, args.cycles, args.settle, args.answering)
+    else:
+        rows = asyncio.run(run(args.targets, args.rounds, args.cycles))
+    rss = [row["rss_mib"] for row in rows]
+    print(json.dumps({"rss_mib": rss, "growth_last_half_mib":
+                      round(rss[-1] - rss[len(rss) // 2], 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Waiting scrapes (issue 14.1) against a real exporter_lib exporter on loopback.
+
+The real :class:`~scraper.scraping.ExporterScraper` and :class:`~scraper.loop.ScrapeLoop`
+scrape a real :class:`exporter_lib.api.Exporter` (contract 2: ``Prefer: wait``);
+the status writer is an in-process fake recording when each status arrived (the
+real one talks to the API server and is tested elsewhere).  A plain aiohttp
+exporter without the contract header stands for text exporters and older
+exporter_lib: it must be polled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+from aiohttp import web
+
+from exporter_lib.api import Exporter
+from exporter_lib.state import State
+from exporter_lib.status import TrainerStatus
+from scraper.loop import ScrapeLoop, TargetState
+from scraper.scraping import ExporterScraper, ScrapeLimits
+from scraper.status_writer import WriteOutcome
+from scraper.targets import Target
+from scraper.telemetry import JobView
+
+INTERVAL = 1.0
+BODY = '{"progressPercentage": 3, "lastUpdatedTime": "2025-01-01T00:00:00Z"}'
+
+
+@dataclass
+class Writer:
+    applied: list[tuple[float, int | None]] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def apply(self, namespace: str, name: str, status: TrainerStatus) -> WriteOutcome:
+        self.applied.append((time.monotonic(), status.progress_percentage))
+        self.arrived.set()
+        return WriteOutcome.WRITTEN
+
+
+class Events:
+    async def event(self, namespace: str, name: str, reason: str, message: str) -> None:
+        return None
+
+
+@pytest.fixture
+def exporter() -> Iterator[tuple[State, int]]:
+    state = State()
+    exp = Exporter(state, state, host="127.0.0.1", port=0, status_file=None,
+                   termination_message_path=None, serve=True)
+    assert exp.port is not None
+    state.update(progress_percentage=1)
+    yield state, exp.port
+    exp.stop()
+
+
+@dataclass
+class Rig:
+    scraper: ExporterScraper
+    loop: ScrapeLoop
+    writer: Writer
+    state: TargetState
+    counted: list[str]
+    leading: list[bool]
+
+    async def runs(self, n: int) -> None:
+        """``n`` scheduled runs, one interval apart (as the scheduler fires them)."""
+        for _ in range(n):
+            await self.loop.run(self.state)
+            await asyncio.sleep(INTERVAL)
+
+
+def _rig(port: int) -> Rig:
+    scraper = ExporterScraper(ScrapeLimits(timeout=0.5, concurrency=4))
+    writer, counted, leading = Writer(), [], [True]
+    loop = ScrapeLoop(scraper, writer, Events(), backoff_max=1.0,
+                      leading=lambda: leading[0], count_scrape=counted.append)
+    target = Target("ns", "tj", "tj-node-0-0", "uid", f"http://127.0.0.1:{port}/metrics",
+                    INTERVAL)
+    state = TargetState(JobView("ns", "tj", "tj-node-0-0"), target=target, uid="uid")
+    return Rig(scraper, loop, writer, state, counted, leading)
+
+
+@pytest.fixture
+async def rig(exporter: tuple[State, int]) -> AsyncIterator[Rig]:
+    r = _rig(exporter[1])
+    yield r
+    r.state.stop_holding()
+    await r.scraper.close()
+
+
+async def test_change_arrives_at_once_and_unchanged_costs_no_polls(
+        rig: Rig, exporter: tuple[State, int]) -> None:
+    state, _ = exporter
+    await rig.runs(2)  # the first run polls and learns contract 2; the second holds
+    assert rig.state.max_wait is not None and rig.state.max_wait > INTERVAL
+    assert rig.state.held is not None and rig.scraper.held == 1
+    assert [p for _, p in rig.writer.applied] == [1]
+    # Unchanged for 4 intervals: the held request stays open, no answer, no poll.
+    before = len(rig.counted)
+    await rig.runs(4)
+    assert len(rig.counted) == before
+    assert rig.scraper.held == 1
+    # A change: written well before the next scheduled run would have polled.
+    rig.writer.arrived.clear()
+    changed = time.monotonic()
+    state.update(progress_percentage=2)
+    await asyncio.wait_for(rig.writer.arrived.wait(), 5)
+    at, progress = rig.writer.applied[-1]
+    assert progress == 2
+    latency = at - changed
+    print(f"update() to write: {latency * 1000:.0f} ms (interval {INTERVAL:g}s)")
+    assert latency < INTERVAL / 2  # ~0.1 s exporter poll + one round trip
+
+
+async def test_schedule_is_the_floor_between_two_answers(
+        rig: Rig, exporter: tuple[State, int]) -> None:
+    state, _ = exporter
+    await rig.runs(2)
+    for progress in range(2, 12):  # ten changes 50 ms apart
+        state.update(progress_percentage=progress)
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(2 * INTERVAL)
+    times = [t for t, _ in rig.writer.applied]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert len(times) >= 2
+    assert min(gaps[1:] or [INTERVAL]) >= INTERVAL * 0.95, gaps  # one answer per interval
+    assert rig.writer.applied[-1][1] == 11  # the newest lands
+
+
+async def test_leadership_loss_and_drop_close_the_held_request(
+        rig: Rig, exporter: tuple[State, int]) -> None:
+    await rig.runs(2)
+    assert rig.scraper.held == 1
+    rig.state.stop_holding()  # what TargetManager.set_leading(False) does per state
+    rig.leading[0] = False
+    await asyncio.sleep(0.1)
+    assert rig.scraper.held == 0 and rig.state.held is None
+    await rig.runs(1)  # not leading: nothing re-opened
+    assert rig.scraper.held == 0
+    rig.leading[0] = True  # a new term: the next run re-opens it
+    await rig.runs(1)
+    assert rig.scraper.held == 1
+    rig.state.dropped = True
+    rig.state.stop_holding()
+    await asyncio.sleep(0.1)
+    assert rig.scraper.held == 0
+
+
+async def test_exporter_without_the_contract_is_polled() -> None:
+    async def handle(request: web.Request) -> web.Response:
+        assert "Prefer" not in request.headers
+        if request.headers.get("If-None-Match") == '"1"':
+            return web.Response(status=304)
+        return web.Response(text=BODY, content_type="application/json", headers={"ETag": '"1"'})
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    r = _rig(port)
+    try:
+        await r.runs(3)
+        assert r.state.max_wait is None and r.state.held is None and r.scraper.held == 0
+        assert r.counted == ["ok", "not_modified", "not_modified"]
+    finally:
+        await r.scraper.close()
+        await runner.cleanup()
