@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
 from collections.abc import Callable
 from typing import Any, Self
@@ -37,6 +38,7 @@ from kubernetes.client import ApiClient, ApiextensionsV1Api, CoreV1Api, CustomOb
 from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
+from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
 from scraper.kube.calls import Retries, call, is_transient
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.crd import CRD_NAME, REASON_UNSUPPORTED, CrdSupport
@@ -263,19 +265,20 @@ class StatusWriter:
             "metadata": {"name": name, "namespace": namespace},
             "status": {"trainerStatus": status.to_api()},
         }
-        result: dict[str, Any] = self._api.call_api(
+        resp = self._api.call_api(
             "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status",
             "PATCH",
             {"group": API_GROUP, "version": API_VERSION, "namespace": namespace,
              "plural": TRAINJOB_PLURAL, "name": name},
             [("fieldManager", FIELD_MANAGER), ("force", "true")],
-            {"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
-            body=body,
-            response_type="object",
+            {"Content-Type": APPLY_CONTENT_TYPE, "Accept": "application/json"},
+            body=encode_apply_body(body),
             auth_settings=["BearerToken"],
             _return_http_data_only=True,
+            _preload_content=False,  # one json.loads here, no model deserialisation
             _request_timeout=REQUEST_TIMEOUT,
         )
+        result: dict[str, Any] = json.loads(resp.data)
         return result
 
     async def drain(self, deadline: float) -> bool:
