@@ -54,7 +54,9 @@ REASON_SCRAPE_FAILED = "TrainerStatusScrapeFailed"
 REASON_FINAL_INVALID = "InvalidFinalTrainerStatus"
 
 #: Outcomes after which the ETag is kept: the status is where it belongs (or cannot be).
-_SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.NOT_STORED)
+#: QUEUED: the write queue keeps it until applied (writes: scraper/status_writer.py).
+_SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.NOT_STORED,
+            WriteOutcome.QUEUED)
 
 
 class Scraper(Protocol):
@@ -64,13 +66,14 @@ class Scraper(Protocol):
 
 
 class StatusWriter(Protocol):
-    """Applies a status to a TrainJob.
+    """Applies (or queues) a status for a TrainJob; ``final`` for a final status.
 
     Raises :class:`~scraper.status_writer.TrainJobGone` when the TrainJob does not
     exist; any other exception counts as a failed write.
     """
 
-    async def apply(self, namespace: str, name: str, status: TrainerStatus) -> WriteOutcome: ...
+    async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
+                    final: bool = False) -> WriteOutcome: ...
 
 
 class EventRecorder(Protocol):
@@ -220,11 +223,11 @@ class ScrapeLoop:
         await self._events.event(target.namespace, target.trainjob, reason,
                                  message + "; the previous status is kept")
 
-    async def write(self, namespace: str, trainjob: str,
-                    status: TrainerStatus) -> WriteOutcome | None:
+    async def write(self, namespace: str, trainjob: str, status: TrainerStatus, *,
+                    final: bool = False) -> WriteOutcome | None:
         """Apply ``status``; None when the TrainJob is gone (``on_gone`` was called)."""
         try:
-            return await self._writer.apply(namespace, trainjob, status)
+            return await self._writer.apply(namespace, trainjob, status, final=final)
         except TrainJobGone:
             log.info("TrainJob %s/%s is gone: no longer scraping its pod", namespace, trainjob)
             self._on_gone(namespace, trainjob)
@@ -249,7 +252,7 @@ class ScrapeLoop:
                 continue
             if state is not None:
                 state.view.status = status
-            outcome = await self.write(final.namespace, final.trainjob, status)
+            outcome = await self.write(final.namespace, final.trainjob, status, final=True)
             log.info("final status of TrainJob %s/%s from pod %s (container %s): %s",
                      final.namespace, final.trainjob, final.pod_name, container,
                      outcome.value if outcome else "TrainJob gone")

@@ -178,6 +178,7 @@ SCOPE_GRANTS = {
     ("", "pods", "watch", ()),
     ("trainer.kubeflow.org", "trainjobs", "get", ()),
     ("trainer.kubeflow.org", "trainjobs", "list", ()),
+    ("trainer.kubeflow.org", "trainjobs", "watch", ()),
     ("trainer.kubeflow.org", "trainjobs/status", "patch", ()),
     ("", "events", "create", ()),
     ("", "events", "patch", ()),

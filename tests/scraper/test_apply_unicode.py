@@ -34,8 +34,9 @@ from exporter_lib.status import (
 )
 from localdev.cluster import objects
 from scraper.kube.apply_body import encode_apply_body
-from scraper.status_writer import StatusWriter, WriteOutcome
+from scraper.status_writer import WriteOutcome
 from tests.helpers.scraper import ScraperProcess, progress_of, trainer_status, wait_for
+from tests.helpers.writer import running_writer
 
 pytestmark = pytest.mark.usefixtures("trainjob_crd")
 
@@ -77,8 +78,8 @@ def test_every_unicode_name_and_value_round_trips(kube_api: client.ApiClient,
     assert exp.port is not None
     custom = client.CustomObjectsApi(kube_api)
     loop = asyncio.new_event_loop()
-    writer = StatusWriter.for_client(kube_api, identity="test", qps=1000, burst=1000,
-                                     attempts=3)
+    ctx = running_writer(kube_api, namespace, qps=1000, burst=1000)
+    writer, _ = loop.run_until_complete(ctx.__aenter__())
     counter = iter(range(10**9))
 
     def roundtrip(name: str, value: str) -> None:
@@ -89,7 +90,7 @@ def test_every_unicode_name_and_value_round_trips(kube_api: client.ApiClient,
                      metrics={name: value, "fixed": YAML_HOSTILE})
         served = TrainerStatus.from_json(_served(exp.port))  # type: ignore[arg-type]
         assert {"name": name, "value": value} in served.to_api()["metrics"]
-        outcome = loop.run_until_complete(writer.apply(namespace, "uni", served))
+        outcome = loop.run_until_complete(writer.apply_and_wait(namespace, "uni", served))
         assert outcome is WriteOutcome.WRITTEN, outcome
         obj = custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace,
                                                   TRAINJOB_PLURAL, "uni")
@@ -106,6 +107,7 @@ def test_every_unicode_name_and_value_round_trips(kube_api: client.ApiClient,
         roundtrip("stage", "\U0001F680 launch")  # issue 13 input 4, first and always
         check()
     finally:
+        loop.run_until_complete(ctx.__aexit__(None, None, None))
         loop.close()
         exp.stop()
 
