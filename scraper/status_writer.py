@@ -10,9 +10,10 @@ server-side apply, only on change.
   the bucket shared with Events (``--write-qps``, ``--write-burst``).
 * Writes are server-side apply patches on the ``status`` subresource with the
   field manager :data:`FIELD_MANAGER` and ``force=true`` (``trainerStatus`` belongs to
-  the scraper by contract; fields outside it are never sent).  The body carries the
-  TrainJob's ``metadata.uid`` when known, so the API server refuses (409) a write
-  meant for an object that was deleted and re-created meanwhile.
+  the scraper by contract; fields outside it are never sent).  Before each write the
+  TrainJob's UID in the informer's store must be the one the status is meant for
+  (a ``metadata.uid`` in the apply body is no precondition: kube-apiserver v1.37
+  accepts a status apply with a wrong UID, measured, so the check is ours).
 * A failed write stays queued and is retried with backoff (0.2 s doubling to 30 s,
   never sooner than ``Retry-After``) until it is applied, superseded by a newer
   status, the TrainJob is gone (404, or its UID changed) or this replica stops
@@ -440,9 +441,6 @@ class StatusWriter:
         if isinstance(exc, ApiException) and exc.status == 404:
             self._gone(item, "the API answered 404")
             return WriteOutcome.FAILED, None
-        if isinstance(exc, ApiException) and exc.status == 409 and "uid" in str(exc.body or ""):
-            self._gone(item, "it was re-created (UID precondition failed)")
-            return WriteOutcome.FAILED, None
         if _not_in_schema(exc):
             self.crd.mark_unsupported("server-side apply answered that "
                                       "status.trainerStatus is not declared in its schema")
@@ -486,13 +484,10 @@ class StatusWriter:
     def _ssa(self, namespace: str, name: str, uid: str,
              status: TrainerStatus) -> dict[str, Any]:
         """The apply request itself (blocking; runs in a worker thread)."""
-        metadata = {"name": name, "namespace": namespace}
-        if uid:
-            metadata["uid"] = uid  # a precondition: 409 if the object was re-created
         body = {
             "apiVersion": f"{API_GROUP}/{API_VERSION}",
             "kind": "TrainJob",
-            "metadata": metadata,
+            "metadata": {"name": name, "namespace": namespace},
             "status": {"trainerStatus": status.to_api()},
         }
         resp = self._api.call_api(
