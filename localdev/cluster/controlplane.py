@@ -81,7 +81,7 @@ class ControlPlane:
         self._pki: PkiFiles | None = None
         self._etcd: subprocess.Popen[bytes] | None = None
         self._apiserver: subprocess.Popen[bytes] | None = None
-        self._apiserver_args = []
+        self._apiserver_args: list[str] = []
         self._port = 0
         self.startup_seconds: float | None = None
         """Wall time of the last successful :meth:`start` (seconds)."""
