@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from kubernetes import client as k8s
@@ -28,6 +28,7 @@ from kubernetes import client as k8s
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from scraper.config import ScraperSettings
 from scraper.discovery import PodEvent, PodWatcher, Synced, WatchItem, probe_selector
+from scraper.identity import LABEL_JOBSET_NAME, Identity, OwnerIndex
 from scraper.kube.client import load_client
 from scraper.kube.informer import ListWatch
 from scraper.leader import LeaseElector
@@ -39,11 +40,14 @@ from scraper.scraping import ExporterScraper, ScrapeLimits
 from scraper.status_writer import StatusWriter
 from scraper.supervisor import Supervisor
 from scraper.telemetry import Telemetry
-from scraper.trainjobs import TrainJobStore
+from scraper.trainjobs import Held, TrainJobStore
 
 log = logging.getLogger(__name__)
 
 CRD_RECHECK_SECONDS = 60.0
+#: JobSet API (the owner chain Pod -> Job -> JobSet -> TrainJob).
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
 
 ROOT_CONSUMER = "pod-watch-consumer"
 ROOT_LEADER = "leader-election"
@@ -114,11 +118,24 @@ class ScraperApp:
             count_scrape=lambda result: self.telemetry.scrapes.labels(result).inc(),
             count_write=lambda outcome: self.telemetry.writes.labels(outcome.value).inc(),
         )
+        # --- identity: Jobs and JobSets by UID (scraper/identity.py)
+        self.jobs = OwnerIndex(self.scopes)
+        self.jobsets = OwnerIndex(self.scopes)
+        self.identity = Identity(self.jobs, self.jobsets, self.trainjobs)
+        # --- end identity
         self.manager = TargetManager(
             self.loop, self.scheduler, spawn=self._spawn, forget=self.writer.forget,
             default_port=s.default_port, default_path=s.default_path,
             default_interval=s.interval, leading=not s.leader_election,
+            identify=self.identity.verify,
         )
+        self.jobs.on_change = self.jobsets.on_change = self._owners_changed
+        on_trainjob_change = self.trainjobs.on_change
+
+        def trainjob_changed(namespace: str, name: str, held: Held) -> None:
+            on_trainjob_change(namespace, name, held)
+            self._owners_changed()
+        self.trainjobs.on_change = trainjob_changed
         self._synced_scopes: set[str | None] = set()
 
     # ------------------------------------------------------------ lifecycle
@@ -198,10 +215,10 @@ class ScraperApp:
             await self.writer.stop()
             await supervisor.cancel(ROOT_CONSUMER, ROOT_CRD)
             await supervisor.cancel(ROOT_LEADER)  # last: it releases the Lease
-            for w in watchers:
-                await asyncio.to_thread(w.stop, 1.0)
-            for tw in trainjob_watches:
-                await asyncio.to_thread(tw.stop, 1.0)
+            # All at once: each may wait up to 1 s for its blocked read.
+            stops: list[Callable[[float], None]] = [w.stop for w in watchers]
+            stops += [w.stop for w in trainjob_watches]
+            await asyncio.gather(*(asyncio.to_thread(stop, 1.0) for stop in stops))
 
     async def _run_target(self, key: str) -> None:
         # A coroutine function (not a lambda returning a coroutine): APScheduler runs
@@ -266,22 +283,42 @@ class ScraperApp:
     # ------------------------------------------------------------ write side
 
     def _trainjob_watches(self, loop: asyncio.AbstractEventLoop) -> list[ListWatch]:
-        """One TrainJob list+watch per scope, feeding :attr:`trainjobs`."""
+        """Per scope: list+watch of TrainJobs (:attr:`trainjobs`), JobSets and Jobs of
+        JobSets (:attr:`identity`)."""
         custom = k8s.CustomObjectsApi(self.api)
+        batch = k8s.BatchV1Api(self.api)
         watches = []
         for ns in self.scopes:
+            kinds: list[tuple[str, Callable[..., Any], TrainJobStore | OwnerIndex]] = []
             if ns is None:
-                lister = functools.partial(custom.list_cluster_custom_object, API_GROUP,
-                                           API_VERSION, TRAINJOB_PLURAL)
+                kinds += [
+                    ("trainjobs", functools.partial(custom.list_cluster_custom_object, API_GROUP,
+                                                    API_VERSION, TRAINJOB_PLURAL), self.trainjobs),
+                    ("jobsets", functools.partial(custom.list_cluster_custom_object, JOBSET_GROUP,
+                                                  JOBSET_VERSION, "jobsets"), self.jobsets),
+                    ("jobs", functools.partial(batch.list_job_for_all_namespaces,
+                                               label_selector=LABEL_JOBSET_NAME), self.jobs)]
             else:
-                lister = functools.partial(custom.list_namespaced_custom_object, API_GROUP,
-                                           API_VERSION, ns, TRAINJOB_PLURAL)
-            watches.append(ListWatch(
-                lister, name=f"trainjobs/{ns or 'all'}", loop=loop,
-                on_list=functools.partial(self.trainjobs.on_list, ns),
-                on_event=self.trainjobs.on_event, on_restart=self._watch_restarted,
-                relist_interval=self.settings.resync_interval))
+                kinds += [
+                    ("trainjobs", functools.partial(custom.list_namespaced_custom_object,
+                                                    API_GROUP, API_VERSION, ns, TRAINJOB_PLURAL),
+                     self.trainjobs),
+                    ("jobsets", functools.partial(custom.list_namespaced_custom_object,
+                                                  JOBSET_GROUP, JOBSET_VERSION, ns, "jobsets"),
+                     self.jobsets),
+                    ("jobs", functools.partial(batch.list_namespaced_job, ns,
+                                               label_selector=LABEL_JOBSET_NAME), self.jobs)]
+            for kind, lister, sink in kinds:
+                watches.append(ListWatch(
+                    lister, name=f"{kind}/{ns or 'all'}", loop=loop,
+                    on_list=functools.partial(sink.on_list, ns),
+                    on_event=sink.on_event, on_restart=self._watch_restarted,
+                    relist_interval=self.settings.resync_interval))
         return watches
+
+    def _owners_changed(self) -> None:
+        self.manager.recheck()
+        self._targets_changed()
 
     def _trainjob_gone(self, namespace: str, name: str, uid: str) -> None:
         log.info("TrainJob %s/%s (UID %s) is gone: no longer scraping its pod",

@@ -73,7 +73,7 @@ class StatusWriter(Protocol):
     """
 
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
-                    final: bool = False) -> WriteOutcome: ...
+                    final: bool = False, uid: str = "") -> WriteOutcome: ...
 
 
 class EventRecorder(Protocol):
@@ -197,7 +197,8 @@ class ScrapeLoop:
         state.view.status = result.status
         if state.dropped or state.target is None:
             return  # the pod ended meanwhile: its final status wins
-        outcome = await self.write(target.namespace, target.trainjob, result.status)
+        outcome = await self.write(target.namespace, target.trainjob, result.status,
+                                   uid=target.trainjob_uid)
         state.etag = result.etag if outcome in _SETTLED else None
 
     async def _on_failure(self, state: TargetState, target: Target, failure: Failure) -> None:
@@ -224,10 +225,11 @@ class ScrapeLoop:
                                  message + "; the previous status is kept")
 
     async def write(self, namespace: str, trainjob: str, status: TrainerStatus, *,
-                    final: bool = False) -> WriteOutcome | None:
-        """Apply ``status``; None when the TrainJob is gone (``on_gone`` was called)."""
+                    final: bool = False, uid: str = "") -> WriteOutcome | None:
+        """Apply ``status`` to TrainJob ``uid`` (``""``: whichever exists); None when the
+        TrainJob is gone (``on_gone`` was called)."""
         try:
-            return await self._writer.apply(namespace, trainjob, status, final=final)
+            return await self._writer.apply(namespace, trainjob, status, final=final, uid=uid)
         except TrainJobGone:
             log.info("TrainJob %s/%s is gone: no longer scraping its pod", namespace, trainjob)
             self._on_gone(namespace, trainjob)
@@ -252,7 +254,8 @@ class ScrapeLoop:
                 continue
             if state is not None:
                 state.view.status = status
-            outcome = await self.write(final.namespace, final.trainjob, status, final=True)
+            outcome = await self.write(final.namespace, final.trainjob, status, final=True,
+                                       uid=final.trainjob_uid)
             log.info("final status of TrainJob %s/%s from pod %s (container %s): %s",
                      final.namespace, final.trainjob, final.pod_name, container,
                      outcome.value if outcome else "TrainJob gone")
