@@ -405,10 +405,12 @@ class StatusWriter:
             return WriteOutcome.NOT_STORED, None
         if self.crd.supported is not True:
             self.crd.mark_supported()
-        self.store.store(namespace, name, obj)
+        # What the TrainJob holds now is what was sent (SSA with force owns the field):
+        # no second validation of the answer's trainerStatus.
         meta = obj.get("metadata") or {}
-        self._ours[item.key] = _Ours(meta.get("uid", held.uid), item.status,
-                                     meta.get("resourceVersion", ""), self._clock())
+        uid, rv = meta.get("uid", held.uid), meta.get("resourceVersion", "")
+        self.store.keep(namespace, name, Held(uid, item.status, rv))
+        self._ours[item.key] = _Ours(uid, item.status, rv, self._clock())
         if item.priority is Priority.FINAL:
             log.info("final status of TrainJob %s/%s applied (%d failed tries before)",
                      namespace, name, item.attempts)

@@ -116,8 +116,12 @@ class TrainJobStore:
         return held
 
     def store(self, namespace: str, name: str, obj: dict[str, Any]) -> None:
-        """Keep what an API answer (an apply response) says the TrainJob holds."""
-        new = held_from_object(obj)
+        """Keep what an API answer (e.g. a GET) says the TrainJob holds."""
+        self.keep(namespace, name, held_from_object(obj))
+
+    def keep(self, namespace: str, name: str, new: Held) -> None:
+        """Keep ``new`` as what the TrainJob holds (an apply's result), unless the store
+        already has a newer resourceVersion of the same object."""
         old = self._held.get((namespace, name))
         if old is not None and old.uid == new.uid and older(new.resource_version,
                                                               old.resource_version):
