@@ -266,9 +266,11 @@ class StatusWriter:
             raise TrainJobGone(f"{namespace}/{name} (UID {held.uid}, not {uid})")
         pending = self.queue.pending(key)
         if pending is None and held is not None and already_holds(held.status, status):
+            self._on_write(WriteOutcome.UNCHANGED)
             return WriteOutcome.UNCHANGED
         if self.crd.supported is False and not self.crd.recheck_due():
             await self._tell_unsupported(namespace, name, held.uid if held else "")
+            self._on_write(WriteOutcome.NOT_STORED)
             return WriteOutcome.NOT_STORED
         priority = priority_of(held.status if held else None, status, final=final)
         if key not in self._ours and priority > Priority.FIRST:
