@@ -9,7 +9,13 @@ microseconds (user+system of this process) per operation:
 * aiohttp's ``ClientSession`` GET answered by a 304 from nginx, alone, in the
   pattern the 20 phases give (N/20 requests at once, 20 times a second);
 * ``asyncio.to_thread`` of a no-op, the hop every status write makes into the
-  synchronous Kubernetes client.
+  synchronous Kubernetes client;
+* one status write to a real kube-apiserver (``--writes N``, 0 skips it; needs the
+  control-plane binaries): the former path (the client's JSON body, model
+  deserialisation of the answer, one ``to_thread`` per write) against today's
+  (:class:`scraper.status_writer.StatusWriter`: queue, writer task, raw UTF-8 body,
+  ``_preload_content=False`` and one ``json.loads``).  CPU of this process only (the
+  API server's is not counted): hop + serialisation + TLS request + response handling.
 
 Every loop is bounded (a few seconds each); nginx listens on 127.0.0.1 only.
 """
@@ -113,7 +119,75 @@ async def thread_hop(count: int = 2000) -> float:
     return 1e6 * (time.process_time() - c0) / count
 
 
-def measure(n: int, window: float = WINDOW) -> list[str]:
+async def status_writes(count: int) -> tuple[float, float]:
+    """CPU us per status write, ``(former path, today's path)``, ``count`` writes each."""
+    from datetime import UTC, datetime
+
+    from aiolimiter import AsyncLimiter
+    from kubernetes import client
+
+    from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
+    from localdev.cluster.controlplane import ControlPlane
+    from localdev.cluster.crds import install_trainjob_crds
+    from localdev.cluster.objects import create_trainjob
+    from scraper.kube.calls import Retries, call
+    from scraper.status_writer import FIELD_MANAGER, StatusWriter
+    from scraper.trainjobs import TrainJobStore
+
+    def status(i: int) -> TrainerStatus:
+        return TrainerStatus.from_api({
+            "progressPercentage": i % 101,
+            "metrics": [{"name": f"m{j}", "value": f"{i}.{j}"} for j in range(8)],
+            "lastUpdatedTime": datetime.now(UTC)})
+
+    with ControlPlane() as plane:
+        api = plane.api_client()
+        install_trainjob_crds(api)
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": "bench"}})
+        obj = create_trainjob(api, "bench", "w")
+        path = "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status"
+        params = {"group": API_GROUP, "version": API_VERSION, "namespace": "bench",
+                  "plural": TRAINJOB_PLURAL, "name": "w"}
+
+        def former(i: int) -> object:
+            body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "TrainJob",
+                    "metadata": {"name": "w", "namespace": "bench"},
+                    "status": {"trainerStatus": status(i).to_api()}}
+            return api.call_api(path, "PATCH", dict(params),
+                                [("fieldManager", FIELD_MANAGER), ("force", "true")],
+                                {"Content-Type": "application/apply-patch+yaml",
+                                 "Accept": "application/json"},
+                                body=body, response_type="object",
+                                auth_settings=["BearerToken"], _return_http_data_only=True)
+
+        limiter = AsyncLimiter(10**6, 1.0)
+        retries = Retries(attempts=5)
+        for i in range(20):  # warm the connection
+            await call(former, i, limiter=limiter, retries=retries)
+        c0 = time.process_time()
+        for i in range(count):  # as the former StatusWriter._apply called it
+            await call(former, i + 1, limiter=limiter, retries=retries)
+        before = 1e6 * (time.process_time() - c0) / count
+
+        store = TrainJobStore(["bench"])
+        store.on_list("bench", [obj])
+        writer = StatusWriter.for_client(api, identity="bench", qps=1e6, burst=10**6,
+                                         store=store)
+        writer.start()
+        try:
+            for i in range(20):
+                await writer.apply_and_wait("bench", "w", status(1000 + i))
+            c0 = time.process_time()
+            for i in range(count):
+                await writer.apply_and_wait("bench", "w", status(2000 + i))
+            after = 1e6 * (time.process_time() - c0) / count
+        finally:
+            await writer.stop()
+            api.close()
+    return before, after
+
+
+def measure(n: int, window: float = WINDOW, writes: int = 0) -> list[str]:
     """All pieces for ``n`` targets, ``window`` seconds each; one printable line each."""
     lines = [f"asyncio timer wakeup, {n}/s spread: "
              f"{asyncio.run(timer_wakeups(n, window)):.0f} us",
@@ -125,16 +199,22 @@ def measure(n: int, window: float = WINDOW) -> list[str]:
                      f"{asyncio.run(aiohttp_304(farm.urls(n), window)):.0f} us")
     lines.append(f"asyncio.to_thread(no-op), the status write's hop: "
                  f"{asyncio.run(thread_hop()):.0f} us")
+    if writes:
+        before, after = asyncio.run(status_writes(writes))
+        lines.append(f"status write to kube-apiserver (8 metrics), CPU of the scraper process: "
+                     f"former path {before:.0f} us, today's {after:.0f} us ({writes} each)")
     return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.breakdown")
     parser.add_argument("--targets", type=int, default=1000, help="at least 1")
+    parser.add_argument("--writes", type=int, default=300,
+                        help="status writes per path to a real kube-apiserver (0: skip)")
     args = parser.parse_args()
     if args.targets < 1:
         parser.error(f"--targets={args.targets}: must be at least 1")
-    print("\n".join(measure(args.targets)))
+    print("\n".join(measure(args.targets, writes=max(0, args.writes))))
 
 
 if __name__ == "__main__":

@@ -34,15 +34,19 @@ from scraper.loop import TargetState
 from scraper.status_writer import StatusWriter, WriteOutcome, already_holds
 from scraper.targets import Target
 from scraper.telemetry import JobView
-from scraper.trainjobs import Held, TrainJobCache
+from scraper.trainjobs import Held, TrainJobStore
 
 NAMESPACE = "bench"
 
 
-class OfflineCache(TrainJobCache):
-    """TrainJobs that live in memory instead of the API server."""
+class OfflineStore(TrainJobStore):
+    """TrainJobs that live in memory instead of the API server (no informer)."""
 
-    async def held(self, namespace: str, name: str) -> Held:
+    def __init__(self) -> None:
+        super().__init__([None])
+        self.synced.set()
+
+    def get(self, namespace: str, name: str) -> Held | None:
         return self._held.setdefault((namespace, name), Held("uid", None))
 
 
@@ -51,7 +55,8 @@ class OfflineWriter(StatusWriter):
 
     writes = 0
 
-    def _ssa(self, namespace: str, name: str, status: TrainerStatus) -> dict[str, Any]:
+    def _ssa(self, namespace: str, name: str, uid: str,
+             status: TrainerStatus) -> dict[str, Any]:
         OfflineWriter.writes += 1
         return {"metadata": {"uid": "uid"}, "status": {"trainerStatus": status.to_api()}}
 
@@ -63,10 +68,11 @@ class ScrapeOnlyWriter(OfflineWriter):
     the retry wrapper, the token bucket and the worker-thread hop into the client.
     """
 
-    async def apply(self, namespace: str, name: str, status: TrainerStatus) -> WriteOutcome:
-        held = await self.cache.held(namespace, name)
-        if not already_holds(held.status, status):
-            self.cache._held[(namespace, name)] = Held("uid", status)
+    async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
+                    final: bool = False, uid: str = "") -> WriteOutcome:
+        held = self.store.get(namespace, name)
+        if held is None or not already_holds(held.status, status):
+            self.store._held[(namespace, name)] = Held("uid", status)
         return WriteOutcome.UNCHANGED
 
 
@@ -93,12 +99,13 @@ async def run(urls: list[str], interval: float, warmup: float, window: float,
     apps: list[ScraperApp] = []
     kind = OfflineWriter if writes else ScrapeOnlyWriter
     writer = kind.for_client(
-        api, identity="bench", qps=settings.write_qps, burst=settings.write_burst, attempts=1,
-        cache=OfflineCache(k8s.CustomObjectsApi(api)),
+        api, identity="bench", qps=settings.write_qps, burst=settings.write_burst,
+        store=OfflineStore(),
         on_write=lambda outcome: apps[0].telemetry.writes.labels(outcome.value).inc())
     app = ScraperApp(settings, api_client=api, writer=writer)
     apps.append(app)
     app.scheduler.start()
+    app.writer.start()
     rss_before = rss_bytes()
     try:
         for i, url in enumerate(urls):
@@ -120,6 +127,7 @@ async def run(urls: list[str], interval: float, warmup: float, window: float,
     finally:
         app.manager.stop_holding()
         app.scheduler.shutdown()
+        await app.writer.stop()
         await asyncio.sleep(0.2)
         await app.scraper.close()
     results = {k: s1.get(k, 0.0) - s0.get(k, 0.0) for k in set(s0) | set(s1)}

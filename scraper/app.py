@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from kubernetes import client as k8s
 
+from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from scraper.config import ScraperSettings
 from scraper.discovery import PodEvent, PodWatcher, Synced, WatchItem, probe_selector
+from scraper.identity import LABEL_JOBSET_NAME, Identity, OwnerIndex
 from scraper.kube.client import load_client, without_retries
+from scraper.kube.informer import ListWatch
 from scraper.leader import LeaseElector
 from scraper.loop import ScrapeLoop
 from scraper.manager import TargetManager
@@ -37,18 +40,18 @@ from scraper.scraping import ExporterScraper, ScrapeLimits
 from scraper.status_writer import StatusWriter
 from scraper.supervisor import Supervisor
 from scraper.telemetry import Telemetry
+from scraper.trainjobs import Held, TrainJobStore
 
 log = logging.getLogger(__name__)
 
 CRD_RECHECK_SECONDS = 60.0
-#: How often the resync task looks whether a resync is due (it is due every
-#: ``--resync-interval`` seconds while leading).
-RESYNC_POLL_SECONDS = 1.0
+#: JobSet API (the owner chain Pod -> Job -> JobSet -> TrainJob).
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
 
 ROOT_CONSUMER = "pod-watch-consumer"
 ROOT_LEADER = "leader-election"
 ROOT_CRD = "crd-recheck"
-ROOT_RESYNC = "trainjob-resync"
 
 
 class ScraperApp:
@@ -84,11 +87,19 @@ class ScraperApp:
                 retry_period=s.retry_period,
                 on_change=self._on_leadership,
             )
+        # --- write side: TrainJob informer store + write queue (status_writer.py)
+        self.scopes: list[str | None] = list(s.namespaces) or [None]
+        self.trainjobs = TrainJobStore(self.scopes)
         self.writer = writer or StatusWriter.for_client(
             self.api, identity=s.identity, qps=s.write_qps, burst=s.write_burst,
-            attempts=s.write_attempts, may_write=self._may_write,
+            store=self.trainjobs, may_write=self._may_write,
             on_write=lambda outcome: self.telemetry.writes.labels(outcome.value).inc(),
+            metrics_interval=s.metrics_write_interval,
         )
+        self.trainjobs = self.writer.store
+        self.trainjobs.on_gone = self._trainjob_gone
+        self.writer.on_gone = self._drop_trainjob
+        # --- end write side
         self.crd = self.writer.crd
         self.events = self.writer.events
         self.scraper = ExporterScraper(
@@ -112,11 +123,24 @@ class ScraperApp:
                                           else self.scheduler.resume(key)),
         )
         self.telemetry.held_scrapes.set_function(lambda: self.scraper.held)
+        # --- identity: Jobs and JobSets by UID (scraper/identity.py)
+        self.jobs = OwnerIndex(self.scopes)
+        self.jobsets = OwnerIndex(self.scopes)
+        self.identity = Identity(self.jobs, self.jobsets, self.trainjobs)
+        # --- end identity
         self.manager = TargetManager(
             self.loop, self.scheduler, spawn=self._spawn, forget=self.writer.forget,
             default_port=s.default_port, default_path=s.default_path,
             default_interval=s.interval, leading=not s.leader_election,
+            identify=self.identity.verify,
         )
+        self.jobs.on_change = self.jobsets.on_change = self._owners_changed
+        on_trainjob_change = self.trainjobs.on_change
+
+        def trainjob_changed(namespace: str, name: str, held: Held) -> None:
+            on_trainjob_change(namespace, name, held)
+            self._owners_changed()
+        self.trainjobs.on_change = trainjob_changed
         self._synced_scopes: set[str | None] = set()
 
     # ------------------------------------------------------------ lifecycle
@@ -164,13 +188,15 @@ class ScraperApp:
                        on_restart=self._watch_restarted)
             for ns in scopes
         ]
+        trainjob_watches = self._trainjob_watches(loop)  # write side
+        for tw in trainjob_watches:
+            tw.start()
+        self.writer.start()
         self.scheduler.start()
         for w in watchers:
             w.start()
         supervisor.root(ROOT_CONSUMER, self._consume(queue))
         supervisor.root(ROOT_CRD, self._recheck_crd())
-        if s.resync_interval > 0:
-            supervisor.root(ROOT_RESYNC, self._resync(s.resync_interval))
         if self._elector is not None:
             supervisor.root(ROOT_LEADER, self._elector.run())
         log.info("trainjob-scraper started: selector %r, namespaces %s, interval %gs%s",
@@ -192,10 +218,13 @@ class ScraperApp:
                             s.shutdown_timeout)
             self.scheduler.shutdown()
             await supervisor.cancel_background()
-            await supervisor.cancel(ROOT_CONSUMER, ROOT_CRD, ROOT_RESYNC)
+            await self.writer.stop()
+            await supervisor.cancel(ROOT_CONSUMER, ROOT_CRD)
             await supervisor.cancel(ROOT_LEADER)  # last: it releases the Lease
-            for w in watchers:
-                await asyncio.to_thread(w.stop, 1.0)
+            # All at once: each may wait up to 1 s for its blocked read.
+            stops: list[Callable[[float], None]] = [w.stop for w in watchers]
+            stops += [w.stop for w in trainjob_watches]
+            await asyncio.gather(*(asyncio.to_thread(stop, 1.0) for stop in stops))
 
     async def _run_target(self, key: str) -> None:
         # A coroutine function (not a lambda returning a coroutine): APScheduler runs
@@ -222,6 +251,8 @@ class ScraperApp:
 
     def _on_leadership(self, leading: bool) -> None:
         self.telemetry.leader.set(1 if leading else 0)
+        if not leading:
+            self.writer.stop_leading()  # the next leader re-derives finals from the pods
         self.manager.set_leading(leading)
         self._targets_changed()
 
@@ -255,27 +286,50 @@ class ScraperApp:
                 with contextlib.suppress(Exception):  # check() logs what it learns
                     await self.crd.check()
 
-    async def _resync(self, interval: float) -> None:
-        """While leading, list TrainJobs every ``interval`` s; drop targets of gone ones."""
-        last = time.monotonic()
-        while True:
-            await asyncio.sleep(RESYNC_POLL_SECONDS)
-            if not self.manager.leading or time.monotonic() - last < interval:
-                continue
-            last = time.monotonic()
-            before = self.manager.snapshot()
-            try:
-                exists = await self.writer.resync(self.settings.namespaces)
-            except Exception as exc:
-                log.warning("TrainJob resync failed: %s", exc)
-                continue
-            for state in before:
-                if state.dropped:
-                    continue  # replaced or gone while the list ran: not this list's news
-                tj = state.trainjob_key
-                if tj not in exists:
-                    log.info("TrainJob %s/%s is gone: no longer scraping its pod", *tj)
-                    self._drop_trainjob(*tj)
+    # ------------------------------------------------------------ write side
+
+    def _trainjob_watches(self, loop: asyncio.AbstractEventLoop) -> list[ListWatch]:
+        """Per scope: list+watch of TrainJobs (:attr:`trainjobs`), JobSets and Jobs of
+        JobSets (:attr:`identity`)."""
+        custom = k8s.CustomObjectsApi(self.api)
+        batch = k8s.BatchV1Api(self.api)
+        watches = []
+        for ns in self.scopes:
+            kinds: list[tuple[str, Callable[..., Any], TrainJobStore | OwnerIndex]] = []
+            if ns is None:
+                kinds += [
+                    ("trainjobs", functools.partial(custom.list_cluster_custom_object, API_GROUP,
+                                                    API_VERSION, TRAINJOB_PLURAL), self.trainjobs),
+                    ("jobsets", functools.partial(custom.list_cluster_custom_object, JOBSET_GROUP,
+                                                  JOBSET_VERSION, "jobsets"), self.jobsets),
+                    ("jobs", functools.partial(batch.list_job_for_all_namespaces,
+                                               label_selector=LABEL_JOBSET_NAME), self.jobs)]
+            else:
+                kinds += [
+                    ("trainjobs", functools.partial(custom.list_namespaced_custom_object,
+                                                    API_GROUP, API_VERSION, ns, TRAINJOB_PLURAL),
+                     self.trainjobs),
+                    ("jobsets", functools.partial(custom.list_namespaced_custom_object,
+                                                  JOBSET_GROUP, JOBSET_VERSION, ns, "jobsets"),
+                     self.jobsets),
+                    ("jobs", functools.partial(batch.list_namespaced_job, ns,
+                                               label_selector=LABEL_JOBSET_NAME), self.jobs)]
+            for kind, lister, sink in kinds:
+                watches.append(ListWatch(
+                    lister, name=f"{kind}/{ns or 'all'}", loop=loop,
+                    on_list=functools.partial(sink.on_list, ns),
+                    on_event=sink.on_event, on_restart=self._watch_restarted,
+                    relist_interval=self.settings.resync_interval))
+        return watches
+
+    def _owners_changed(self) -> None:
+        self.manager.recheck()
+        self._targets_changed()
+
+    def _trainjob_gone(self, namespace: str, name: str, uid: str) -> None:
+        log.info("TrainJob %s/%s (UID %s) is gone: no longer scraping its pod",
+                 namespace, name, uid)
+        self._drop_trainjob(namespace, name)
 
 
 async def _first(*events: asyncio.Event) -> None:

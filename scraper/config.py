@@ -129,16 +129,26 @@ class ScraperSettings(BaseSettings):
         description="longest wait between attempts on a target that refuses connections",
     )
     write_qps: float = Field(
-        default=5.0, gt=0, le=1000, description="status writes per second (sustained)"
+        default=20.0, gt=0, le=1000,
+        description="status writes and Events per second (sustained; kube-controller-"
+        "manager's client default)",
     )
-    write_burst: int = Field(default=10, ge=1, le=10000, description="status writes in a burst")
+    write_burst: int = Field(default=30, ge=1, le=10000,
+                             description="status writes and Events in a burst")
     write_attempts: int = Field(
-        default=5, ge=1, le=20, description="tries per status write on 409/429/5xx"
+        default=5, ge=1, le=20,
+        description="ignored: a queued write is retried until it is applied, superseded "
+        "or its TrainJob is gone (kept so existing configurations load)",
+    )
+    metrics_write_interval: float = Field(
+        default=0.0,
+        description="a change of metrics alone (progress and remaining time unchanged) is "
+        "written at most this often per TrainJob (0: whenever the budget allows)",
     )
     resync_interval: float = Field(
-        default=300.0,
-        description="how often TrainJobs are listed to notice deleted ones and drift "
-        "(0 disables)",
+        default=0.0,
+        description="how often the TrainJob informer relists besides its watch (a safety "
+        "net; the watch sees every change; 0: never)",
     )
     listen_host: str = Field(default="0.0.0.0", description="address of /metrics, /healthz")
     listen_port: int = Field(
@@ -221,6 +231,7 @@ class ScraperSettings(BaseSettings):
         "scrape_timeout",
         "backoff_max",
         "resync_interval",
+        "metrics_write_interval",
         "lease_duration",
         "renew_deadline",
         "retry_period",

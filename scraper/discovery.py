@@ -67,6 +67,7 @@ class Final:
     Attributes:
         messages: ``(container name, message)`` pairs to try in order; empty when
             no container left one.
+        trainjob_uid: the TrainJob UID of the pod's owner chain, once verified.
     """
 
     namespace: str
@@ -74,6 +75,7 @@ class Final:
     pod_name: str
     pod_uid: str
     messages: tuple[tuple[str, str], ...]
+    trainjob_uid: str = ""
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,9 @@ DETAIL_MAX = 160
 
 
 #: Outcomes after which the ETag is kept: the status is where it belongs (or cannot be).
-_SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.NOT_STORED)
+#: QUEUED: the write queue keeps it until applied (writes: scraper/status_writer.py).
+_SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.NOT_STORED,
+            WriteOutcome.QUEUED)
 
 
 class Scraper(Protocol):
@@ -83,13 +85,14 @@ class Scraper(Protocol):
 
 
 class StatusWriter(Protocol):
-    """Applies a status to a TrainJob.
+    """Applies (or queues) a status for a TrainJob; ``final`` for a final status.
 
     Raises :class:`~scraper.status_writer.TrainJobGone` when the TrainJob does not
     exist; any other exception counts as a failed write.
     """
 
-    async def apply(self, namespace: str, name: str, status: TrainerStatus) -> WriteOutcome: ...
+    async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
+                    final: bool = False, uid: str = "") -> WriteOutcome: ...
 
 
 class EventRecorder(Protocol):
@@ -284,7 +287,8 @@ class ScrapeLoop:
         state.view.status = result.status
         if state.dropped or state.target is None:
             return  # the pod ended meanwhile: its final status wins
-        outcome = await self.write(target.namespace, target.trainjob, result.status)
+        outcome = await self.write(target.namespace, target.trainjob, result.status,
+                                   uid=target.trainjob_uid)
         state.etag = result.etag if outcome in _SETTLED else None
 
     async def _on_failure(self, state: TargetState, target: Target, failure: Failure) -> None:
@@ -311,11 +315,12 @@ class ScrapeLoop:
         await self._events.event(target.namespace, target.trainjob, reason,
                                  message + "; the previous status is kept")
 
-    async def write(self, namespace: str, trainjob: str,
-                    status: TrainerStatus) -> WriteOutcome | None:
-        """Apply ``status``; None when the TrainJob is gone (``on_gone`` was called)."""
+    async def write(self, namespace: str, trainjob: str, status: TrainerStatus, *,
+                    final: bool = False, uid: str = "") -> WriteOutcome | None:
+        """Apply ``status`` to TrainJob ``uid`` (``""``: whichever exists); None when the
+        TrainJob is gone (``on_gone`` was called)."""
         try:
-            return await self._writer.apply(namespace, trainjob, status)
+            return await self._writer.apply(namespace, trainjob, status, final=final, uid=uid)
         except TrainJobGone:
             log.info("TrainJob %s/%s is gone: no longer scraping its pod", namespace, trainjob)
             self._on_gone(namespace, trainjob)
@@ -341,7 +346,8 @@ class ScrapeLoop:
                 continue
             if state is not None:
                 state.view.status = status
-            outcome = await self.write(final.namespace, final.trainjob, status)
+            outcome = await self.write(final.namespace, final.trainjob, status, final=True,
+                                       uid=final.trainjob_uid)
             log.info("final status of TrainJob %s/%s from pod %s (container %s): %s",
                      final.namespace, final.trainjob, final.pod_name, container,
                      outcome.value if outcome else "TrainJob gone")

@@ -9,6 +9,7 @@ It makes no Kubernetes or HTTP call of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
@@ -23,6 +24,7 @@ from scraper.discovery import (
     final_from_deleted,
     pod_key,
 )
+from scraper.identity import Belongs, Foreign, NotYet, Verdict, rank, restart_attempt
 from scraper.loop import ScrapeLoop, TargetState
 from scraper.targets import Target
 from scraper.telemetry import JobView
@@ -50,6 +52,9 @@ class TargetManager:
         forget: called with ``(namespace, trainjob)`` when a TrainJob is gone.
         default_port, default_path, default_interval: for pods without annotations.
         leading: whether this replica scrapes now (set through :meth:`set_leading`).
+        identify: the owner-chain check of a pod (:class:`scraper.identity.Identity`);
+            a pod that fails it is never a target, one that is not verified yet waits
+            until :meth:`recheck`.
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class TargetManager:
         default_path: str,
         default_interval: float,
         leading: bool,
+        identify: Callable[[dict[str, Any]], Verdict] = lambda pod: Belongs(""),
     ) -> None:
         self._loop = loop
         self._scheduler = scheduler
@@ -74,6 +80,13 @@ class TargetManager:
         self.leading = leading
         self.states: dict[str, TargetState] = {}
         self._warned_pods: set[str] = set()  # uids of misconfigured pods already logged
+        # --- identity and one target per TrainJob (scraper/identity.py)
+        self._identify = identify
+        self._ranks: dict[str, tuple[int, int, str, str]] = {}  # key -> rank of its pod
+        self._unverified: dict[str, dict[str, Any]] = {}  # key -> pod awaiting its chain
+        self._foreign: set[str] = set()  # uids of pods logged as failing the check
+        self._chosen: dict[tuple[str, str], str] = {}  # TrainJob -> key of its target
+        # --- end identity
 
     async def run(self, key: str) -> None:
         """The scheduler's job for ``key``: one run of its scrape loop."""
@@ -87,9 +100,10 @@ class TargetManager:
         """Start (True) or stop (False) scraping every known target."""
         self.leading = leading
         if leading:
-            for state in self.states.values():
+            for key, state in self.states.items():
                 if state.target is not None:
-                    self._scheduler.schedule(state.target)
+                    if self._chosen.get(state.trainjob_key) == key:
+                        self._scheduler.schedule(state.target)
                 elif state.ended is not None and state.claim_final():
                     self._spawn(self._loop.finalize(state.ended, state))
         else:
@@ -124,9 +138,16 @@ class TargetManager:
             state = None
         if deleted:
             self._warned_pods.discard(uid)
+            self._foreign.discard(uid)
             final = final_from_deleted(pod)
             if final is not None and self.leading and (state is None or not state.final_claimed):
-                self._spawn(self._loop.finalize(final, None))
+                known = state and (state.target.trainjob_uid if state.target else
+                                   state.ended.trainjob_uid if state.ended else "")
+                # Verified while it ran (its Job may be gone with it), else check now.
+                verdict = Belongs(known) if known else self._verified(key, pod)
+                if isinstance(verdict, Belongs) and not self._superseded(key, pod, final.trainjob):
+                    self._spawn(self._loop.finalize(
+                        dataclasses.replace(final, trainjob_uid=verdict.trainjob_uid), None))
             self.drop(key)
             return
         decision = classify(pod, default_port=self._default_port,
@@ -142,6 +163,21 @@ class TargetManager:
             else:
                 log.debug("pod %s not scraped: %s", key, decision.reason)
             return
+        # --- identity: the owner chain must lead to the TrainJob object (its UID)
+        verdict = self._verified(key, pod)
+        if not isinstance(verdict, Belongs):
+            if state is not None:
+                self.drop(key)
+            if isinstance(verdict, NotYet):
+                self._unverified[key] = pod
+            return
+        self._unverified.pop(key, None)
+        if isinstance(decision, Scrape):
+            decision = Scrape(dataclasses.replace(decision.target,
+                                                  trainjob_uid=verdict.trainjob_uid))
+        else:
+            decision = dataclasses.replace(decision, trainjob_uid=verdict.trainjob_uid)
+        # --- end identity
         if state is None:
             trainjob = decision.target.trainjob if isinstance(decision, Scrape) else \
                 decision.trainjob
@@ -150,24 +186,84 @@ class TargetManager:
             self.states[key] = state
         if isinstance(decision, Scrape):
             state.retarget(decision.target)
-            if self.leading:
-                self._scheduler.schedule(decision.target)
+            self._ranks[key] = rank(pod)
+            self._choose(state.trainjob_key)
         elif isinstance(decision, Final):
             state.target = None
             state.stop_holding()
             state.ended = decision
             state.view.up = False
+            self._ranks.pop(key, None)
             self._scheduler.unschedule(key)
-            if self.leading and state.claim_final():
+            self._choose(state.trainjob_key)
+            if self._superseded(key, pod, decision.trainjob):
+                log.info("final status of pod %s not applied: a newer restart attempt of "
+                         "TrainJob %s/%s runs", key, decision.namespace, decision.trainjob)
+            elif self.leading and state.claim_final():
                 self._spawn(self._loop.finalize(decision, state))
+
+    # --- identity and one target per TrainJob (scraper/identity.py)
+
+    def _verified(self, key: str, pod: dict[str, Any]) -> Verdict:
+        verdict = self._identify(pod)
+        uid = (pod.get("metadata") or {}).get("uid", "")
+        if isinstance(verdict, Foreign):
+            self._unverified.pop(key, None)
+            if uid not in self._foreign:  # one line per pod, not one per watch event
+                self._foreign.add(uid)
+                log.warning("pod %s is not a target: %s", key, verdict.reason)
+        elif isinstance(verdict, NotYet):
+            log.debug("pod %s waits for its owner chain: %s", key, verdict.reason)
+        return verdict
+
+    def recheck(self) -> None:
+        """Re-check the pods whose owner chain was not known yet (Jobs, JobSets or
+        TrainJobs changed)."""
+        for pod in list(self._unverified.values()):
+            self.on_pod(pod, deleted=False)
+
+    def _choose(self, trainjob: tuple[str, str]) -> None:
+        """Schedule only the best-ranked live target of ``trainjob`` (identity.rank)."""
+        candidates = [k for k, st in self.states.items()
+                      if st.trainjob_key == trainjob and st.target is not None
+                      and k in self._ranks]
+        best = max(candidates, key=lambda k: self._ranks[k], default=None)
+        before = self._chosen.get(trainjob)
+        if best is None:
+            self._chosen.pop(trainjob, None)
+        else:
+            self._chosen[trainjob] = best
+        if before is not None and before != best and best is not None:
+            log.info("TrainJob %s/%s: target is now pod %s (was %s)", *trainjob,
+                     best.split("/", 1)[1], before.split("/", 1)[1])
+        for k in candidates:
+            target = self.states[k].target
+            if k == best and self.leading and target is not None:
+                self._scheduler.schedule(target)
+            elif k != best:
+                self._scheduler.unschedule(k)
+                self.states[k].stop_holding()  # a held scrape of a pod no longer chosen
+
+    def _superseded(self, key: str, pod: dict[str, Any], trainjob: str) -> bool:
+        """True when another known pod of the TrainJob runs a higher restart attempt."""
+        namespace = key.split("/", 1)[0]
+        attempt = restart_attempt(pod)
+        return any(r[1] > attempt for k, r in self._ranks.items()
+                   if k != key and self.states.get(k) is not None
+                   and self.states[k].trainjob_key == (namespace, trainjob))
+
+    # --- end identity
 
     def drop(self, key: str) -> None:
         """Forget one target (its state and its scheduled job)."""
         self._scheduler.unschedule(key)
         state = self.states.pop(key, None)
+        self._ranks.pop(key, None)
+        self._unverified.pop(key, None)
         if state is not None:
             state.dropped = True
             state.stop_holding()
+            self._choose(state.trainjob_key)  # another pod of the TrainJob may take over
 
     def drop_trainjob(self, namespace: str, trainjob: str) -> None:
         """Forget every target of a TrainJob that is gone."""

@@ -1,34 +1,46 @@
-"""Writing ``TrainJob.status.trainerStatus``: server-side apply, only on change.
+"""Writing ``TrainJob.status.trainerStatus``: a write queue under an API budget,
+server-side apply, only on change.
 
+* :meth:`StatusWriter.apply` never waits for the API: it decides at once whether the
+  status is news (:func:`already_holds`, against the TrainJob informer's store,
+  :mod:`scraper.trainjobs`) and queues it (:mod:`scraper.write_queue`: one pending
+  status per TrainJob, newest wins; finals, then first statuses, then progress, then
+  metrics-only changes; aging so none starves).  So a scrape never waits for a write.
+* :data:`WRITERS` worker tasks take items from the queue; each write takes a token of
+  the bucket shared with Events (``--write-qps``, ``--write-burst``).
 * Writes are server-side apply patches on the ``status`` subresource with the
-  field manager :data:`FIELD_MANAGER` and ``force=true``.  Force policy:
-  ``status.trainerStatus`` belongs to the scraper by contract, so a conflict
-  with another manager (an older push-mode exporter, a hand edit) is resolved
-  by taking ownership; fields another manager owns outside ``trainerStatus``
-  are never sent and so never touched.  Fields the scraper stops sending
-  (e.g. ``estimatedRemainingSeconds`` going away) are removed, as SSA does for
-  an owner.
-* A write happens only when the new status differs from the one the TrainJob
-  holds (:func:`already_holds`: progress, remaining seconds and metrics; a new
-  ``lastUpdatedTime`` alone is not news).  "Holds" is the object as last read
-  (:class:`scraper.trainjobs.TrainJobCache`).
-* Writes share a client-side token bucket with Events (QPS, burst).  409, 429,
-  5xx and connection errors are retried with capped exponential backoff and
-  jitter, never sooner than ``Retry-After`` (:mod:`scraper.kube.calls`); 404
-  means the TrainJob is gone (:class:`TrainJobGone`).
+  field manager :data:`FIELD_MANAGER` and ``force=true`` (``trainerStatus`` belongs to
+  the scraper by contract; fields outside it are never sent).  Before each write the
+  TrainJob's UID in the informer's store must be the one the status is meant for
+  (a ``metadata.uid`` in the apply body is no precondition: kube-apiserver v1.37
+  accepts a status apply with a wrong UID, measured, so the check is ours).
+* A failed write stays queued and is retried with backoff (0.2 s doubling to 30 s,
+  never sooner than ``Retry-After``) until it is applied, superseded by a newer
+  status, the TrainJob is gone (404, or its UID changed) or this replica stops
+  leading (the next leader re-derives final statuses from the pods).  So a final
+  status survives an API outage of any length; 403 (e.g. an authorizer warming up
+  after an API server restart) is retried the same way.  400/422 (the API refuses
+  the body) are not retried.
+* Drift: when the informer shows that another writer changed or removed the status
+  this scraper applied last, the scraper's status is applied again if it is the
+  newer one (its ``lastUpdatedTime`` is not older); a newer status of another writer
+  (e.g. upstream's push status server, field manager ``trainer-status``) is left
+  alone until the next change this scraper sees (then ``force`` takes the field back).
 * A CRD without ``status.trainerStatus`` is detected from its schema
-  (:class:`scraper.kube.crd.CrdSupport`) or from the apply's answer: the API
-  server refuses to apply an undeclared field (500 "field not declared in
-  schema"), and a response without the field means it was pruned; either way a
+  (:class:`scraper.kube.crd.CrdSupport`) or from the apply's answer; either way a
   Warning Event per TrainJob.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import json
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Self
 
 import urllib3
@@ -37,18 +49,32 @@ from kubernetes.client import ApiClient, ApiextensionsV1Api, CoreV1Api, CustomOb
 from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
-from scraper.kube.calls import Retries, call, is_transient
+from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
+from scraper.kube.calls import Backoff, call, is_transient, retry_after
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.crd import CRD_NAME, REASON_UNSUPPORTED, CrdSupport
 from scraper.kube.events import EventRecorder
-from scraper.trainjobs import TrainJobCache, TrainJobGone, TrainJobKey
+from scraper.kube.informer import slim
+from scraper.trainjobs import (
+    Held,
+    TrainJobGone,
+    TrainJobKey,
+    TrainJobStore,
+    held_from_object,
+    older,
+)
+from scraper.write_queue import Pending, Priority, WriteQueue
 
 __all__ = ["FIELD_MANAGER", "NotLeader", "StatusWriter", "TrainJobGone", "WriteOutcome",
-           "already_holds"]
+           "already_holds", "priority_of"]
 
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "trainjob-scraper"
+#: Concurrent writes (worker tasks); the token bucket sets the rate.
+WRITERS = 4
+#: Between two tries of a queued write: 0.2 s doubling up to 30 s, +50 % jitter.
+QUEUE_BACKOFF = Backoff(initial=0.2, cap=30.0)
 
 
 class NotLeader(Exception):
@@ -63,6 +89,8 @@ class WriteOutcome(enum.Enum):
     NOT_STORED = "not_stored"  # the CRD has no trainerStatus: nothing can be written
     FAILED = "failed"
     NOT_LEADER = "not_leader"
+    QUEUED = "queued"  # apply(): news, queued for the writers (not counted as a write)
+    RETRIED = "retried"  # a write failed and stays queued
 
 
 def _not_in_schema(exc: BaseException) -> bool:
@@ -76,7 +104,33 @@ def _not_in_schema(exc: BaseException) -> bool:
 
 
 def _retryable(exc: BaseException) -> bool:
+    """Worth another try (the item stays queued): transient, 403 (authorizer not ready
+    after an API server restart, RBAC being granted), not a refusal of the body."""
+    if isinstance(exc, ApiException) and exc.status == 403:
+        return True
     return is_transient(exc) and not _not_in_schema(exc)
+
+
+def priority_of(held: TrainerStatus | None, new: TrainerStatus, *, final: bool) -> Priority:
+    """The write class of ``new`` against what the TrainJob holds (:mod:`scraper.write_queue`)."""
+    if final:
+        return Priority.FINAL
+    if held is None:
+        return Priority.FIRST
+    if (new.progress_percentage, new.estimated_remaining_seconds) != (
+            held.progress_percentage, held.estimated_remaining_seconds):
+        return Priority.PROGRESS
+    return Priority.METRICS
+
+
+@dataclass(frozen=True)
+class _Ours:
+    """The last status this replica applied to a TrainJob, and where it landed."""
+
+    uid: str
+    status: TrainerStatus
+    resource_version: str
+    at: float
 
 
 def already_holds(held: TrainerStatus | None, new: TrainerStatus) -> bool:
@@ -97,42 +151,54 @@ def already_holds(held: TrainerStatus | None, new: TrainerStatus) -> bool:
 
 
 class StatusWriter:
-    """Applies statuses to TrainJobs.
+    """Queues and applies statuses to TrainJobs (module doc).
 
     Args:
         api_client: a configured Kubernetes client.
-        cache: what each TrainJob holds.
+        store: the TrainJob informer's store (what each TrainJob holds).
         crd: what is known of the TrainJob CRD (shared with the CRD re-check).
         events: where "unsupported CRD" Events go.
         limiter: the token bucket shared with Events.
-        attempts: tries per write (1 = no retry).
-        may_write: the leader fence, checked before every write attempt.
-        on_write: called with each :class:`WriteOutcome` (metrics).
+        may_write: the leader fence, checked before every write.
+        on_write: called with each :class:`WriteOutcome` of a write (metrics).
+        on_gone: called with ``(namespace, name)`` when a write finds the TrainJob gone.
+        metrics_interval: a metrics-only change is written at most this often per
+            TrainJob (seconds; 0: as soon as the budget allows).
+        clock: monotonic seconds.
     """
 
     def __init__(
         self,
         api_client: ApiClient,
         *,
-        cache: TrainJobCache,
+        store: TrainJobStore,
         crd: CrdSupport,
         events: EventRecorder,
         limiter: AsyncLimiter,
-        attempts: int,
         may_write: Callable[[], bool] = lambda: True,
         on_write: Callable[[WriteOutcome], None] = lambda outcome: None,
+        on_gone: Callable[[str, str], None] = lambda namespace, name: None,
+        metrics_interval: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api_client
-        self.cache = cache
+        self._custom = CustomObjectsApi(api_client)
+        self.store = store
         self.crd = crd
         self.events = events
         self._limiter = limiter
-        self._retries = Retries(attempts=attempts, retryable=_retryable)
         self._may_write = may_write
         self._on_write = on_write
-        self._locks: dict[TrainJobKey, asyncio.Lock] = {}
+        self.on_gone = on_gone
+        self._metrics_interval = metrics_interval
+        self._clock = clock
+        self.queue = WriteQueue(clock=clock)
+        self._ours: dict[TrainJobKey, _Ours] = {}
         self._unsupported_told: set[TrainJobKey] = set()
-        self._inflight: set[asyncio.Task[Any]] = set()
+        self._failing_told: set[TrainJobKey] = set()
+        self._workers: list[asyncio.Task[None]] = []
+        self._waiters: dict[TrainJobKey, list[asyncio.Future[WriteOutcome]]] = {}
+        store.on_change = self.on_trainjob_change
 
     @classmethod
     def for_client(
@@ -142,21 +208,19 @@ class StatusWriter:
         identity: str,
         qps: float,
         burst: int,
-        attempts: int,
+        store: TrainJobStore,
         may_write: Callable[[], bool] = lambda: True,
         on_write: Callable[[WriteOutcome], None] = lambda outcome: None,
-        cache: TrainJobCache | None = None,
+        metrics_interval: float = 0.0,
     ) -> Self:
-        """A writer with its own cache (unless given), CRD knowledge and Event recorder;
-        writes take tokens of a bucket of ``qps`` sustained, ``burst`` at once (Events
-        have a bucket of their own: they never spend the writes' budget)."""
+        """A writer with its own CRD knowledge and Event recorder; writes take tokens of a
+        bucket of ``qps`` sustained, ``burst`` at once (Events have a bucket of their own:
+        they never spend the writes' budget)."""
         limiter = AsyncLimiter(burst, burst / qps)
-        cache = cache or TrainJobCache(CustomObjectsApi(api_client))
-        # scrapes branch (issue 13 input 7): Events no longer share the write bucket.
-        events = EventRecorder(CoreV1Api(api_client), identity=identity, uid_of=cache.uid_of)
+        events = EventRecorder(CoreV1Api(api_client), identity=identity, uid_of=store.uid_of)
         crd = CrdSupport(ApiextensionsV1Api(api_client))
-        writer = cls(api_client, cache=cache, crd=crd, events=events, limiter=limiter,
-                     attempts=attempts, may_write=may_write, on_write=on_write)
+        writer = cls(api_client, store=store, crd=crd, events=events, limiter=limiter,
+                     may_write=may_write, on_write=on_write, metrics_interval=metrics_interval)
         crd.on_supported = writer.supported_again
         return writer
 
@@ -165,81 +229,246 @@ class StatusWriter:
         self._unsupported_told.clear()
 
     def forget(self, namespace: str, name: str) -> None:
-        """Drop what is kept about a TrainJob (it is gone)."""
-        self.cache.forget(namespace, name)
-        self._locks.pop((namespace, name), None)
-        self._unsupported_told.discard((namespace, name))
+        """Drop what is kept and queued for a TrainJob (it is gone)."""
+        key = (namespace, name)
+        self.queue.forget(key)
+        self._ours.pop(key, None)
+        self._unsupported_told.discard(key)
+        self._failing_told.discard(key)
 
-    async def resync(self, namespaces: list[str]) -> set[TrainJobKey]:
-        """Refresh the cache from a list; forget TrainJobs that are gone.
+    def stop_leading(self) -> None:
+        """Drop every queued write: the next leader re-derives them from the pods."""
+        self.queue.clear()
+        self._ours.clear()
 
-        Returns:
-            ``(namespace, name)`` of every TrainJob that exists.
-        """
-        exists = await self.cache.resync(namespaces)
-        for key in list(self._locks):
-            if key not in exists:
-                self.forget(*key)
-        return exists
+    # ------------------------------------------------------------ the queue side
 
-    async def apply(self, namespace: str, name: str, status: TrainerStatus) -> WriteOutcome:
-        """Write ``status`` to the TrainJob unless it already holds the same report.
+    async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
+                    final: bool = False, uid: str = "") -> WriteOutcome:
+        """Queue ``status`` for the TrainJob unless it already holds the same report.
 
-        Returns:
-            The :class:`WriteOutcome` (also passed to ``on_write``).
+        Returns at once: :attr:`WriteOutcome.UNCHANGED` (nothing to write),
+        :attr:`WriteOutcome.QUEUED`, or :attr:`WriteOutcome.NOT_STORED`.
+
+        Args:
+            final: a final status (first in the queue, kept until applied).
+            uid: the TrainJob UID the status is meant for (``""``: the one that exists).
 
         Raises:
-            TrainJobGone: the TrainJob does not exist (the caller drops the target).
+            TrainJobGone: the informer knows the TrainJob with another UID (re-created):
+                the caller drops the target.  A TrainJob the informer has not seen (yet:
+                the pod watch may be ahead of the TrainJob watch) is queued; the writer
+                reads it once and calls ``on_gone`` when it does not exist.
         """
         key = (namespace, name)
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:  # one write per TrainJob at a time: the cache stays exact
-            task = asyncio.current_task()
-            if task is not None:
-                self._inflight.add(task)
-            try:
-                outcome = await self._apply(namespace, name, status)
-            finally:
-                if task is not None:
-                    self._inflight.discard(task)
-        self._on_write(outcome)
-        return outcome
-
-    async def _apply(self, namespace: str, name: str, status: TrainerStatus) -> WriteOutcome:
-        held = await self.cache.held(namespace, name)
-        if already_holds(held.status, status):
+        held = self.store.get(namespace, name)
+        if held is not None and uid and held.uid != uid:
+            raise TrainJobGone(f"{namespace}/{name} (UID {held.uid}, not {uid})")
+        pending = self.queue.pending(key)
+        if pending is None and held is not None and already_holds(held.status, status):
+            self._on_write(WriteOutcome.UNCHANGED)
             return WriteOutcome.UNCHANGED
         if self.crd.supported is False and not self.crd.recheck_due():
-            await self._tell_unsupported(namespace, name, held.uid)
+            await self._tell_unsupported(namespace, name, held.uid if held else "")
+            self._on_write(WriteOutcome.NOT_STORED)
             return WriteOutcome.NOT_STORED
+        priority = priority_of(held.status if held else None, status, final=final)
+        if key not in self._ours and priority > Priority.FIRST:
+            priority = Priority.FIRST  # nothing of ours there yet (e.g. after a restart)
+        hold = 0.0
+        if priority is Priority.METRICS and self._metrics_interval > 0:
+            last = self._ours.get(key)
+            hold = (last.at if last else 0.0) + self._metrics_interval
+        self.queue.put(key, status, priority, uid=uid or (held.uid if held else ""),
+                       hold_until=hold)
+        return WriteOutcome.QUEUED
+
+    async def apply_and_wait(self, namespace: str, name: str, status: TrainerStatus, *,
+                             final: bool = False) -> WriteOutcome:
+        """:meth:`apply`, then wait until the queue has settled that TrainJob's write.
+
+        For tools and tests; the scrape loop never waits.  Returns the outcome of the
+        write that took the status off the queue (never :attr:`WriteOutcome.RETRIED`).
+
+        Raises:
+            TrainJobGone: the TrainJob does not exist (or was re-created meanwhile).
+        """
+        outcome = await self.apply(namespace, name, status, final=final)
+        if outcome is not WriteOutcome.QUEUED:
+            return outcome
+        future: asyncio.Future[WriteOutcome] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault((namespace, name), []).append(future)
+        return await future
+
+    def _settle(self, key: TrainJobKey, outcome: WriteOutcome | BaseException) -> None:
+        if self.queue.pending(key) is not None and not isinstance(outcome, BaseException):
+            return  # a newer status is queued: its write settles the waiters
+        for future in self._waiters.pop(key, []):
+            if future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+    def on_trainjob_change(self, namespace: str, name: str, held: Held) -> None:
+        """The informer saw the TrainJob change: restore our status if another writer
+        replaced it with an older one or removed it (module doc, Drift)."""
+        key = (namespace, name)
+        ours = self._ours.get(key)
+        if ours is None or ours.uid != held.uid or not self._may_write():
+            return
+        if held.status is not None and already_holds(held.status, ours.status):
+            return
+        if older(held.resource_version, ours.resource_version):
+            return
+        if self.queue.pending(key) is not None or self.queue.in_progress(key):
+            # A status of ours is on its way (the watch may show a write's result before
+            # its answer is back): that write decides.
+            return
+        theirs = held.status
+        if theirs is not None and theirs.last_updated_time > ours.status.last_updated_time:
+            log.info("TrainJob %s/%s: another writer set a newer trainerStatus; leaving it "
+                     "until this scraper sees a change", namespace, name)
+            del self._ours[key]
+            return
+        log.info("TrainJob %s/%s: trainerStatus was %s by another writer; restoring ours",
+                 namespace, name, "removed" if theirs is None else "changed to an older one")
+        self.queue.put(key, ours.status, Priority.PROGRESS, uid=ours.uid)
+
+    # ------------------------------------------------------------ the worker side
+
+    def start(self, workers: int = WRITERS) -> None:
+        """Start the worker tasks (on the running loop)."""
+        for i in range(workers):
+            self._workers.append(asyncio.create_task(self._work(), name=f"status-writer-{i}"))
+
+    async def stop(self) -> None:
+        """Cancel the worker tasks."""
+        for task in self._workers:
+            task.cancel()
+        for task in self._workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._workers.clear()
+
+    async def _work(self) -> None:
+        while True:
+            item = await self.queue.get()
+            retry_in: float | None = None
+            try:
+                outcome, retry_in = await self._write(item)
+            except Exception:
+                log.exception("status write to TrainJob %s/%s raised", *item.key)
+                outcome, retry_in = WriteOutcome.FAILED, QUEUE_BACKOFF.delay(item.attempts)
+            finally:
+                self.queue.done(item, retry_in=retry_in)
+            if outcome is not None:
+                self._on_write(outcome)
+                if outcome is not WriteOutcome.RETRIED:
+                    self._settle(item.key, outcome)
+
+    async def _write(self, item: Pending) -> tuple[WriteOutcome | None, float | None]:
+        """One try of ``item``: ``(outcome or None when nothing was tried, retry in s)``."""
+        namespace, name = item.key
+        if not self._may_write():
+            return WriteOutcome.NOT_LEADER, None
+        await self.store.synced.wait()
+        held = self.store.get(namespace, name)
+        if held is None:
+            try:
+                held = await self._read(namespace, name)
+            except TrainJobGone:
+                self._gone(item, "it does not exist")
+                return None, None
+            except (ApiException, urllib3.exceptions.HTTPError, ConnectionError) as exc:
+                return await self._failed(item, Held("", None), exc)
+        if item.uid and held.uid != item.uid:
+            self._gone(item, f"it was re-created (UID {held.uid}, the status was for "
+                       f"{item.uid})")
+            return None, None
+        if already_holds(held.status, item.status):
+            return WriteOutcome.UNCHANGED, None
+        if self.crd.supported is False and not self.crd.recheck_due():
+            await self._tell_unsupported(namespace, name, held.uid)
+            return WriteOutcome.NOT_STORED, None
         try:
-            obj = await call(self._ssa, namespace, name, status, limiter=self._limiter,
-                             retries=self._retries, before_try=self._fence)
+            async with self._limiter:
+                obj = await call(self._ssa, namespace, name, held.uid, item.status,
+                                 before_try=self._fence)
         except NotLeader:
-            return WriteOutcome.NOT_LEADER
-        except ApiException as exc:
-            if exc.status == 404:
-                self.forget(namespace, name)
-                raise TrainJobGone(f"{namespace}/{name}") from None
-            if _not_in_schema(exc):
-                self.crd.mark_unsupported("server-side apply answered that "
-                                          "status.trainerStatus is not declared in its schema")
-                await self._tell_unsupported(namespace, name, held.uid)
-                return WriteOutcome.NOT_STORED
-            log.warning("status write to TrainJob %s/%s failed: HTTP %s %s",
-                        namespace, name, exc.status, exc.reason)
-            return WriteOutcome.FAILED
-        except (urllib3.exceptions.HTTPError, ConnectionError) as exc:
-            log.warning("status write to TrainJob %s/%s failed: %s", namespace, name, exc)
-            return WriteOutcome.FAILED
+            return WriteOutcome.NOT_LEADER, None
+        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError) as exc:
+            return await self._failed(item, held, exc)
+        self._failing_told.discard(item.key)
         if not (obj.get("status") or {}).get("trainerStatus"):
             self.crd.mark_unsupported("an apply response came back without it (pruned)")
             await self._tell_unsupported(namespace, name, held.uid)
-            return WriteOutcome.NOT_STORED
+            return WriteOutcome.NOT_STORED, None
         if self.crd.supported is not True:
             self.crd.mark_supported()
-        self.cache.store(namespace, name, obj)
-        return WriteOutcome.WRITTEN
+        # What the TrainJob holds now is what was sent (SSA with force owns the field):
+        # no second validation of the answer's trainerStatus.
+        meta = obj.get("metadata") or {}
+        uid, rv = meta.get("uid", held.uid), meta.get("resourceVersion", "")
+        self.store.keep(namespace, name, Held(uid, item.status, rv))
+        self._ours[item.key] = _Ours(uid, item.status, rv, self._clock())
+        if item.priority is Priority.FINAL:
+            log.info("final status of TrainJob %s/%s applied (%d failed tries before)",
+                     namespace, name, item.attempts)
+        return WriteOutcome.WRITTEN, None
+
+    async def _read(self, namespace: str, name: str) -> Held:
+        """GET a TrainJob the informer has not delivered yet (rare: the pod watch was
+        ahead); keep it in the store.
+
+        Raises:
+            TrainJobGone: 404.
+        """
+        try:
+            async with self._limiter:
+                obj = await call(self._custom.get_namespaced_custom_object, API_GROUP,
+                                 API_VERSION, namespace, TRAINJOB_PLURAL, name,
+                                 _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise TrainJobGone(f"{namespace}/{name}") from None
+            raise
+        self.store.store(namespace, name, slim(obj))
+        return self.store.get(namespace, name) or held_from_object(obj)
+
+    async def _failed(self, item: Pending, held: Held,
+                exc: BaseException) -> tuple[WriteOutcome, float | None]:
+        namespace, name = item.key
+        detail = (f"HTTP {exc.status} {exc.reason}" if isinstance(exc, ApiException)
+                  else f"{type(exc).__name__}: {str(exc)[:200]}")
+        if isinstance(exc, ApiException) and exc.status == 404:
+            self._gone(item, "the API answered 404")
+            return WriteOutcome.FAILED, None
+        if _not_in_schema(exc):
+            self.crd.mark_unsupported("server-side apply answered that "
+                                      "status.trainerStatus is not declared in its schema")
+            await self._tell_unsupported(namespace, name, held.uid)
+            return WriteOutcome.NOT_STORED, None
+        if not _retryable(exc):
+            log.warning("status write to TrainJob %s/%s refused: %s (not retried)",
+                        namespace, name, detail)
+            return WriteOutcome.FAILED, None
+        delay = QUEUE_BACKOFF.delay(item.attempts, retry_after(exc))
+        if item.key not in self._failing_told or item.priority is Priority.FINAL:
+            self._failing_told.add(item.key)
+            log.warning("%sstatus write to TrainJob %s/%s failed: %s; kept queued, next try "
+                        "in %.1fs", "final " if item.priority is Priority.FINAL else "",
+                        namespace, name, detail, delay)
+        return WriteOutcome.RETRIED, delay
+
+    def _gone(self, item: Pending, why: str) -> None:
+        namespace, name = item.key
+        log.info("TrainJob %s/%s is gone (%s): %sstatus dropped", namespace, name, why,
+                 "final " if item.priority is Priority.FINAL else "")
+        self.forget(namespace, name)
+        self._settle(item.key, TrainJobGone(f"{namespace}/{name}"))
+        self.on_gone(namespace, name)
 
     def _fence(self) -> None:
         if not self._may_write():
@@ -256,7 +485,8 @@ class StatusWriter:
             uid=uid,
         )
 
-    def _ssa(self, namespace: str, name: str, status: TrainerStatus) -> dict[str, Any]:
+    def _ssa(self, namespace: str, name: str, uid: str,
+             status: TrainerStatus) -> dict[str, Any]:
         """The apply request itself (blocking; runs in a worker thread)."""
         body = {
             "apiVersion": f"{API_GROUP}/{API_VERSION}",
@@ -264,25 +494,22 @@ class StatusWriter:
             "metadata": {"name": name, "namespace": namespace},
             "status": {"trainerStatus": status.to_api()},
         }
-        result: dict[str, Any] = self._api.call_api(
+        resp = self._api.call_api(
             "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status",
             "PATCH",
             {"group": API_GROUP, "version": API_VERSION, "namespace": namespace,
              "plural": TRAINJOB_PLURAL, "name": name},
             [("fieldManager", FIELD_MANAGER), ("force", "true")],
-            {"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
-            body=body,
-            response_type="object",
+            {"Content-Type": APPLY_CONTENT_TYPE, "Accept": "application/json"},
+            body=encode_apply_body(body),
             auth_settings=["BearerToken"],
             _return_http_data_only=True,
+            _preload_content=False,  # one json.loads here, no model deserialisation
             _request_timeout=REQUEST_TIMEOUT,
         )
+        result: dict[str, Any] = json.loads(resp.data)
         return result
 
     async def drain(self, deadline: float) -> bool:
-        """Wait up to ``deadline`` seconds for in-flight writes; True if all finished."""
-        pending = {t for t in self._inflight if not t.done()}
-        if not pending:
-            return True
-        _done, still = await asyncio.wait(pending, timeout=deadline)
-        return not still
+        """Wait up to ``deadline`` seconds for queued and in-flight writes; True if done."""
+        return await self.queue.wait_idle(deadline)

@@ -16,6 +16,8 @@ class Target:
         pod_uid: the pod's UID; a recreated pod with the same name is a new target.
         url: ``http://<pod IP>:<port><path>`` of the exporter.
         interval: scrape interval in seconds (1..3600).
+        trainjob_uid: the UID of the TrainJob the pod's owner chain leads to
+            (:mod:`scraper.identity`); ``""`` before it is verified.
     """
 
     namespace: str
@@ -24,6 +26,7 @@ class Target:
     pod_uid: str
     url: str
     interval: float
+    trainjob_uid: str = ""
 
     @property
     def key(self) -> str:

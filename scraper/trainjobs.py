@@ -1,36 +1,53 @@
-"""What each TrainJob holds, as last read: the status writer's view of the API.
+"""What each TrainJob holds: the TrainJob informer's store.
 
-A TrainJob is read on first use (GET), refreshed by the periodic list
-(:meth:`TrainJobCache.resync`) and by every apply response.  (A later step makes
-this an informer: list+watch instead of GET and periodic list.)
+One list+watch of TrainJobs per scope (all namespaces, or each of ``--namespaces``;
+:class:`scraper.kube.informer.ListWatch`) keeps, per TrainJob, its UID, its
+``status.trainerStatus`` and the resourceVersion it was read at.  One list at start
+(no GET per TrainJob), every change by any writer seen at once, 410 relists.  Apply
+answers update the store too (they are newer than the watch event they cause).
+
+Callbacks (on the event loop):
+
+* ``on_gone(namespace, name, uid)``: a TrainJob was deleted, or is absent from a
+  relist, or came back with another UID (re-created: the old object is gone);
+* ``on_change(namespace, name, held)``: its status changed (the drift check,
+  :meth:`scraper.status_writer.StatusWriter.on_trainjob_change`).
+
+resourceVersions are compared as integers to skip a watch event older than an apply
+answer already stored: kube-apiserver's resourceVersions are etcd revisions, which
+only grow.  When one does not parse as an integer, nothing is skipped.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes.client import CustomObjectsApi
-from kubernetes.client.exceptions import ApiException
-
-from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, StatusError, TrainerStatus
-from scraper.kube.calls import call
-from scraper.kube.client import REQUEST_TIMEOUT
+from exporter_lib.status import StatusError, TrainerStatus
 
 #: ``(namespace, name)`` of a TrainJob.
 TrainJobKey = tuple[str, str]
 
 
 class TrainJobGone(Exception):
-    """The TrainJob does not exist (HTTP 404)."""
+    """The TrainJob does not exist (or not with the UID the write was meant for)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Held:
-    """What a TrainJob holds, as last read: its UID and trainerStatus (or None)."""
+    """What a TrainJob holds, as last read.
+
+    Attributes:
+        uid: the object's UID.
+        status: its trainerStatus (None when absent or unreadable).
+        resource_version: the resourceVersion it was read at.
+    """
 
     uid: str
     status: TrainerStatus | None
+    resource_version: str = ""
 
 
 def held_from_object(obj: dict[str, Any]) -> Held:
@@ -42,77 +59,113 @@ def held_from_object(obj: dict[str, Any]) -> Held:
             status = TrainerStatus.from_api(raw)
         except StatusError:
             status = None
-    return Held((obj.get("metadata") or {}).get("uid", ""), status)
+    meta = obj.get("metadata") or {}
+    return Held(meta.get("uid", ""), status, meta.get("resourceVersion", ""))
 
 
-class TrainJobCache:
-    """The :class:`Held` of every TrainJob the scraper writes to."""
+def older(a: str, b: str) -> bool:
+    """True when resourceVersion ``a`` is known to be older than ``b`` (module doc)."""
+    try:
+        return int(a) < int(b)
+    except ValueError:
+        return False
 
-    def __init__(self, custom: CustomObjectsApi) -> None:
-        self._custom = custom
+
+def _key(obj: dict[str, Any]) -> TrainJobKey:
+    meta = obj.get("metadata") or {}
+    return (meta.get("namespace", ""), meta.get("name", ""))
+
+
+class TrainJobStore:
+    """The :class:`Held` of every TrainJob in scope, fed by list+watch.
+
+    Args:
+        scopes: the namespaces listed (None: all); :meth:`wait_synced` waits for each.
+    """
+
+    def __init__(self, scopes: list[str | None]) -> None:
         self._held: dict[TrainJobKey, Held] = {}
+        self._scopes = list(scopes)
+        self._synced_scopes: set[str | None] = set()
+        self.synced = asyncio.Event()
+        self.on_gone: Callable[[str, str, str], None] = lambda namespace, name, uid: None
+        self.on_change: Callable[[str, str, Held], None] = lambda namespace, name, held: None
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def get(self, namespace: str, name: str) -> Held | None:
+        """What the TrainJob holds; None when it does not exist (or before the first list)."""
+        return self._held.get((namespace, name))
 
     def uid_of(self, namespace: str, name: str) -> str:
-        """The TrainJob's UID if it was read, else ``""`` (no request)."""
+        """The TrainJob's UID, or ``""`` when unknown."""
         held = self._held.get((namespace, name))
         return held.uid if held else ""
 
-    def store(self, namespace: str, name: str, obj: dict[str, Any]) -> None:
-        """Keep what an API answer (e.g. an apply response) says the TrainJob holds."""
-        self._held[(namespace, name)] = held_from_object(obj)
-
-    def forget(self, namespace: str, name: str) -> None:
-        """Drop what is known about a TrainJob."""
-        self._held.pop((namespace, name), None)
-
     async def held(self, namespace: str, name: str) -> Held:
-        """What the TrainJob holds (GET on first use, then cached).
+        """What the TrainJob holds, once every scope was listed.
 
         Raises:
             TrainJobGone: the TrainJob does not exist.
-            ApiException: any other API error.
         """
-        key = (namespace, name)
-        if key not in self._held:
-            try:
-                obj = await call(self._custom.get_namespaced_custom_object, API_GROUP,
-                                 API_VERSION, namespace, TRAINJOB_PLURAL, name,
-                                 _request_timeout=REQUEST_TIMEOUT)
-            except ApiException as exc:
-                if exc.status == 404:
-                    raise TrainJobGone(f"{namespace}/{name}") from None
-                raise
-            self._held[key] = held_from_object(obj)
-        return self._held[key]
+        await self.synced.wait()
+        held = self._held.get((namespace, name))
+        if held is None:
+            raise TrainJobGone(f"{namespace}/{name}")
+        return held
 
-    async def resync(self, namespaces: list[str]) -> set[TrainJobKey]:
-        """List TrainJobs (all namespaces, or each given one) and refresh the cache.
+    def store(self, namespace: str, name: str, obj: dict[str, Any]) -> None:
+        """Keep what an API answer (e.g. a GET) says the TrainJob holds."""
+        self.keep(namespace, name, held_from_object(obj))
 
-        Returns:
-            ``(namespace, name)`` of every TrainJob that exists; the others are forgotten.
+    def keep(self, namespace: str, name: str, new: Held) -> None:
+        """Keep ``new`` as what the TrainJob holds (an apply's result), unless the store
+        already has a newer resourceVersion of the same object."""
+        old = self._held.get((namespace, name))
+        if old is not None and old.uid == new.uid and older(new.resource_version,
+                                                              old.resource_version):
+            return
+        self._held[(namespace, name)] = new
 
-        Raises:
-            ApiException, urllib3 errors: the list failed (nothing is forgotten).
-        """
-        items: list[dict[str, Any]] = []
-        if namespaces:
-            for ns in namespaces:
-                body = await call(self._custom.list_namespaced_custom_object, API_GROUP,
-                                  API_VERSION, ns, TRAINJOB_PLURAL,
-                                  _request_timeout=REQUEST_TIMEOUT)
-                items.extend(body.get("items") or [])
-        else:
-            body = await call(self._custom.list_cluster_custom_object, API_GROUP, API_VERSION,
-                              TRAINJOB_PLURAL, _request_timeout=REQUEST_TIMEOUT)
-            items = body.get("items") or []
-        exists = set()
-        for obj in items:
-            meta = obj.get("metadata") or {}
-            key = (meta.get("namespace", ""), meta.get("name", ""))
-            exists.add(key)
-            if key in self._held:
-                self._held[key] = held_from_object(obj)
-        for key in list(self._held):
-            if key not in exists:
-                self.forget(*key)
-        return exists
+    # -- informer callbacks (event loop)
+
+    def on_list(self, scope: str | None, objs: list[dict[str, Any]]) -> None:
+        """A full list of ``scope``: replace that scope's part of the store."""
+        listed = {_key(o): held_from_object(o) for o in objs}
+        for key, held in list(self._held.items()):
+            if scope is not None and key[0] != scope:
+                continue
+            new = listed.get(key)
+            if new is None or new.uid != held.uid:
+                del self._held[key]
+                self.on_gone(key[0], key[1], held.uid)
+        for key, new in listed.items():
+            self._update(key, new)
+        self._synced_scopes.add(scope)
+        if all(s in self._synced_scopes for s in self._scopes):
+            self.synced.set()
+
+    def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        """One watch event."""
+        key = _key(obj)
+        new = held_from_object(obj)
+        old = self._held.get(key)
+        if kind == "DELETED":
+            if old is not None and old.uid == new.uid:
+                del self._held[key]
+                self.on_gone(key[0], key[1], old.uid)
+            return
+        if old is not None and old.uid != new.uid:
+            del self._held[key]
+            self.on_gone(key[0], key[1], old.uid)
+        self._update(key, new)
+
+    def _update(self, key: TrainJobKey, new: Held) -> None:
+        old = self._held.get(key)
+        if old is not None and old.uid == new.uid and older(new.resource_version,
+                                                              old.resource_version):
+            return  # an event older than an apply answer already kept
+        self._held[key] = new
+        if old is None or old.uid != new.uid or old.status != new.status:
+            self.on_change(key[0], key[1], new)

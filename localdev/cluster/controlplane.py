@@ -85,6 +85,7 @@ class ControlPlane:
         self._etcd: subprocess.Popen[bytes] | None = None
         self._etcd_args: list[str] = []
         self._apiserver: subprocess.Popen[bytes] | None = None
+        self._apiserver_args: list[str] = []
         self._port = 0
         self.startup_seconds: float | None = None
         """Wall time of the last successful :meth:`start` (seconds)."""
@@ -156,7 +157,7 @@ class ControlPlane:
         ]
         self._etcd = processes.spawn(self._etcd_args, work / "etcd.log")
         pki = self._pki
-        self._apiserver = processes.spawn([
+        self._apiserver_args = [
             str(self._assets.kube_apiserver),
             f"--etcd-servers={etcd_url}",
             "--bind-address=127.0.0.1",
@@ -180,7 +181,8 @@ class ControlPlane:
             # Saves a second of start-up; fairness has nothing to protect here.
             "--enable-priority-and-fairness=false",
             f"--cert-dir={work / 'pki'}",
-        ], work / "kube-apiserver.log")
+        ]
+        self._apiserver = processes.spawn(self._apiserver_args, work / "kube-apiserver.log")
         self._wait_ready()
         self._write_kubeconfig(self.kubeconfig_path, self._admin_user())
 
@@ -248,6 +250,23 @@ class ControlPlane:
         assert self._workdir is not None
         if self._etcd is None:
             self._etcd = processes.spawn(self._etcd_args, self._workdir / "etcd.log")
+        self._wait_ready()
+
+    def restart_apiserver(self, down_seconds: float) -> None:
+        """SIGKILL kube-apiserver, wait ``down_seconds``, start it again on the same port
+        and etcd; return once ``/readyz`` is ok (an outage test's real API server).
+
+        Raises:
+            ControlPlaneError: not started, or the new process does not get ready.
+        """
+        if self._apiserver is None or self._workdir is None:
+            raise ControlPlaneError("control plane not started")
+        with contextlib.suppress(ProcessLookupError):  # SIGKILL, no graceful shutdown
+            os.killpg(self._apiserver.pid, signal.SIGKILL)
+        processes.stop(self._apiserver)  # reaps it and forgets its process group
+        time.sleep(down_seconds)
+        self._apiserver = processes.spawn(self._apiserver_args,
+                                          self._workdir / "kube-apiserver.log")
         self._wait_ready()
 
     @property

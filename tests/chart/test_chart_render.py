@@ -171,13 +171,18 @@ def _rules(role: dict[str, Any]) -> set[tuple[str, str, str, tuple[str, ...]]]:
 
 
 #: Exactly the calls the scraper makes in a watched scope (see scraper/discovery.py,
-#: scraper/trainjobs.py, scraper/status_writer.py and scraper/kube/events.py); any added
-#: verb must be justified here too.
+#: scraper/identity.py, scraper/trainjobs.py, scraper/status_writer.py and
+#: scraper/kube/events.py); any added verb must be justified here too.
 SCOPE_GRANTS = {
     ("", "pods", "list", ()),
     ("", "pods", "watch", ()),
     ("trainer.kubeflow.org", "trainjobs", "get", ()),
     ("trainer.kubeflow.org", "trainjobs", "list", ()),
+    ("trainer.kubeflow.org", "trainjobs", "watch", ()),
+    ("jobset.x-k8s.io", "jobsets", "list", ()),
+    ("jobset.x-k8s.io", "jobsets", "watch", ()),
+    ("batch", "jobs", "list", ()),
+    ("batch", "jobs", "watch", ()),
     ("trainer.kubeflow.org", "trainjobs/status", "patch", ()),
     ("", "events", "create", ()),
     ("", "events", "patch", ()),

@@ -226,21 +226,23 @@ class FaultProxy:
         with self._lock:
             self._faults.append(_Fault("expire", "GET", re.compile(path), 1, True))
 
-    def end_watches(self, *, abort: bool = True) -> int:
-        """Cut every watch stream open now; return how many were cut.
+    def end_watches(self, *, abort: bool = True, path: str = r".*") -> int:
+        """Cut every watch stream open now whose path matches ``path``; return how many.
 
         ``abort``: drop the TCP connection mid-stream (the client sees a broken
         connection); otherwise end the stream cleanly, as a server-side timeout does.
         """
         assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(self._end_watches_async(abort), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._end_watches_async(abort, path),
+                                                  self._loop)
         return future.result(5)
 
-    async def _end_watches_async(self, abort: bool) -> int:
-        return self._end_watches(abort)
+    async def _end_watches_async(self, abort: bool, path: str = r".*") -> int:
+        return self._end_watches(abort, path)
 
-    def _end_watches(self, abort: bool) -> int:
-        cut = list(self._watches.values())
+    def _end_watches(self, abort: bool, path: str = r".*") -> int:
+        pattern = re.compile(path)
+        cut = [(r, d) for r, d in self._watches.values() if pattern.search(r.path)]
         for request, done in cut:
             if abort and request.transport is not None:
                 request.transport.abort()

@@ -96,7 +96,8 @@ class FakeWriter:
         default_factory=lambda: [WriteOutcome.WRITTEN])
     applied: list[tuple[str, str, TrainerStatus]] = field(default_factory=list)
 
-    async def apply(self, namespace: str, name: str, status: TrainerStatus) -> WriteOutcome:
+    async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
+                    final: bool = False, uid: str = "") -> WriteOutcome:
         self.applied.append((namespace, name, status))
         outcome = self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]
         if isinstance(outcome, BaseException):

@@ -196,7 +196,7 @@ def test_expired_watch_relists_at_once(
     # The next watch starts from a resourceVersion the API server has compacted away;
     # the current one ends as a server-side timeout ends it.
     proxy.expire_next_watch(pods)
-    assert proxy.end_watches(abort=False) == 1
+    assert proxy.end_watches(abort=False, path=pods) == 1
     expired = wait_for(lambda: [w for w in proxy.requests("GET", pods, watch=True)
                                 if w.injected and w.finished], 10, "the expired watch")[0]
     # What the real API server answers: 200 and one ERROR event with a 410 Status.
@@ -226,7 +226,7 @@ def test_broken_watch_backs_off_and_discovers_a_pod_created_meanwhile(
     # The connection breaks, and the API server fails the next three lists.
     proxy.fail("GET", pods, 503, times=3, watch=False)
     broken = time.monotonic()
-    assert proxy.end_watches(abort=True) == 1
+    assert proxy.end_watches(abort=True, path=pods) == 1
     _instrumented_job(kube_api, namespace, "meanwhile", 55, exporter_factory)
     wait_for(lambda: progress_of(kube_api, namespace, "meanwhile") == 55, 30, "progress 55")
 

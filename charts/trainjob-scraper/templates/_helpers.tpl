@@ -75,6 +75,7 @@ would print 1048576 as 1.048576e+06.
   "write_burst" (int $c.writeBurst)
   "write_attempts" (int $c.writeAttempts)
   "resync_interval" $c.resyncInterval
+  "metrics_write_interval" $c.metricsWriteInterval
   "shutdown_timeout" $c.shutdownTimeout
   "log_level" $c.logLevel
   "listen_host" "0.0.0.0"

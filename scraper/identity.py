@@ -1,0 +1,195 @@
+"""Which TrainJob object a pod belongs to, and which one pod is a TrainJob's target.
+
+**Ownership** (issue 13, input 2): a pod reports for TrainJob ``T`` only when the
+controllers' ownership chain leads there::
+
+    Pod -controller ownerRef-> Job -controller ownerRef-> JobSet -controller ownerRef-> TrainJob
+
+every link by UID, all in the pod's namespace, the TrainJob's name equal to the pod's
+``jobset.sigs.k8s.io/jobset-name`` label and its UID the one the TrainJob informer
+holds now.  Jobs and JobSets come from list+watch (:class:`OwnerIndex`, fed by
+:class:`scraper.kube.informer.ListWatch`; Jobs filtered server-side by the JobSet
+label): three lists at start whatever the number of TrainJobs, no GET per pod.  A
+stale pod of a deleted TrainJob whose name was reused, or a hand-made pod naming
+another object, fails the check and is never a target.
+
+**One target per TrainJob** (issue 13, input 3): among the verified Running pods of a
+TrainJob the target is the one with the highest :func:`rank`: a live pod beats a
+terminating one (``deletionTimestamp`` set), then the highest
+``jobset.sigs.k8s.io/restart-attempt`` wins, then the newest ``creationTimestamp``,
+then the pod name (deterministic).  A final status of a pod is applied unless another
+known pod of the TrainJob has a higher restart attempt (an old attempt's end never
+overwrites the new attempt's progress).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scraper.trainjobs import TrainJobStore
+
+LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+LABEL_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+
+
+@dataclass(frozen=True)
+class Owned:
+    """A Job or JobSet: where it is and who controls it (kind, name, UID; "" if none)."""
+
+    namespace: str
+    name: str
+    owner_kind: str
+    owner_name: str
+    owner_uid: str
+
+
+def controller_of(meta: Mapping[str, Any]) -> tuple[str, str, str]:
+    """``(kind, name, uid)`` of the controller ownerReference, ``("", "", "")`` if none."""
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller"):
+            return (ref.get("kind", ""), ref.get("name", ""), ref.get("uid", ""))
+    return ("", "", "")
+
+
+class OwnerIndex:
+    """Jobs (or JobSets) by UID, fed by list+watch; ``on_change`` after each change.
+
+    Args:
+        scopes: the namespaces listed (None: all); :attr:`synced` once each was.
+    """
+
+    def __init__(self, scopes: list[str | None]) -> None:
+        self._by_uid: dict[str, Owned] = {}
+        self._scopes = list(scopes)
+        self._synced_scopes: set[str | None] = set()
+        self.synced = asyncio.Event()
+        self.on_change: Callable[[], None] = lambda: None
+
+    def __len__(self) -> int:
+        return len(self._by_uid)
+
+    def get(self, uid: str) -> Owned | None:
+        """The object with that UID, if listed or watched."""
+        return self._by_uid.get(uid)
+
+    @staticmethod
+    def _owned(obj: Mapping[str, Any]) -> tuple[str, Owned]:
+        meta = obj.get("metadata") or {}
+        kind, name, uid = controller_of(meta)
+        return meta.get("uid", ""), Owned(meta.get("namespace", ""), meta.get("name", ""),
+                                          kind, name, uid)
+
+    def on_list(self, scope: str | None, objs: list[dict[str, Any]]) -> None:
+        """A full list of ``scope``."""
+        for uid, owned in list(self._by_uid.items()):
+            if scope is None or owned.namespace == scope:
+                del self._by_uid[uid]
+        for obj in objs:
+            uid, owned = self._owned(obj)
+            self._by_uid[uid] = owned
+        self._synced_scopes.add(scope)
+        if all(s in self._synced_scopes for s in self._scopes):
+            self.synced.set()
+        self.on_change()
+
+    def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        """One watch event."""
+        uid, owned = self._owned(obj)
+        if kind == "DELETED":
+            self._by_uid.pop(uid, None)
+        else:
+            self._by_uid[uid] = owned
+        self.on_change()
+
+
+@dataclass(frozen=True)
+class Belongs:
+    """The chain holds: the pod reports for the TrainJob with ``trainjob_uid``."""
+
+    trainjob_uid: str
+
+
+@dataclass(frozen=True)
+class NotYet:
+    """A link is not known yet (informers still listing, or an object not delivered)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """The chain does not lead to the TrainJob the pod names: never a target."""
+
+    reason: str
+
+
+Verdict = Belongs | NotYet | Foreign
+
+
+class Identity:
+    """Checks the ownership chain of a pod (module doc).
+
+    Args:
+        jobs, jobsets: the owner indexes.
+        trainjobs: the TrainJob informer's store.
+    """
+
+    def __init__(self, jobs: OwnerIndex, jobsets: OwnerIndex, trainjobs: TrainJobStore) -> None:
+        self.jobs = jobs
+        self.jobsets = jobsets
+        self.trainjobs = trainjobs
+
+    def synced(self) -> bool:
+        """True once Jobs, JobSets and TrainJobs were listed in every scope."""
+        return (self.jobs.synced.is_set() and self.jobsets.synced.is_set()
+                and self.trainjobs.synced.is_set())
+
+    def verify(self, pod: Mapping[str, Any]) -> Verdict:
+        """The :data:`Verdict` for a pod (API JSON dict)."""
+        if not self.synced():
+            return NotYet("Jobs, JobSets and TrainJobs not listed yet")
+        meta = pod.get("metadata") or {}
+        namespace = meta.get("namespace", "")
+        trainjob = (meta.get("labels") or {}).get(LABEL_JOBSET_NAME, "")
+        kind, name, job_uid = controller_of(meta)
+        if kind != "Job":
+            return Foreign("the pod has no controller Job (not created by a JobSet's Job)")
+        job = self.jobs.get(job_uid)
+        if job is None:
+            return NotYet(f"Job {name} (UID {job_uid}) not known")
+        if job.namespace != namespace or job.owner_kind != "JobSet":
+            return Foreign(f"Job {name} is not controlled by a JobSet in {namespace}")
+        jobset = self.jobsets.get(job.owner_uid)
+        if jobset is None:
+            return NotYet(f"JobSet {job.owner_name} (UID {job.owner_uid}) not known")
+        if jobset.namespace != namespace or jobset.owner_kind != "TrainJob":
+            return Foreign(f"JobSet {jobset.name} is not controlled by a TrainJob")
+        if jobset.owner_name != trainjob:
+            return Foreign(f"its JobSet {jobset.name} belongs to TrainJob {jobset.owner_name}, "
+                           f"not to {trainjob} named by its {LABEL_JOBSET_NAME} label")
+        held = self.trainjobs.get(namespace, trainjob)
+        if held is None:
+            return NotYet(f"TrainJob {trainjob} not known")
+        if held.uid != jobset.owner_uid:
+            return Foreign(f"its owner chain leads to TrainJob UID {jobset.owner_uid}, but "
+                           f"TrainJob {trainjob} is now UID {held.uid} (re-created)")
+        return Belongs(held.uid)
+
+
+def restart_attempt(pod: Mapping[str, Any]) -> int:
+    """The pod's ``jobset.sigs.k8s.io/restart-attempt`` (0 when absent or not a number)."""
+    value = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_RESTART_ATTEMPT, "0")
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+def rank(pod: Mapping[str, Any]) -> tuple[int, int, str, str]:
+    """Higher is the better target (module doc): live, attempt, creation time, name."""
+    meta = pod.get("metadata") or {}
+    live = 0 if meta.get("deletionTimestamp") else 1
+    return (live, restart_attempt(pod), meta.get("creationTimestamp", ""), meta.get("name", ""))

@@ -1,0 +1,179 @@
+"""A list+watch of one kind in one scope, in a daemon thread: client-go's reflector.
+
+One :class:`ListWatch` lists (paged), hands the whole list to ``on_list``, then watches
+from the list's resourceVersion (with bookmarks) and hands every change to
+``on_event``; both are called on the asyncio loop (``call_soon_threadsafe``), in order.
+410 Gone relists at once; any other error backs off (:class:`~scraper.kube.calls.Backoff`)
+and relists.  ``relist_interval`` > 0 relists that often besides (a safety net; the
+watch alone sees every change).  Objects are plain dicts (the API's JSON) with
+``metadata.managedFields`` dropped before anything keeps them.
+
+Knows nothing of TrainJobs: the caller passes the list function (e.g.
+``CustomObjectsApi.list_cluster_custom_object`` with its group, version and plural
+bound by :func:`functools.partial`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from scraper.kube.calls import Backoff
+from scraper.kube.client import REQUEST_TIMEOUT
+
+log = logging.getLogger(__name__)
+
+#: Server-side timeout of one watch request (seconds): bounds how long a stop waits.
+WATCH_TIMEOUT_SECONDS = 30
+LIST_PAGE_SIZE = 500
+WATCH_BACKOFF = Backoff(initial=0.5, cap=30.0)
+
+Obj = dict[str, Any]
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is too old (HTTP 410): relist."""
+
+
+def slim(obj: Obj) -> Obj:
+    """``obj`` without ``metadata.managedFields`` (most of an object's bytes; unused)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
+class ListWatch:
+    """List+watch with ``lister`` (a Kubernetes client list function; see module doc).
+
+    Args:
+        lister: called with the list/watch keyword arguments (``watch``,
+            ``resource_version``, ``limit``, ``_continue``, ...).
+        name: for logs and the thread name, e.g. ``trainjobs/all``.
+        loop: the asyncio loop the callbacks run on.
+        on_list: the full list of objects (after every (re)list).
+        on_event: ``(type, object)`` for ADDED, MODIFIED, DELETED.
+        on_restart: ``"gone"`` or ``"error"`` (called from the thread; must be thread-safe).
+        relist_interval: seconds between two relists besides the watch (0: never).
+    """
+
+    def __init__(
+        self,
+        lister: Callable[..., Any],
+        *,
+        name: str,
+        loop: asyncio.AbstractEventLoop,
+        on_list: Callable[[list[Obj]], None],
+        on_event: Callable[[str, Obj], None],
+        on_restart: Callable[[str], None] = lambda reason: None,
+        relist_interval: float = 0.0,
+        backoff: Backoff = WATCH_BACKOFF,
+    ) -> None:
+        self._lister = lister
+        self.name = name
+        self._loop = loop
+        self._on_list = on_list
+        self._on_event = on_event
+        self._on_restart = on_restart
+        self._relist_interval = relist_interval
+        self._backoff = backoff
+        self._stop = threading.Event()
+        self.lists = 0  # how many lists ran (for tests and benchmarks)
+        self._thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread (returns at once)."""
+        self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Ask the thread to stop; wait at most ``timeout`` s (it is a daemon)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # -- thread side
+
+    def _deliver(self, func: Callable[..., None], *args: Any) -> None:
+        if not self._stop.is_set():
+            self._loop.call_soon_threadsafe(func, *args)
+
+    def _list(self) -> tuple[list[Obj], str]:
+        items: list[Obj] = []
+        cont: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": LIST_PAGE_SIZE, "_preload_content": False,
+                                      "_request_timeout": REQUEST_TIMEOUT}
+            if cont:
+                kwargs["_continue"] = cont
+            resp = self._lister(**kwargs)
+            body = json.loads(resp.data)
+            items.extend(slim(o) for o in body.get("items") or [])
+            meta = body.get("metadata") or {}
+            cont = meta.get("continue")
+            if not cont:
+                return items, meta.get("resourceVersion", "")
+
+    def _watch_from(self, resource_version: str, until: float) -> str:
+        timeout = WATCH_TIMEOUT_SECONDS
+        if until:
+            timeout = max(1, min(timeout, int(until - time.monotonic()) + 1))
+        resp = self._lister(watch=True, resource_version=resource_version,
+                            allow_watch_bookmarks=True, timeout_seconds=timeout,
+                            _request_timeout=timeout + 30, _preload_content=False)
+        try:
+            for line in iter_resp_lines(resp):
+                if self._stop.is_set():
+                    break
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone()
+                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+                resource_version = (obj.get("metadata") or {}).get(
+                    "resourceVersion", resource_version)
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self._deliver(self._on_event, kind, slim(obj))
+        except ApiException as exc:
+            if exc.status == 410:
+                raise _Gone() from None
+            raise
+        finally:
+            resp.close()
+            resp.release_conn()
+        return resource_version
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                items, resource_version = self._list()
+                self.lists += 1
+                self._deliver(self._on_list, items)
+                failures = 0
+                until = (time.monotonic() + self._relist_interval
+                         if self._relist_interval > 0 else 0.0)
+                while not self._stop.is_set() and (not until or time.monotonic() < until):
+                    resource_version = self._watch_from(resource_version, until)
+            except _Gone:
+                log.info("watch %s: resourceVersion expired, relisting", self.name)
+                self._on_restart("gone")
+            except Exception as exc:
+                self._on_restart("error")
+                delay = self._backoff.delay(failures)
+                failures += 1
+                detail = (f"HTTP {exc.status} {exc.reason}" if isinstance(exc, ApiException)
+                          else f"{type(exc).__name__}: {str(exc)[:200]}")
+                log.warning("watch %s failed: %s; retrying in %.1fs", self.name, detail, delay)
+                self._stop.wait(delay)

@@ -1,0 +1,39 @@
+"""A running status writer in the test's event loop: TrainJob informer + write queue."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator
+
+from kubernetes import client
+
+from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+from scraper.kube.informer import ListWatch
+from scraper.status_writer import StatusWriter
+from scraper.trainjobs import TrainJobStore
+
+
+@contextlib.asynccontextmanager
+async def running_writer(api: client.ApiClient, namespace: str, *, qps: float = 50,
+                         burst: int = 50, metrics_interval: float = 0.0,
+                         ) -> AsyncIterator[tuple[StatusWriter, ListWatch]]:
+    """A :class:`StatusWriter` whose store watches TrainJobs of ``namespace`` (synced)."""
+    store = TrainJobStore([namespace])
+    custom = client.CustomObjectsApi(api)
+    watch = ListWatch(
+        functools.partial(custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
+                          namespace, TRAINJOB_PLURAL),
+        name=f"trainjobs/{namespace}", loop=asyncio.get_running_loop(),
+        on_list=functools.partial(store.on_list, namespace), on_event=store.on_event)
+    writer = StatusWriter.for_client(api, identity="test", qps=qps, burst=burst, store=store,
+                                     metrics_interval=metrics_interval)
+    watch.start()
+    writer.start()
+    try:
+        await asyncio.wait_for(store.synced.wait(), 20)
+        yield writer, watch
+    finally:
+        await writer.stop()
+        await asyncio.to_thread(watch.stop, 1.0)

@@ -1,0 +1,206 @@
+"""The write queue's rules (scraper/write_queue.py), in-process with a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporter_lib.status import TrainerStatus
+from scraper.status_writer import priority_of
+from scraper.write_queue import AGE_SECONDS, Priority, WriteQueue
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def status(progress: int, **metrics: str) -> TrainerStatus:
+    return TrainerStatus.from_api({
+        "progressPercentage": progress,
+        "metrics": [{"name": k, "value": v} for k, v in metrics.items()],
+        "lastUpdatedTime": datetime(2026, 1, 1, tzinfo=UTC)})
+
+
+def drain(q: WriteQueue) -> list[tuple[str, str]]:
+    out = []
+    while (item := q.take()) is not None:
+        out.append(item.key)
+        q.done(item)
+    return out
+
+
+def test_priority_order_finals_first_then_first_progress_metrics() -> None:
+    clock = Clock()
+    q = WriteQueue(clock=clock)
+    q.put(("ns", "metrics"), status(1), Priority.METRICS)
+    q.put(("ns", "progress"), status(1), Priority.PROGRESS)
+    q.put(("ns", "first"), status(1), Priority.FIRST)
+    q.put(("ns", "final-b"), status(1), Priority.FINAL)
+    clock.now += 1
+    q.put(("ns", "final-a"), status(1), Priority.FINAL)
+    assert [k[1] for k in drain(q)] == ["final-b", "final-a", "first", "progress", "metrics"]
+
+
+def test_ties_are_broken_by_queue_time_then_key() -> None:
+    q = WriteQueue(clock=Clock())
+    for name in ("c", "a", "b"):
+        q.put(("ns", name), status(1), Priority.PROGRESS)
+    assert [k[1] for k in drain(q)] == ["a", "b", "c"]  # same time: by key
+
+
+def test_coalescing_keeps_one_item_with_the_newest_status_and_its_place() -> None:
+    clock = Clock()
+    q = WriteQueue(clock=clock)
+    q.put(("ns", "x"), status(1), Priority.METRICS)
+    clock.now += 1
+    q.put(("ns", "y"), status(5), Priority.PROGRESS)
+    clock.now += 1
+    q.put(("ns", "x"), status(2), Priority.PROGRESS)  # newer, and now a progress change
+    assert len(q) == 2
+    first = q.take()
+    assert first is not None and first.key == ("ns", "x")  # kept its earlier place
+    assert first.status == status(2) and first.priority is Priority.PROGRESS
+
+
+def test_a_final_status_is_never_replaced_by_a_later_scrape() -> None:
+    q = WriteQueue(clock=Clock())
+    q.put(("ns", "x"), status(100), Priority.FINAL)
+    q.put(("ns", "x"), status(40), Priority.PROGRESS)
+    item = q.take()
+    assert item is not None and item.status == status(100) and item.priority is Priority.FINAL
+
+
+def test_a_key_being_written_is_not_handed_out_twice_and_the_newest_follows() -> None:
+    q = WriteQueue(clock=Clock())
+    q.put(("ns", "x"), status(1), Priority.PROGRESS)
+    item = q.take()
+    assert item is not None
+    q.put(("ns", "x"), status(2), Priority.PROGRESS)
+    q.put(("ns", "x"), status(3), Priority.PROGRESS)
+    assert q.take() is None  # in progress: the newer status waits
+    q.done(item)
+    nxt = q.take()
+    assert nxt is not None and nxt.status == status(3)
+
+
+def test_failed_write_is_retried_after_its_backoff_unless_superseded() -> None:
+    clock = Clock()
+    q = WriteQueue(clock=clock)
+    q.put(("ns", "x"), status(100), Priority.FINAL)
+    item = q.take()
+    assert item is not None
+    q.done(item, retry_in=5.0)
+    assert q.take() is None
+    clock.now += 5.0
+    again = q.take()
+    assert again is not None and again.attempts == 1 and again.status == status(100)
+
+
+def test_metrics_only_change_is_held_until_its_interval_ends() -> None:
+    clock = Clock()
+    q = WriteQueue(clock=clock)
+    q.put(("ns", "x"), status(1, loss="0.5"), Priority.METRICS, hold_until=clock.now + 30)
+    assert q.take() is None
+    clock.now += 30
+    assert q.take() is not None
+    # A progress change joining a held metrics-only item ends the hold.
+    q.put(("ns", "y"), status(1, loss="0.5"), Priority.METRICS, hold_until=clock.now + 30)
+    q.put(("ns", "y"), status(2, loss="0.4"), Priority.PROGRESS)
+    item = q.take()
+    assert item is not None and item.key == ("ns", "y")
+
+
+def test_aging_lets_an_old_metrics_change_pass_fresh_progress_changes() -> None:
+    clock = Clock()
+    q = WriteQueue(clock=clock)
+    q.put(("ns", "old-metrics"), status(1), Priority.METRICS)
+    clock.now += 2 * AGE_SECONDS
+    q.put(("ns", "fresh-progress"), status(1), Priority.PROGRESS)
+    assert drain(q)[0] == ("ns", "old-metrics")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30),
+                          st.sampled_from([Priority.FIRST, Priority.PROGRESS, Priority.METRICS])),
+                min_size=1, max_size=300))
+def test_under_a_saturated_budget_no_trainjob_starves(puts: list[tuple[int, Priority]]) -> None:
+    """Each tick one write and one new change (31 TrainJobs).  Strict priority would let a
+    stream of progress changes starve a metrics-only one; with aging every key is written
+    within (classes apart * AGE_SECONDS + keys) ticks, however long the run."""
+    clock = Clock()
+    q = WriteQueue(clock=clock)
+    waiting: dict[tuple[str, str], float] = {}
+    longest = 0.0
+    for tick, (job, priority) in enumerate(puts):
+        key = ("ns", f"job-{job}")
+        q.put(key, status(tick % 101), priority)
+        waiting.setdefault(key, clock.now)
+        clock.now += 1
+        item = q.take()
+        if item is not None:
+            longest = max(longest, clock.now - waiting.pop(item.key))
+            q.done(item)
+    bound = (Priority.METRICS - Priority.FIRST) * AGE_SECONDS + 31 + 1
+    while (item := q.take()) is not None:
+        clock.now += 1
+        longest = max(longest, clock.now - waiting.pop(item.key))
+        q.done(item)
+    assert not waiting
+    assert longest <= bound
+
+
+def test_priority_of_classifies_against_what_the_trainjob_holds() -> None:
+    assert priority_of(None, status(1), final=False) is Priority.FIRST
+    assert priority_of(status(1), status(2), final=False) is Priority.PROGRESS
+    assert priority_of(status(1, a="1"), status(1, a="2"), final=False) is Priority.METRICS
+    assert priority_of(status(1), status(1), final=True) is Priority.FINAL
+
+
+async def test_get_waits_for_a_due_item_and_wait_idle_sees_the_end() -> None:
+    q = WriteQueue()
+    getter = asyncio.create_task(q.get())
+    await asyncio.sleep(0.01)
+    assert not getter.done()
+    q.put(("ns", "x"), status(1), Priority.PROGRESS)
+    item = await asyncio.wait_for(getter, 1)
+    assert not await q.wait_idle(0.01)
+    q.done(item)
+    assert await q.wait_idle(0.01)
+
+
+@pytest.mark.parametrize("forget", ["forget", "clear"])
+def test_forgotten_keys_are_not_written(forget: str) -> None:
+    q = WriteQueue(clock=Clock())
+    q.put(("ns", "x"), status(100), Priority.FINAL)
+    if forget == "forget":
+        q.forget(("ns", "x"))
+    else:
+        q.clear()
+    assert q.take() is None and len(q) == 0
+
+
+def test_a_stream_of_progress_changes_does_not_starve_a_metrics_only_change() -> None:
+    """The adversarial case: the budget writes one item per second and a new progress
+    change arrives every second; strict priority would never reach the metrics change."""
+    clock = Clock()
+    q = WriteQueue(clock=clock)
+    q.put(("ns", "metrics-only"), status(1, loss="0.5"), Priority.METRICS)
+    written_at = None
+    for tick in range(200):
+        q.put(("ns", f"busy-{tick}"), status(tick % 101), Priority.PROGRESS)
+        clock.now += 1
+        item = q.take()
+        assert item is not None
+        q.done(item)
+        if item.key == ("ns", "metrics-only"):
+            written_at = tick
+            break
+    assert written_at is not None and written_at <= 2 * AGE_SECONDS + 1
