@@ -15,18 +15,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import partial
+from typing import Any, Literal, cast
 
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
 from scraper.config import ConfigError
 from scraper.kube.calls import Backoff, call
 from scraper.kube.client import REQUEST_TIMEOUT
+from scraper.kube.informer import WATCH_BACKOFF, ListWatch
 from scraper.syntax import IntervalOutOfRange, parse_interval
 from scraper.targets import Target
 
@@ -43,11 +43,6 @@ ANNOTATION_CONTAINER = ANNOTATION_PREFIX + "container"
 PROMETHEUS_PORT = "prometheus.io/port"
 PROMETHEUS_PATH = "prometheus.io/path"
 
-#: Server-side watch timeout (seconds): bounds how long a stop request waits.
-WATCH_TIMEOUT_SECONDS = 30
-LIST_PAGE_SIZE = 500
-#: Between two tries of a failed list or watch: 0.5 s doubling up to 30 s, +50 % jitter.
-WATCH_BACKOFF = Backoff(initial=0.5, cap=30.0)
 
 
 # ---------------------------------------------------------------- decisions
@@ -196,29 +191,29 @@ class Synced:
     pods: tuple[dict[str, Any], ...]
 
 
+#: The kinds of watch event forwarded (bookmarks are not).
+EventKind = Literal["ADDED", "MODIFIED", "DELETED"]
+
+
 @dataclass(frozen=True)
 class PodEvent:
     """One watch event for a pod (bookmarks are not forwarded)."""
 
-    kind: Literal["ADDED", "MODIFIED", "DELETED"]
+    kind: EventKind
     pod: dict[str, Any]
 
 
 WatchItem = Synced | PodEvent
 
 
-class _Gone(Exception):
-    """The watch's resourceVersion is too old (HTTP 410): relist."""
-
-
 class PodWatcher:
-    """List+watch of the pods matching a selector, in one daemon thread.
+    """List+watch of the pods matching a selector (a :class:`~scraper.kube.informer.ListWatch`).
 
-    Each list is forwarded as :class:`Synced`, then every change as
-    :class:`PodEvent`.  The watch resumes from the last resourceVersion (kept
-    fresh by bookmarks), relists on 410 Gone and backs off exponentially (with
-    jitter, :data:`WATCH_BACKOFF`) on other errors.  ``on_restart`` is called
-    (from the thread) every time the watch has to start over.
+    Each list is forwarded to ``queue`` as :class:`Synced`, then every change as
+    :class:`PodEvent`; a full queue holds the watch thread back (backpressure) until
+    there is room or :meth:`stop` is called.  Relists on 410 Gone, backs off with
+    jitter (:data:`WATCH_BACKOFF`) on other errors; ``on_restart`` is called (from the
+    thread) every time the watch has to start over.
     """
 
     def __init__(
@@ -232,141 +227,36 @@ class PodWatcher:
         on_restart: Callable[[str], None] = lambda reason: None,
         backoff: Backoff = WATCH_BACKOFF,
     ) -> None:
-        self._core = core
-        self._namespace = namespace
-        self._selector = selector
         self._queue = queue
         self._loop = loop
-        self._on_restart = on_restart
-        self._backoff = backoff
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"pod-watch-{namespace or 'all'}", daemon=True
-        )
+        lister = (partial(core.list_namespaced_pod, namespace, label_selector=selector)
+                  if namespace else
+                  partial(core.list_pod_for_all_namespaces, label_selector=selector))
+        self._watch = ListWatch(
+            lister, name=f"pods/{namespace or 'all'}", loop=loop,
+            on_list=lambda pods: self._put(Synced(namespace, tuple(pods))),
+            on_event=lambda kind, pod: self._put(PodEvent(cast(EventKind, kind), pod)),
+            on_restart=on_restart, backoff=backoff,
+            handoff=lambda func, args: func(*args))  # on the thread: _put blocks there
 
     def start(self) -> None:
-        """Start the thread (returns at once)."""
-        self._thread.start()
+        """Start the watch thread (returns at once)."""
+        self._watch.start()
 
     def stop(self, timeout: float = 1.0) -> None:
-        """Ask the thread to stop; wait at most ``timeout`` seconds for it.
-
-        A blocked read ends at the latest with the server-side watch timeout
-        (:data:`WATCH_TIMEOUT_SECONDS`); the thread is a daemon, so it never
-        holds up interpreter exit.
-        """
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    # -- thread side
+        """Ask the watch thread to stop; wait at most ``timeout`` seconds for it."""
+        self._watch.stop(timeout)
 
     def _put(self, item: WatchItem) -> None:
         # Backpressure: wait for room in the queue, but keep noticing stop().
         future = asyncio.run_coroutine_threadsafe(self._queue.put(item), self._loop)
-        while not self._stop.is_set():
+        while not self._watch.stopping:
             try:
                 future.result(timeout=0.5)
                 return
             except TimeoutError:
                 continue
         future.cancel()
-
-    def _list(self) -> tuple[list[dict[str, Any]], str]:
-        items: list[dict[str, Any]] = []
-        cont: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {
-                "label_selector": self._selector,
-                "limit": LIST_PAGE_SIZE,
-                "_preload_content": False,
-                "_request_timeout": REQUEST_TIMEOUT,
-            }
-            if cont:
-                kwargs["_continue"] = cont
-            if self._namespace:
-                resp = self._core.list_namespaced_pod(self._namespace, **kwargs)
-            else:
-                resp = self._core.list_pod_for_all_namespaces(**kwargs)
-            body = json.loads(resp.data)
-            items.extend(body.get("items") or [])
-            meta = body.get("metadata") or {}
-            cont = meta.get("continue")
-            if not cont:
-                return items, meta.get("resourceVersion", "")
-
-    def _watch_from(self, resource_version: str) -> str:
-        """Watch until the server closes the stream; return the last resourceVersion.
-
-        The stream is read here, not through ``kubernetes.watch.Watch.stream``: with
-        ``deserialize=False`` that method fails with ``KeyError('raw_object')`` on
-        the ERROR event by which the API server reports an expired resourceVersion
-        (HTTP 200, a Status of code 410), so a 410 never reached the relist below.
-        """
-        func = (
-            self._core.list_namespaced_pod if self._namespace else
-            self._core.list_pod_for_all_namespaces
-        )
-        args = (self._namespace,) if self._namespace else ()
-        resp = func(
-            *args,
-            label_selector=self._selector,
-            resource_version=resource_version,
-            allow_watch_bookmarks=True,
-            watch=True,
-            timeout_seconds=WATCH_TIMEOUT_SECONDS,
-            # Between two bytes the server is silent at most until its own timeout
-            # (bookmarks and events come sooner): a dead server is noticed 10 s later.
-            _request_timeout=(REQUEST_TIMEOUT[0], WATCH_TIMEOUT_SECONDS + 10),
-            _preload_content=False,
-        )
-        try:
-            for line in iter_resp_lines(resp):
-                if self._stop.is_set():
-                    break
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                kind = event.get("type")
-                obj = event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise _Gone()
-                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
-                resource_version = (obj.get("metadata") or {}).get(
-                    "resourceVersion", resource_version
-                )
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self._put(PodEvent(kind, obj))
-        except ApiException as exc:
-            if exc.status == 410:
-                raise _Gone() from None
-            raise
-        finally:
-            resp.close()
-            resp.release_conn()
-        return resource_version
-
-    def _run(self) -> None:
-        failures = 0  # in a row, since the last good list
-        while not self._stop.is_set():
-            try:
-                pods, resource_version = self._list()
-                self._put(Synced(self._namespace, tuple(pods)))
-                failures = 0
-                while not self._stop.is_set():
-                    resource_version = self._watch_from(resource_version)
-            except _Gone:
-                log.info("pod watch (%s): resourceVersion expired, relisting",
-                         self._namespace or "all namespaces")
-                self._on_restart("gone")
-            except Exception as exc:
-                self._on_restart("error")
-                delay = self._backoff.delay(failures)
-                failures += 1
-                log.warning("pod watch (%s) failed: %s; retrying in %.1fs",
-                            self._namespace or "all namespaces", _short(exc), delay)
-                self._stop.wait(delay)
 
 
 def _short(exc: BaseException) -> str:

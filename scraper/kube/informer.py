@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 #: Server-side timeout of one watch request (seconds): bounds how long a stop waits.
 WATCH_TIMEOUT_SECONDS = 30
 LIST_PAGE_SIZE = 500
+#: Between two tries of a failed list or watch: 0.5 s doubling up to 30 s, +50 % jitter.
 WATCH_BACKOFF = Backoff(initial=0.5, cap=30.0)
 
 Obj = dict[str, Any]
@@ -63,6 +64,9 @@ class ListWatch:
         on_event: ``(type, object)`` for ADDED, MODIFIED, DELETED.
         on_restart: ``"gone"`` or ``"error"`` (called from the thread; must be thread-safe).
         relist_interval: seconds between two relists besides the watch (0: never).
+        handoff: how the thread hands a callback and its arguments over; default: run it
+            on ``loop`` (``call_soon_threadsafe``).  A handoff may block the thread
+            (backpressure); it should give up once :attr:`stopping` is set.
     """
 
     def __init__(
@@ -76,8 +80,10 @@ class ListWatch:
         on_restart: Callable[[str], None] = lambda reason: None,
         relist_interval: float = 0.0,
         backoff: Backoff = WATCH_BACKOFF,
+        handoff: Callable[[Callable[..., None], tuple[Any, ...]], None] | None = None,
     ) -> None:
         self._lister = lister
+        self._handoff = handoff
         self.name = name
         self._loop = loop
         self._on_list = on_list
@@ -93,8 +99,17 @@ class ListWatch:
         """Start the thread (returns at once)."""
         self._thread.start()
 
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stop.is_set()
+
     def stop(self, timeout: float = 1.0) -> None:
-        """Ask the thread to stop; wait at most ``timeout`` s (it is a daemon)."""
+        """Ask the thread to stop; wait at most ``timeout`` s (it is a daemon).
+
+        A blocked read ends at the latest with the server-side watch timeout
+        (:data:`WATCH_TIMEOUT_SECONDS`).
+        """
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -102,7 +117,11 @@ class ListWatch:
     # -- thread side
 
     def _deliver(self, func: Callable[..., None], *args: Any) -> None:
-        if not self._stop.is_set():
+        if self._stop.is_set():
+            return
+        if self._handoff is not None:
+            self._handoff(func, args)
+        else:
             self._loop.call_soon_threadsafe(func, *args)
 
     def _list(self) -> tuple[list[Obj], str]:
@@ -127,7 +146,11 @@ class ListWatch:
             timeout = max(1, min(timeout, int(until - time.monotonic()) + 1))
         resp = self._lister(watch=True, resource_version=resource_version,
                             allow_watch_bookmarks=True, timeout_seconds=timeout,
-                            _request_timeout=timeout + 30, _preload_content=False)
+                            # Between two bytes the server is silent at most until its own
+                            # timeout (bookmarks come sooner): a dead server is noticed
+                            # 10 s later.
+                            _request_timeout=(REQUEST_TIMEOUT[0], timeout + 10),
+                            _preload_content=False)
         try:
             for line in iter_resp_lines(resp):
                 if self._stop.is_set():
