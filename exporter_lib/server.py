@@ -51,7 +51,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from exporter_lib.exposition import Rendered, Renderer, etag_matches
@@ -62,6 +62,10 @@ log = logging.getLogger("exporter_lib")
 
 #: Open connections at most (a scraper, its standby, Prometheus, local push clients).
 MAX_CONNECTIONS = 64
+#: Accepted sockets beyond :data:`MAX_CONNECTIONS` that may exist at once while the
+#: eviction rule decides; any further one is closed in the accepting callback itself,
+#: before a task starts for it (a flood must not pile up descriptors between accepts).
+ACCEPT_HEADROOM = 16
 #: Waiting scrapes held at once at most.
 MAX_HELD = 8
 #: Longest wait a scrape may ask for (seconds).
@@ -256,6 +260,7 @@ class _Server:
         self._push = push
         self._refused = refused
         self._connections: dict[_Connection, None] = {}  # insertion order: idle since
+        self.open_sockets = 0  # accepted and not yet closed (see _GuardedProtocol)
         self._held = 0
         self._changed = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
@@ -288,6 +293,10 @@ class _Server:
                 conn.abort()
             else:
                 writer.close()
+
+    def refuse_at_accept(self) -> None:
+        """Count a socket closed as it was accepted (over the cap and its headroom)."""
+        self._count("ConnectionLimit")
 
     def _evict(self) -> bool:
         """Close the connection idle longest (waiting for a request); False when none is."""
@@ -526,6 +535,33 @@ def _int(header: str | None) -> int:
     return int(header) if header and header.isdigit() and header.isascii() else 0
 
 
+class _GuardedProtocol(asyncio.StreamReaderProtocol):
+    """asyncio's stream protocol, counting open sockets: beyond the cap plus
+    :data:`ACCEPT_HEADROOM` a socket is aborted in ``connection_made``, so its descriptor
+    is gone in the same loop pass that accepted it."""
+
+    def __init__(self, server: _Server, reader: asyncio.StreamReader) -> None:
+        super().__init__(reader, server.connected)
+        self._owner = server
+        self._counted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._owner.open_sockets >= MAX_CONNECTIONS + ACCEPT_HEADROOM:
+            self._owner.refuse_at_accept()
+            cast(asyncio.Transport, transport).abort()
+            return
+        self._counted = True
+        self._owner.open_sockets += 1
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._counted:
+            return
+        self._counted = False
+        self._owner.open_sockets -= 1
+        super().connection_lost(exc)
+
+
 class ServerThread:
     """The exporter's server on its own daemon thread (``trainjob-exporter``).
 
@@ -555,10 +591,15 @@ class ServerThread:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
+        loop = self._loop
+
+        def protocol() -> _GuardedProtocol:
+            reader = asyncio.StreamReader(limit=MAX_HEAD_BYTES * 2, loop=loop)
+            return _GuardedProtocol(self._server, reader)
+
         try:
-            self._listener = self._loop.run_until_complete(asyncio.start_server(
-                self._server.connected, sock=self._socket, limit=MAX_HEAD_BYTES * 2,
-                backlog=BACKLOG))
+            self._listener = self._loop.run_until_complete(self._loop.create_server(
+                protocol, sock=self._socket, backlog=BACKLOG))
         except BaseException as exc:
             self._failed = exc
             self._ready.set()
