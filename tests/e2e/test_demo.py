@@ -28,8 +28,11 @@ def test_demo_runs_the_whole_path_and_ends_at_100_percent() -> None:
     # At least one live line before the end: progress was seen while training ran.
     live = re.findall(r"^demo-train: (\d+)% ", out, re.MULTILINE)
     assert live, out
-    status = json.loads(out.split("jsonpath='{.status}'", 1)[1].split("─", 1)[-1]
-                        .split("─", 1)[0].strip().lstrip("─\n "))
+    # The JSON stands between the jsonpath rule line and the next rule line.
+    section = out.split("jsonpath='{.status}'", 1)[1].split("\n", 1)[1]
+    section = section.split("kubectl get jobsets,jobs,pods -o wide", 1)[0]
+    status = json.loads("\n".join(line for line in section.splitlines()
+                                  if not line.strip().startswith("─")))
     trainer = status["trainerStatus"]
     assert trainer["progressPercentage"] == 100
     assert {"loss", "eval_accuracy"} <= {m["name"] for m in trainer["metrics"]}

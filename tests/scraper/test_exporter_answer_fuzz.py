@@ -125,7 +125,8 @@ class Events:
 
 
 class Writer:
-    async def apply(self, namespace: str, name: str, status: TrainerStatus) -> WriteOutcome:
+    async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
+                    final: bool = False, uid: str = "") -> WriteOutcome:
         return WriteOutcome.WRITTEN
 
 

@@ -136,7 +136,7 @@ def test_watch_resumes_after_the_server_ends_it(
     kube_api: client.ApiClient, namespace: str, exporter_factory: Callable[..., FakeExporter],
     scraper_factory: Callable[..., ScraperProcess],
 ) -> None:
-    from scraper.discovery import WATCH_TIMEOUT_SECONDS
+    from scraper.kube.informer import WATCH_TIMEOUT_SECONDS
 
     exp = exporter_factory(body=status_json(64))
     objects.create_trainjob(kube_api, namespace, "late")

@@ -37,7 +37,8 @@ class Writer:
     applied: list[tuple[float, int | None]] = field(default_factory=list)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def apply(self, namespace: str, name: str, status: TrainerStatus) -> WriteOutcome:
+    async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
+                    final: bool = False, uid: str = "") -> WriteOutcome:
         self.applied.append((time.monotonic(), status.progress_percentage))
         self.arrived.set()
         return WriteOutcome.WRITTEN
