@@ -42,11 +42,13 @@ def _handler(args: argparse.Namespace) -> int:
 _DESCRIPTION = """\
 Run the whole path on this machine with live progress.
 
-Local mode (no --kubeconfig and no $KUBECONFIG): build or reuse the control plane
-binaries, start etcd and kube-apiserver, install the TrainJob CRD, create a TrainJob
-and its rank-0 trainer pod, run a real training process instrumented with
-exporter_lib, run the scraper, show TrainJob status.trainerStatus live, then the
-final status as kubectl reads it.
+Local mode (no --kubeconfig and no $KUBECONFIG): build or reuse the local cluster
+(kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kwok, the JobSet and
+Kubeflow Trainer controllers, a pod runner), create a TrainJob on the shipped
+torch-distributed runtime, let the controllers make its JobSet, Job and pod, whose
+training process (instrumented with exporter_lib) the pod runner runs; run the
+scraper, show TrainJob status.trainerStatus live, then the final status as kubectl
+reads it and the controllers' objects.
 
 Cluster mode (--kubeconfig, or $KUBECONFIG unless --local): run the scraper against
 that cluster and show its TrainJobs live.
@@ -64,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="training code: a numpy network (default, seconds) or a tiny "
                         "Hugging Face Transformers model (needs torch and transformers)")
     parser.add_argument("--epochs", type=_positive_int, default=4,
-                        help="training epochs (default 4: about 30 s of training on two cores; "
-                        "the first run also builds the control plane, 10-20 minutes)")
+                        help="training epochs (default 4: about 90 s of training on two cores; "
+                        "the first run also builds the local cluster, 25-35 minutes)")
     parser.add_argument("--interval", default="2s", type=_interval,
                         help="scrape interval given to the scraper (default 2s)")
     parser.add_argument("--kubeconfig", type=Path, default=None,

@@ -256,7 +256,11 @@ def _cluster_mode(console: Console, kubeconfig: Path, args: argparse.Namespace) 
         scraper_child = start_scraper(workdir, kubeconfig=kubeconfig, port=free_port(),
                                       options=options)
         stack.callback(scraper_child.stop)
-        wait_http_ok(scraper_child.extra["base_url"] + "/readyz", scraper_child)
+        try:
+            wait_http_ok(scraper_child.extra["base_url"] + "/readyz", scraper_child)
+        except RuntimeError as exc:  # e.g. the cluster's API server cannot be reached
+            console.print(f"[red]the scraper did not get ready: {exc}[/]")
+            return 1
         console.print("the scraper reaches pod IPs directly: run this where they are routable "
                       "(inside the cluster network), else install the Helm chart")
         deadline = None if args.duration is None else time.monotonic() + args.duration
