@@ -27,9 +27,8 @@ import time
 import tracemalloc
 from typing import Any
 
-from aiohttp import web
-
 from benchmarks.procstat import rss_bytes
+from benchmarks.static_exporter import start_static_exporter
 from exporter_lib.status import TrainerStatus
 from scraper.loop import ScrapeLoop
 from scraper.manager import TargetManager
@@ -38,7 +37,6 @@ from scraper.scraping import ExporterScraper, ScrapeLimits
 from scraper.status_writer import WriteOutcome
 
 NAMESPACE = "churn"
-BODY = '{"progressPercentage": 5, "lastUpdatedTime": "2025-01-01T00:00:00Z"}'
 
 
 class _Writer:
@@ -61,19 +59,7 @@ def _pod(name: str, uid: str, port: int) -> dict[str, Any]:
 
 
 async def run(targets: int, rounds: int, cycles: int) -> list[dict[str, Any]]:
-    async def handle(request: web.Request) -> web.Response:
-        if request.headers.get("If-None-Match") == '"1"':
-            return web.Response(status=304)
-        return web.Response(text=BODY, content_type="application/json",
-                            headers={"ETag": '"1"'})
-
-    app = web.Application()
-    app.router.add_get("/metrics", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
-    await site.start()
-    live_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, live_port = await start_static_exporter()
 
     scraper = ExporterScraper(ScrapeLimits(0.9, 1 << 20, 32))
     holder: dict[str, TargetManager] = {}

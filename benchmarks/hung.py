@@ -26,8 +26,7 @@ import logging
 import time
 from typing import Any
 
-from aiohttp import web
-
+from benchmarks.static_exporter import start_static_exporter
 from exporter_lib.status import TrainerStatus
 from scraper.loop import ScrapeLoop, TargetState
 from scraper.scheduling import TargetScheduler
@@ -38,7 +37,6 @@ from scraper.telemetry import JobView
 
 INTERVAL = 1.0
 CONCURRENCY = 32
-BODY = json.dumps({"progressPercentage": 5, "lastUpdatedTime": "2025-01-01T00:00:00Z"})
 
 SCENARIOS: dict[str, list[tuple[str, str, int]]] = {
     # (namespace, kind, count)
@@ -56,22 +54,6 @@ class _Writer:
 class _Events:
     async def event(self, namespace: str, name: str, reason: str, message: str) -> None:
         return None
-
-
-async def _healthy_server() -> tuple[web.AppRunner, int]:
-    async def handle(request: web.Request) -> web.Response:
-        if request.headers.get("If-None-Match") == '"1"':
-            return web.Response(status=304)
-        return web.Response(text=BODY, content_type="application/json",
-                            headers={"ETag": '"1"'})
-
-    app = web.Application()
-    app.router.add_get("/{name}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
-    await site.start()
-    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
 
 async def _hung_server() -> tuple[asyncio.Server, int, set[asyncio.StreamWriter]]:
@@ -92,7 +74,7 @@ async def _hung_server() -> tuple[asyncio.Server, int, set[asyncio.StreamWriter]
 
 async def run_scenario(name: str, seconds: float) -> dict[str, Any]:
     """One scenario for ``seconds``; the counts per namespace and kind."""
-    runner, healthy_port = await _healthy_server()
+    runner, healthy_port = await start_static_exporter()
     hung, hung_port, held = await _hung_server()
     scraper = ExporterScraper(ScrapeLimits(10.0, 1 << 20, CONCURRENCY))
     counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
