@@ -394,7 +394,7 @@ class StatusWriter:
             return WriteOutcome.NOT_STORED, None
         try:
             async with self._limiter:
-                obj = await call(self._ssa, namespace, name, held.uid, item.status,
+                obj = await call(self._ssa, namespace, name, item.status,
                                  before_try=self._fence)
         except NotLeader:
             return WriteOutcome.NOT_LEADER, None
@@ -485,8 +485,7 @@ class StatusWriter:
             uid=uid,
         )
 
-    def _ssa(self, namespace: str, name: str, uid: str,
-             status: TrainerStatus) -> dict[str, Any]:
+    def _ssa(self, namespace: str, name: str, status: TrainerStatus) -> dict[str, Any]:
         """The apply request itself (blocking; runs in a worker thread)."""
         body = {
             "apiVersion": f"{API_GROUP}/{API_VERSION}",
