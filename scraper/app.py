@@ -26,6 +26,7 @@ from typing import Any
 from kubernetes import client as k8s
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+from scraper.annotation_target import StatusTarget
 from scraper.config import ScraperSettings
 from scraper.discovery import PodEvent, PodWatcher, Synced, WatchItem, probe_selector
 from scraper.identity import LABEL_JOBSET_NAME, Identity, OwnerIndex
@@ -95,6 +96,7 @@ class ScraperApp:
             store=self.trainjobs, may_write=self._may_write,
             on_write=lambda outcome: self.telemetry.writes.labels(outcome.value).inc(),
             metrics_interval=s.metrics_write_interval,
+            target=StatusTarget(s.status_target),
         )
         self.trainjobs = self.writer.store
         self.trainjobs.on_gone = self._trainjob_gone
@@ -199,9 +201,9 @@ class ScraperApp:
         supervisor.root(ROOT_CRD, self._recheck_crd())
         if self._elector is not None:
             supervisor.root(ROOT_LEADER, self._elector.run())
-        log.info("trainjob-scraper started: selector %r, namespaces %s, interval %gs%s",
-                 s.selector, ",".join(s.namespaces) or "all", s.interval,
-                 ", leader election on" if self._elector else "")
+        log.info("trainjob-scraper started: selector %r, namespaces %s, interval %gs, "
+                 "status target %s%s", s.selector, ",".join(s.namespaces) or "all", s.interval,
+                 s.status_target, ", leader election on" if self._elector else "")
         try:
             await _first(stop, supervisor.failed)
         finally:

@@ -16,7 +16,7 @@ import socket
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -139,6 +139,14 @@ class ScraperSettings(BaseSettings):
         default=5, ge=1, le=20,
         description="ignored: a queued write is retried until it is applied, superseded "
         "or its TrainJob is gone (kept so existing configurations load)",
+    )
+    status_target: Literal["status", "annotation", "auto"] = Field(
+        default="status",
+        description="where the trainer status is written: 'status' (status.trainerStatus, "
+        "Trainer v2.2+), 'annotation' (the TrainJob annotation "
+        "trainjob-progress.dev/trainer-status, any Trainer release; needs patch on "
+        "trainjobs), 'auto' (the annotation while the CRD has no status.trainerStatus, "
+        "else the status; re-checked every minute)",
     )
     metrics_write_interval: float = Field(
         default=0.0,

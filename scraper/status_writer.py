@@ -29,6 +29,11 @@ server-side apply, only on change.
 * A CRD without ``status.trainerStatus`` is detected from its schema
   (:class:`scraper.kube.crd.CrdSupport`) or from the apply's answer; either way a
   Warning Event per TrainJob.
+* ``--status-target annotation|auto`` writes the same status to the TrainJob's
+  annotation instead (:mod:`scraper.annotation_target`: the body, the path, where
+  the informer's value is read from, and the place of each write); everything
+  above holds for it unchanged.  Under ``auto`` a write the CRD prunes is tried again
+  at once in the annotation, with no Event (nothing is lost).
 """
 
 from __future__ import annotations
@@ -49,6 +54,16 @@ from kubernetes.client import ApiClient, ApiextensionsV1Api, CoreV1Api, CustomOb
 from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
+from scraper.annotation_target import (
+    Place,
+    StatusTarget,
+    apply_request,
+    held_in,
+    place_for,
+    stored,
+    uid_precondition_failed,
+    written,
+)
 from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
 from scraper.kube.calls import Backoff, call, is_transient, retry_after
 from scraper.kube.client import REQUEST_TIMEOUT
@@ -131,6 +146,7 @@ class _Ours:
     status: TrainerStatus
     resource_version: str
     at: float
+    place: Place = Place.STATUS
 
 
 def already_holds(held: TrainerStatus | None, new: TrainerStatus) -> bool:
@@ -164,6 +180,7 @@ class StatusWriter:
         on_gone: called with ``(namespace, name)`` when a write finds the TrainJob gone.
         metrics_interval: a metrics-only change is written at most this often per
             TrainJob (seconds; 0: as soon as the budget allows).
+        target: where statuses go (``--status-target``, :mod:`scraper.annotation_target`).
         clock: monotonic seconds.
     """
 
@@ -179,6 +196,7 @@ class StatusWriter:
         on_write: Callable[[WriteOutcome], None] = lambda outcome: None,
         on_gone: Callable[[str, str], None] = lambda namespace, name: None,
         metrics_interval: float = 0.0,
+        target: StatusTarget = StatusTarget.STATUS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api_client
@@ -191,6 +209,7 @@ class StatusWriter:
         self._on_write = on_write
         self.on_gone = on_gone
         self._metrics_interval = metrics_interval
+        self.target = target
         self._clock = clock
         self.queue = WriteQueue(clock=clock)
         self._ours: dict[TrainJobKey, _Ours] = {}
@@ -212,17 +231,25 @@ class StatusWriter:
         may_write: Callable[[], bool] = lambda: True,
         on_write: Callable[[WriteOutcome], None] = lambda outcome: None,
         metrics_interval: float = 0.0,
+        target: StatusTarget = StatusTarget.STATUS,
     ) -> Self:
         """A writer with its own CRD knowledge and Event recorder; writes take tokens of a
         bucket of ``qps`` sustained, ``burst`` at once (Events have a bucket of their own:
         they never spend the writes' budget)."""
         limiter = AsyncLimiter(burst, burst / qps)
         events = EventRecorder(CoreV1Api(api_client), identity=identity, uid_of=store.uid_of)
-        crd = CrdSupport(ApiextensionsV1Api(api_client))
+        fallback = ("" if target is StatusTarget.STATUS
+                    else f"{Place.ANNOTATION.value} (--status-target {target.value})")
+        crd = CrdSupport(ApiextensionsV1Api(api_client), fallback=fallback)
         writer = cls(api_client, store=store, crd=crd, events=events, limiter=limiter,
-                     may_write=may_write, on_write=on_write, metrics_interval=metrics_interval)
+                     may_write=may_write, on_write=on_write, metrics_interval=metrics_interval,
+                     target=target)
         crd.on_supported = writer.supported_again
         return writer
+
+    def place(self) -> Place:
+        """Where the next write goes (:func:`scraper.annotation_target.place_for`)."""
+        return place_for(self.target, self.crd.supported)
 
     def supported_again(self) -> None:
         """The CRD stores trainerStatus again: announce a later loss anew."""
@@ -265,14 +292,17 @@ class StatusWriter:
         if held is not None and uid and held.uid != uid:
             raise TrainJobGone(f"{namespace}/{name} (UID {held.uid}, not {uid})")
         pending = self.queue.pending(key)
-        if pending is None and held is not None and already_holds(held.status, status):
+        place = self.place()
+        there = held_in(held, place)
+        if pending is None and held is not None and already_holds(there, status):
             self._on_write(WriteOutcome.UNCHANGED)
             return WriteOutcome.UNCHANGED
-        if self.crd.supported is False and not self.crd.recheck_due():
+        if (place is Place.STATUS and self.crd.supported is False
+                and not self.crd.recheck_due()):
             await self._tell_unsupported(namespace, name, held.uid if held else "")
             self._on_write(WriteOutcome.NOT_STORED)
             return WriteOutcome.NOT_STORED
-        priority = priority_of(held.status if held else None, status, final=final)
+        priority = priority_of(there, status, final=final)
         if key not in self._ours and priority > Priority.FIRST:
             priority = Priority.FIRST  # nothing of ours there yet (e.g. after a restart)
         hold = 0.0
@@ -318,7 +348,10 @@ class StatusWriter:
         ours = self._ours.get(key)
         if ours is None or ours.uid != held.uid or not self._may_write():
             return
-        if held.status is not None and already_holds(held.status, ours.status):
+        if ours.place is not self.place():
+            return  # --status-target auto switched places: the old one is not ours to keep
+        there = held_in(held, ours.place)
+        if there is not None and already_holds(there, ours.status):
             return
         if older(held.resource_version, ours.resource_version):
             return
@@ -326,14 +359,15 @@ class StatusWriter:
             # A status of ours is on its way (the watch may show a write's result before
             # its answer is back): that write decides.
             return
-        theirs = held.status
+        theirs = there
         if theirs is not None and theirs.last_updated_time > ours.status.last_updated_time:
-            log.info("TrainJob %s/%s: another writer set a newer trainerStatus; leaving it "
-                     "until this scraper sees a change", namespace, name)
+            log.info("TrainJob %s/%s: another writer set a newer %s; leaving it "
+                     "until this scraper sees a change", namespace, name, ours.place.value)
             del self._ours[key]
             return
-        log.info("TrainJob %s/%s: trainerStatus was %s by another writer; restoring ours",
-                 namespace, name, "removed" if theirs is None else "changed to an older one")
+        log.info("TrainJob %s/%s: %s was %s by another writer; restoring ours",
+                 namespace, name, ours.place.value,
+                 "removed" if theirs is None else "changed to an older one")
         self.queue.put(key, ours.status, Priority.PROGRESS, uid=ours.uid)
 
     # ------------------------------------------------------------ the worker side
@@ -387,32 +421,33 @@ class StatusWriter:
             self._gone(item, f"it was re-created (UID {held.uid}, the status was for "
                        f"{item.uid})")
             return None, None
-        if already_holds(held.status, item.status):
+        place = self.place()
+        if already_holds(held_in(held, place), item.status):
             return WriteOutcome.UNCHANGED, None
-        if self.crd.supported is False and not self.crd.recheck_due():
+        if (place is Place.STATUS and self.crd.supported is False
+                and not self.crd.recheck_due()):
             await self._tell_unsupported(namespace, name, held.uid)
             return WriteOutcome.NOT_STORED, None
         try:
             async with self._limiter:
-                obj = await call(self._ssa, namespace, name, item.status,
+                obj = await call(self._ssa, namespace, name, item.status, place, held.uid,
                                  before_try=self._fence)
         except NotLeader:
             return WriteOutcome.NOT_LEADER, None
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError) as exc:
-            return await self._failed(item, held, exc)
+            return await self._failed(item, held, exc, place)
         self._failing_told.discard(item.key)
-        if not (obj.get("status") or {}).get("trainerStatus"):
+        if not stored(obj, place):
             self.crd.mark_unsupported("an apply response came back without it (pruned)")
-            await self._tell_unsupported(namespace, name, held.uid)
-            return WriteOutcome.NOT_STORED, None
-        if self.crd.supported is not True:
+            return await self._not_stored(item, held)
+        if place is Place.STATUS and self.crd.supported is not True:
             self.crd.mark_supported()
         # What the TrainJob holds now is what was sent (SSA with force owns the field):
         # no second validation of the answer's trainerStatus.
         meta = obj.get("metadata") or {}
         uid, rv = meta.get("uid", held.uid), meta.get("resourceVersion", "")
-        self.store.keep(namespace, name, Held(uid, item.status, rv))
-        self._ours[item.key] = _Ours(uid, item.status, rv, self._clock())
+        self.store.keep(namespace, name, written(held, place, item.status, uid, rv))
+        self._ours[item.key] = _Ours(uid, item.status, rv, self._clock(), place)
         if item.priority is Priority.FINAL:
             log.info("final status of TrainJob %s/%s applied (%d failed tries before)",
                      namespace, name, item.attempts)
@@ -437,19 +472,31 @@ class StatusWriter:
         self.store.store(namespace, name, slim(obj))
         return self.store.get(namespace, name) or held_from_object(obj)
 
-    async def _failed(self, item: Pending, held: Held,
-                exc: BaseException) -> tuple[WriteOutcome, float | None]:
+    async def _not_stored(self, item: Pending,
+                          held: Held) -> tuple[WriteOutcome, float | None]:
+        """The CRD cannot store trainerStatus: under ``auto`` the status goes to the
+        annotation at once (kept queued, no delay), else a Warning Event and it is dropped."""
+        if self.target is StatusTarget.AUTO:
+            return WriteOutcome.RETRIED, 0.0
+        await self._tell_unsupported(*item.key, held.uid)
+        return WriteOutcome.NOT_STORED, None
+
+    async def _failed(self, item: Pending, held: Held, exc: BaseException,
+                      place: Place = Place.STATUS) -> tuple[WriteOutcome, float | None]:
         namespace, name = item.key
         detail = (f"HTTP {exc.status} {exc.reason}" if isinstance(exc, ApiException)
                   else f"{type(exc).__name__}: {str(exc)[:200]}")
         if isinstance(exc, ApiException) and exc.status == 404:
             self._gone(item, "the API answered 404")
             return WriteOutcome.FAILED, None
+        if place is Place.ANNOTATION and uid_precondition_failed(exc):
+            self._gone(item, f"the apply's UID precondition failed ({detail}; the status "
+                       f"was for UID {held.uid})")
+            return WriteOutcome.FAILED, None
         if _not_in_schema(exc):
             self.crd.mark_unsupported("server-side apply answered that "
                                       "status.trainerStatus is not declared in its schema")
-            await self._tell_unsupported(namespace, name, held.uid)
-            return WriteOutcome.NOT_STORED, None
+            return await self._not_stored(item, held)
         if not _retryable(exc):
             log.warning("status write to TrainJob %s/%s refused: %s (not retried)",
                         namespace, name, detail)
@@ -481,23 +528,20 @@ class StatusWriter:
         await self.events.event(
             namespace, name, REASON_UNSUPPORTED,
             f"The TrainJob CRD ({CRD_NAME}) has no status.trainerStatus, so progress "
-            "cannot be stored; upgrade the Kubeflow Trainer CRDs.",
+            "cannot be stored; upgrade the Kubeflow Trainer CRDs, or run trainjob-scraper "
+            f"with --status-target auto (it then writes {Place.ANNOTATION.value}).",
             uid=uid,
         )
 
-    def _ssa(self, namespace: str, name: str, status: TrainerStatus) -> dict[str, Any]:
-        """The apply request itself (blocking; runs in a worker thread)."""
-        body = {
-            "apiVersion": f"{API_GROUP}/{API_VERSION}",
-            "kind": "TrainJob",
-            "metadata": {"name": name, "namespace": namespace},
-            "status": {"trainerStatus": status.to_api()},
-        }
+    def _ssa(self, namespace: str, name: str, status: TrainerStatus,
+             place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
+        """The apply request itself (blocking; runs in a worker thread).  Its path and
+        body: :func:`scraper.annotation_target.apply_request`."""
+        path, params, body = apply_request(place, namespace, name, status, uid)
         resp = self._api.call_api(
-            "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status",
+            path,
             "PATCH",
-            {"group": API_GROUP, "version": API_VERSION, "namespace": namespace,
-             "plural": TRAINJOB_PLURAL, "name": name},
+            params,
             [("fieldManager", FIELD_MANAGER), ("force", "true")],
             {"Content-Type": APPLY_CONTENT_TYPE, "Accept": "application/json"},
             body=encode_apply_body(body),

@@ -2,7 +2,9 @@
 
 One list+watch of TrainJobs per scope (all namespaces, or each of ``--namespaces``;
 :class:`scraper.kube.informer.ListWatch`) keeps, per TrainJob, its UID, its
-``status.trainerStatus`` and the resourceVersion it was read at.  One list at start
+``status.trainerStatus``, the trainer status in its annotation
+(:mod:`exporter_lib.status_annotation`, written by ``--status-target annotation|auto``)
+and the resourceVersion it was read at.  One list at start
 (no GET per TrainJob), every change by any writer seen at once, 410 relists.  Apply
 answers update the store too (they are newer than the watch event they cause).
 
@@ -10,7 +12,7 @@ Callbacks (on the event loop):
 
 * ``on_gone(namespace, name, uid)``: a TrainJob was deleted, or is absent from a
   relist, or came back with another UID (re-created: the old object is gone);
-* ``on_change(namespace, name, held)``: its status changed (the drift check,
+* ``on_change(namespace, name, held)``: its status or annotation changed (the drift check,
   :meth:`scraper.status_writer.StatusWriter.on_trainjob_change`).
 
 resourceVersions are compared as integers to skip a watch event older than an apply
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter_lib.status import StatusError, TrainerStatus
+from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, decode_annotation
 
 #: ``(namespace, name)`` of a TrainJob.
 TrainJobKey = tuple[str, str]
@@ -43,15 +46,18 @@ class Held:
         uid: the object's UID.
         status: its trainerStatus (None when absent or unreadable).
         resource_version: the resourceVersion it was read at.
+        annotated: the trainer status in its annotation (None when absent or invalid).
     """
 
     uid: str
     status: TrainerStatus | None
     resource_version: str = ""
+    annotated: TrainerStatus | None = None
 
 
 def held_from_object(obj: dict[str, Any]) -> Held:
-    """The :class:`Held` of a TrainJob dict (an unreadable trainerStatus counts as None)."""
+    """The :class:`Held` of a TrainJob dict (an unreadable trainerStatus or annotation
+    counts as None: a write then replaces it)."""
     raw = (obj.get("status") or {}).get("trainerStatus")
     status = None
     if raw:
@@ -60,7 +66,14 @@ def held_from_object(obj: dict[str, Any]) -> Held:
         except StatusError:
             status = None
     meta = obj.get("metadata") or {}
-    return Held(meta.get("uid", ""), status, meta.get("resourceVersion", ""))
+    value = (meta.get("annotations") or {}).get(TRAINER_STATUS_ANNOTATION)
+    annotated = None
+    if value:
+        try:
+            annotated = decode_annotation(value)
+        except StatusError:
+            annotated = None
+    return Held(meta.get("uid", ""), status, meta.get("resourceVersion", ""), annotated)
 
 
 def older(a: str, b: str) -> bool:
@@ -167,5 +180,6 @@ class TrainJobStore:
                                                               old.resource_version):
             return  # an event older than an apply answer already kept
         self._held[key] = new
-        if old is None or old.uid != new.uid or old.status != new.status:
+        if (old is None or old.uid != new.uid or old.status != new.status
+                or old.annotated != new.annotated):
             self.on_change(key[0], key[1], new)

@@ -7,11 +7,11 @@ Install with the ``client`` extra (``pip install 'trainjob-progress[client]'``):
 * :func:`get_trainer_status` and :class:`ProgressCallback` for the Kubeflow SDK
   (:mod:`trainjob_client.sdk`);
 * :mod:`trainjob_client.annotation`, the annotation that carries the trainer status on
-  Trainer releases before v2.2 (needs only ``exporter_lib``).
+  Trainer releases before v2.2 (defined in :mod:`exporter_lib.status_annotation`, which
+  the scraper writes with).
 
 Importing this package loads nothing beyond :mod:`trainjob_client.annotation`; the SDK
-helpers are loaded on first use, so the scraper can share the annotation's definition
-without the client's extras.
+helpers are loaded on first use, so importing it needs none of the client's extras.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Read from the CRD's schema when the scraper may read CRDs
 (:meth:`CrdSupport.check`); otherwise the status writer learns it from an apply's
 answer and reports it here (:meth:`CrdSupport.mark_unsupported`).  Either way one
-actionable ERROR log line.
+actionable ERROR log line, or, when the writer has a fallback place
+(``--status-target annotation|auto``: the annotation), one WARNING line naming it.
 """
 
 from __future__ import annotations
@@ -54,14 +55,18 @@ class CrdSupport:
         ext: the client's ApiextensionsV1Api.
         on_supported: called when support is (re)established (e.g. to clear
             per-TrainJob "unsupported" notices); may be set after construction.
+        fallback: where statuses go instead while the CRD lacks the field (for the
+            log lines; ``""``: nowhere).
         clock: monotonic seconds.
     """
 
     def __init__(self, ext: ApiextensionsV1Api, *,
                  on_supported: Callable[[], None] = lambda: None,
+                 fallback: str = "",
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._ext = ext
         self.on_supported = on_supported
+        self.fallback = fallback
         self._clock = clock
         self.supported: bool | None = None
         self._unsupported_since = 0.0
@@ -92,7 +97,8 @@ class CrdSupport:
         if not ok:
             self.mark_unsupported("its openAPIV3Schema has no status.trainerStatus")
         elif self.supported is False:
-            log.info("CRD %s now has status.trainerStatus: writing statuses again", CRD_NAME)
+            log.info("CRD %s now has status.trainerStatus: writing statuses there again%s",
+                     CRD_NAME, f" (instead of {self.fallback})" if self.fallback else "")
         if ok:
             self.mark_supported()
         return ok
@@ -104,11 +110,18 @@ class CrdSupport:
 
     def mark_unsupported(self, evidence: str) -> None:
         """The CRD cannot store trainerStatus; ``evidence`` says how that was learnt."""
-        if self.supported is not False:
+        if self.supported is not False and self.fallback:
+            log.warning(
+                "TrainJob CRD %s (%s) cannot store status.trainerStatus: %s. The trainer "
+                "status is written to %s.",
+                CRD_NAME, API_VERSION, evidence, self.fallback,
+            )
+        elif self.supported is not False:
             log.error(
                 "TrainJob CRD %s (%s) cannot store status.trainerStatus: %s, so the API "
                 "server prunes every write. Upgrade the Kubeflow Trainer CRDs to a release "
-                "whose TrainJob status has trainerStatus; until then no status is written "
+                "whose TrainJob status has trainerStatus, or run the scraper with "
+                "--status-target auto; until then no status is written "
                 "(a Warning Event %s is recorded on each TrainJob).",
                 CRD_NAME, API_VERSION, evidence, REASON_UNSUPPORTED,
             )

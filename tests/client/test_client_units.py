@@ -118,7 +118,7 @@ def test_durations_read_like_kubectl_ages(seconds: int, text: str) -> None:
 
 
 def test_importing_the_package_loads_no_client_extra() -> None:
-    # The scraper shares trainjob_client.annotation; it has neither tqdm, rich nor the SDK.
+    # The annotation's definition is importable without tqdm, rich or the SDK.
     code = ("import sys, trainjob_client; "
             "print(sorted(m for m in ('tqdm', 'rich', 'kubeflow', 'kubeflow_trainer_api', "
             "'kubernetes') if m in sys.modules))")

@@ -35,6 +35,8 @@ from localdev.cluster.processes import free_port
 REPO = Path(__file__).resolve().parents[2]
 #: The least-privilege rules the chart ships (the chart renders its ClusterRole from them).
 RULES = REPO / "charts" / "trainjob-scraper" / "files" / "clusterrole-rules.yaml"
+#: What ``--status-target annotation|auto`` needs besides (the chart adds it then).
+ANNOTATION_RULES = REPO / "charts" / "trainjob-scraper" / "files" / "annotation-rules.yaml"
 
 
 
@@ -297,8 +299,9 @@ def progress_of(kube_api: client.ApiClient, namespace: str, name: str) -> int | 
 
 @contextlib.contextmanager
 def scraper_service_account(kube_api: client.ApiClient, control_plane: Any,
-                            namespace: str) -> Iterator[str]:
-    """ServiceAccount ``scraper`` in ``namespace`` bound to :data:`RULES`; yields its token.
+                            namespace: str, *, extra_rules: Path | None = None) -> Iterator[str]:
+    """ServiceAccount ``scraper`` in ``namespace`` bound to :data:`RULES` (and the rules
+    in the file ``extra_rules``, e.g. :data:`ANNOTATION_RULES`); yields its token.
 
     The ClusterRole and its binding are deleted afterwards, also when the test fails.
     """
@@ -306,7 +309,9 @@ def scraper_service_account(kube_api: client.ApiClient, control_plane: Any,
     role = f"trainjob-scraper-{namespace}"
     rbac.create_cluster_role({"apiVersion": "rbac.authorization.k8s.io/v1",
                               "kind": "ClusterRole", "metadata": {"name": role},
-                              "rules": yaml.safe_load(RULES.read_text())})
+                              "rules": yaml.safe_load(RULES.read_text()) + (
+                                  yaml.safe_load(extra_rules.read_text()) if extra_rules
+                                  else [])})
     try:
         rbac.create_cluster_role_binding({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",

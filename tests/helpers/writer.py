@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from kubernetes import client
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+from scraper.annotation_target import StatusTarget
 from scraper.kube.informer import ListWatch
 from scraper.status_writer import StatusWriter
 from scraper.trainjobs import TrainJobStore
@@ -18,6 +19,7 @@ from scraper.trainjobs import TrainJobStore
 @contextlib.asynccontextmanager
 async def running_writer(api: client.ApiClient, namespace: str, *, qps: float = 50,
                          burst: int = 50, metrics_interval: float = 0.0,
+                         target: StatusTarget = StatusTarget.STATUS,
                          ) -> AsyncIterator[tuple[StatusWriter, ListWatch]]:
     """A :class:`StatusWriter` whose store watches TrainJobs of ``namespace`` (synced)."""
     store = TrainJobStore([namespace])
@@ -28,7 +30,7 @@ async def running_writer(api: client.ApiClient, namespace: str, *, qps: float = 
         name=f"trainjobs/{namespace}", loop=asyncio.get_running_loop(),
         on_list=functools.partial(store.on_list, namespace), on_event=store.on_event)
     writer = StatusWriter.for_client(api, identity="test", qps=qps, burst=burst, store=store,
-                                     metrics_interval=metrics_interval)
+                                     metrics_interval=metrics_interval, target=target)
     watch.start()
     writer.start()
     try:
