@@ -370,6 +370,8 @@ def test_dashboard_configmap_ships_the_repository_json(helm: Helm) -> None:
                      ["/exporterNetworkPolicy/ports/0", "minimum"], id="exporter-port"),
         pytest.param({"image": {"pullPolicy": "Sometimes"}},
                      ["/image/pullPolicy", "must be one of"], id="enum"),
+        pytest.param({"config": {"statusTarget": "annotations"}},
+                     ["/config/statusTarget", "must be one of"], id="status-target"),
     ],
 )
 def test_bad_values_are_rejected_by_the_schema(
@@ -488,3 +490,48 @@ def test_validating_admission_policy_is_optional_and_names_the_scraper(helm: Hel
         assert (rule["resources"], rule["operations"]) == (resources, operations)
         binding = rendered.one("ValidatingAdmissionPolicyBinding", policy_name)
         assert binding["spec"] == {"policyName": policy_name, "validationActions": ["Deny"]}
+
+
+# ---------------------------------------------------------------- the annotation target
+
+
+ANNOTATION_GRANT = {("trainer.kubeflow.org", "trainjobs", "patch", ())}
+
+
+@pytest.mark.parametrize("target", ["annotation", "auto"])
+def test_status_target_reaches_the_scraper_and_adds_patch_on_trainjobs_only_then(
+        helm: Helm, tmp_path: Path, target: str) -> None:
+    assert _settings_from(helm.template(), tmp_path).status_target == "status"
+    assert not _rules(helm.template().one("ClusterRole", FULLNAME)) & ANNOTATION_GRANT
+    rendered = helm.template({"config": {"statusTarget": target}})
+    assert _settings_from(rendered, tmp_path).status_target == target
+    assert _rules(rendered.one("ClusterRole", FULLNAME)) == (
+        SCOPE_GRANTS | CRD_GRANT | ANNOTATION_GRANT)
+    namespaced = helm.template({**NAMESPACED, "config": {**NAMESPACED["config"],
+                                                         "statusTarget": target}})
+    for role in namespaced.of_kind("Role"):
+        if role["metadata"]["name"] == FULLNAME:
+            assert _rules(role) == SCOPE_GRANTS | ANNOTATION_GRANT
+    # The grant is the file's (one source with the scraper's own RBAC tests).
+    extra = yaml.safe_load((CHART / "files" / "annotation-rules.yaml").read_text())
+    assert {g for g in _rules({"rules": extra})} == ANNOTATION_GRANT
+
+
+def test_annotation_policy_ships_only_with_a_target_that_writes_the_annotation(
+        helm: Helm) -> None:
+    name = f"{FULLNAME}-trainerstatus-only-annotation"
+    policies = helm.template({"validatingAdmissionPolicy": {"enabled": True}}).of_kind(
+        "ValidatingAdmissionPolicy")
+    assert name not in {p["metadata"]["name"] for p in policies}
+    rendered = helm.template({"validatingAdmissionPolicy": {"enabled": True},
+                              "config": {"statusTarget": "auto"}})
+    policy = rendered.one("ValidatingAdmissionPolicy", name)
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["resources"], rule["operations"]) == (["trainjobs"], ["CREATE", "UPDATE"])
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == ("request.userInfo.username == "
+                                       f'"system:serviceaccount:{RELEASE_NAMESPACE}:{FULLNAME}"')
+    assert rendered.one("ValidatingAdmissionPolicyBinding", name)["spec"] == {
+        "policyName": name, "validationActions": ["Deny"]}
+    assert not helm.template({"config": {"statusTarget": "auto"}}).of_kind(
+        "ValidatingAdmissionPolicy")

@@ -21,9 +21,13 @@ import pytest
 import yaml
 from kubernetes import client
 
-from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
+from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION
 from localdev.cluster import objects
 from localdev.cluster.controlplane import ControlPlane
+from scraper.annotation_target import Place, apply_request
+from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
+from scraper.status_writer import FIELD_MANAGER
 from tests.helpers.chart import Helm
 
 POLICY_ACTIVE_TIMEOUT = 30.0
@@ -57,11 +61,24 @@ class Release:
 def release(control_plane: ControlPlane, helm: Helm, tmp_path: Path,
             request: pytest.FixtureRequest) -> Release:
     """The chart's RBAC and policies applied, and a token of its ServiceAccount."""
+    return _install(control_plane, helm, tmp_path, request, {})
+
+
+@pytest.fixture
+def annotation_release(control_plane: ControlPlane, helm: Helm, tmp_path: Path,
+                       request: pytest.FixtureRequest) -> Release:
+    """:func:`release` with ``config.statusTarget=annotation``."""
+    return _install(control_plane, helm, tmp_path, request,
+                    {"config": {"statusTarget": "annotation"}})
+
+
+def _install(control_plane: ControlPlane, helm: Helm, tmp_path: Path,
+             request: pytest.FixtureRequest, values: dict[str, Any]) -> Release:
     name = f"vap-{secrets.token_hex(3)}"
     fullname = f"{name}-trainjob-scraper"
     release_namespace = f"scraper-{secrets.token_hex(3)}"
     control_plane.kubectl("create", "namespace", release_namespace)
-    rendered = helm.template({"validatingAdmissionPolicy": {"enabled": True}},
+    rendered = helm.template({"validatingAdmissionPolicy": {"enabled": True}, **values},
                              release=name, namespace=release_namespace)
     manifest = tmp_path / "policy.yaml"
     manifest.write_text(yaml.safe_dump_all(
@@ -200,3 +217,83 @@ def test_policy_keeps_the_scrapers_events_to_trainjobs(
     admin.create_namespaced_event(namespace, _event(namespace, "pod-event", "Pod", "v1",
                                                     "kubelet"))
     admin.patch_namespaced_event("by-controller", namespace, {"message": "by the owner"})
+
+
+def _apply_annotation(api: client.ApiClient, namespace: str, name: str, progress: int,
+                      uid: str, **meta: Any) -> dict[str, Any]:
+    """The scraper's own annotation write (:mod:`scraper.annotation_target`), plus ``meta``."""
+    status = TrainerStatus.from_api({"progressPercentage": progress,
+                                     "lastUpdatedTime": "2026-01-01T00:00:00Z"})
+    path, params, body = apply_request(Place.ANNOTATION, namespace, name, status, uid)
+    for key, value in meta.items():
+        body["metadata"][key] = {**body["metadata"].get(key, {}), **value}
+    resp = api.call_api(path, "PATCH", params,
+                        [("fieldManager", FIELD_MANAGER), ("force", "true")],
+                        {"Content-Type": APPLY_CONTENT_TYPE, "Accept": "application/json"},
+                        body=encode_apply_body(body), auth_settings=["BearerToken"],
+                        _return_http_data_only=True, _preload_content=False)
+    result: dict[str, Any] = yaml.safe_load(resp.data)
+    return result
+
+
+def test_annotation_policy_lets_the_scraper_change_only_its_annotation(
+    control_plane: ControlPlane, kube_api: client.ApiClient, legacy_trainjob_crd: None,
+    namespace: str, annotation_release: Release,
+) -> None:
+    fullname, token = annotation_release.fullname, annotation_release.token
+    trainjob = "old"
+    created = objects.create_trainjob(kube_api, namespace, trainjob)
+    uid = created["metadata"]["uid"]
+    custom_admin = client.CustomObjectsApi(kube_api)
+    custom_admin.patch_namespaced_custom_object(
+        API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, trainjob,
+        {"metadata": {"annotations": {"team.example/owner": "alice"}}})
+
+    with control_plane.api_client_for_token(token) as scraper_api:
+        custom = client.CustomObjectsApi(scraper_api)
+
+        def relabel() -> Any:
+            return custom.patch_namespaced_custom_object(
+                API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, trainjob,
+                {"metadata": {"labels": {"forged": "true"}}}, dry_run="All")
+
+        refusal = _until_refused(relabel)
+        assert refusal.status == 403 and f"'{fullname}-trainerstatus-only-annotation'" in \
+            str(refusal.body), refusal.body
+        assert "labels, finalizers or owner references" in str(refusal.body)
+
+        # The scraper's own writes pass (RBAC: patch on trainjobs, from statusTarget).
+        for progress in (42, 43):
+            written = _apply_annotation(scraper_api, namespace, trainjob, progress, uid)
+            assert TRAINER_STATUS_ANNOTATION in written["metadata"]["annotations"]
+        # Anything else is refused, each with the policy's message.
+        attempts: dict[str, Callable[[], Any]] = {
+            "annotation team.example/owner": lambda: custom.patch_namespaced_custom_object(
+                API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, trainjob,
+                {"metadata": {"annotations": {"team.example/owner": None}}}),
+            "annotation forged.example/x": lambda: _apply_annotation(
+                scraper_api, namespace, trainjob, 44, uid,
+                annotations={"forged.example/x": "1"}),
+            "spec": lambda: custom.patch_namespaced_custom_object(
+                API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, trainjob,
+                {"spec": {"suspend": True}}),
+            "labels, finalizers or owner references": lambda: custom.patch_namespaced_custom_object(
+                API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, trainjob,
+                {"metadata": {"finalizers": ["forged.example/keep"]}}),
+        }
+        for what, attempt in attempts.items():
+            refused = _refused(attempt)
+            assert refused is not None and refused.status == 403, (what, refused)
+            assert f"this request also changes {what}" in str(refused.body), (what,
+                                                                                refused.body)
+
+    current = custom_admin.get_namespaced_custom_object(
+        API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, trainjob)
+    annotations = current["metadata"]["annotations"]
+    assert annotations["team.example/owner"] == "alice" and "forged.example/x" not in annotations
+    assert '"progressPercentage":43' in annotations[TRAINER_STATUS_ANNOTATION]
+    assert not current["metadata"].get("finalizers") and "suspend" not in current["spec"]
+    # Another identity is not affected by the policy.
+    custom_admin.patch_namespaced_custom_object(
+        API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, trainjob,
+        {"metadata": {"labels": {"by": "admin"}}})

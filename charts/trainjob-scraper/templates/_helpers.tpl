@@ -76,6 +76,7 @@ would print 1048576 as 1.048576e+06.
   "write_attempts" (int $c.writeAttempts)
   "resync_interval" $c.resyncInterval
   "metrics_write_interval" $c.metricsWriteInterval
+  "status_target" $c.statusTarget
   "shutdown_timeout" $c.shutdownTimeout
   "log_level" $c.logLevel
   "listen_host" "0.0.0.0"
@@ -108,6 +109,8 @@ would print 1048576 as 1.048576e+06.
 The scraper's rules come from files/clusterrole-rules.yaml (one source of truth,
 also used by the scraper's own RBAC test); the chart scopes them by resource:
   trainjob-scraper.rules      pods, trainjobs, trainjobs/status, events: the watched scope
+                              (plus files/annotation-rules.yaml when statusTarget is
+                              annotation or auto)
   trainjob-scraper.crdRule    customresourcedefinitions, limited to the TrainJob CRD
   trainjob-scraper.leaseRules leases, in the release namespace, get/update by name
   trainjob-scraper.authRules  tokenreviews, subjectaccessreviews: the /metrics authentication
@@ -136,6 +139,11 @@ also used by the scraper's own RBAC test); the chart scopes them by resource:
 {{- $out = append $out . }}
 {{- end }}
 {{- end }}
+{{- if include "trainjob-scraper.writesAnnotation" . }}
+{{- range (.Files.Get "files/annotation-rules.yaml" | fromYamlArray) }}
+{{- $out = append $out . }}
+{{- end }}
+{{- end }}
 {{- if $out }}{{ toYaml $out }}{{ end }}
 {{- end }}
 
@@ -157,6 +165,11 @@ also used by the scraper's own RBAC test); the chart scopes them by resource:
 {{- end }}
 {{- end }}
 {{- if $out }}{{ toYaml $out }}{{ end }}
+{{- end }}
+
+{{/* Non-empty when config.statusTarget may write the TrainJob annotation (annotation, auto). */}}
+{{- define "trainjob-scraper.writesAnnotation" -}}
+{{- if has .Values.config.statusTarget (list "annotation" "auto") }}true{{ end }}
 {{- end }}
 
 {{/* The scraper's identity as the API server names it (request.userInfo.username). */}}
