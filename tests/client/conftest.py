@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
@@ -20,6 +21,9 @@ from kubernetes import client
 from localdev.cluster import crds, objects
 from localdev.cluster.controlplane import ControlPlane
 from tests.helpers.client import PLUGIN_TIMEOUT_SECONDS, REPO, Kubectl, PluginDir
+
+if TYPE_CHECKING:
+    from kubeflow.trainer import TrainerClient
 
 
 @pytest.fixture(scope="session")
@@ -111,3 +115,14 @@ def cluster_training_runtime(kube_api: client.ApiClient, trainjob_crd: None) -> 
         if exc.status != 409:
             raise
     return RUNTIME_NAME
+
+
+@pytest.fixture
+def sdk(control_plane: ControlPlane, cluster_training_runtime: str,
+        namespace: str) -> Iterator[TrainerClient]:
+    """The Kubeflow SDK's TrainerClient on the test's namespace (admin kubeconfig)."""
+    # Imported here: the unit tests of this folder need no SDK.
+    from kubeflow.common.types import KubernetesBackendConfig
+    from kubeflow.trainer import TrainerClient
+    yield TrainerClient(backend_config=KubernetesBackendConfig(
+        namespace=namespace, config_file=str(control_plane.kubeconfig_path)))

@@ -11,7 +11,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter_lib.status import (
@@ -21,6 +21,10 @@ from exporter_lib.status import (
     REMAINING_SECONDS_MAX,
     StatusError,
     TrainerStatus,
+)
+from exporter_lib.status_annotation import (
+    KUBERNETES_ANNOTATIONS_MAX_BYTES,
+    largest_status_json_bytes,
 )
 from tests.helpers.client import REPO
 from trainjob_client.annotation import (
@@ -54,6 +58,37 @@ def test_annotation_round_trips_every_ascii_status_within_the_api_limits(
     assert len(value.encode()) <= TRAINER_STATUS_ANNOTATION_MAX_BYTES
     assert json.loads(value) == status.to_api(), "the value is status.trainerStatus' JSON"
     assert decode_annotation(value) == status
+
+
+#: Any Unicode text (no lone surrogates: the status model refuses them), 1..64 characters.
+_unicode = st.text(alphabet=st.characters(exclude_categories=("Cs",)), min_size=1,
+                   max_size=METRIC_NAME_MAX_LENGTH)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(_unicode, _unicode), min_size=1, max_size=METRICS_MAX_ITEMS))
+def test_every_valid_status_fits_the_annotation_bound_whatever_its_text(
+        metrics: list[tuple[str, str]]) -> None:
+    status = TrainerStatus.from_api({
+        "progressPercentage": 100, "estimatedRemainingSeconds": REMAINING_SECONDS_MAX,
+        "metrics": [{"name": n, "value": v} for n, v in metrics],
+        "lastUpdatedTime": "2026-01-01T00:00:00Z"})
+    value = encode_annotation(status)  # never refused: the bound is the largest status
+    assert len(value.encode()) <= TRAINER_STATUS_ANNOTATION_MAX_BYTES
+    assert decode_annotation(value) == status
+
+
+def test_the_bound_is_the_largest_status_and_leaves_room_under_kubernetes_total() -> None:
+    widest = "\x01" * METRIC_NAME_MAX_LENGTH  # six bytes each in JSON (\u0001)
+    worst = TrainerStatus.from_api({
+        "progressPercentage": 100, "estimatedRemainingSeconds": REMAINING_SECONDS_MAX,
+        "metrics": [{"name": widest, "value": widest[:METRIC_VALUE_MAX_LENGTH]}]
+        * METRICS_MAX_ITEMS, "lastUpdatedTime": "9999-12-31T23:59:59Z"})
+    assert len(encode_annotation(worst).encode()) == TRAINER_STATUS_ANNOTATION_MAX_BYTES
+    assert TRAINER_STATUS_ANNOTATION_MAX_BYTES == largest_status_json_bytes() == 202_614
+    room = KUBERNETES_ANNOTATIONS_MAX_BYTES - TRAINER_STATUS_ANNOTATION_MAX_BYTES - len(
+        TRAINER_STATUS_ANNOTATION)
+    assert room > 58 * 1024, "the docs promise 58 KiB for the object's other annotations"
 
 
 @given(st.integers(101, 10**6) | st.integers(-10**6, -1))

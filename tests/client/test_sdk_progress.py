@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,13 +24,6 @@ from tests.helpers.client import apply_status, condition
 from trainjob_client import ProgressCallback, get_trainer_status
 from trainjob_client.annotation import TRAINER_STATUS_ANNOTATION, encode_annotation
 from trainjob_client.kube import TrainJobForbidden, TrainJobNotFound
-
-
-@pytest.fixture
-def sdk(control_plane: ControlPlane, cluster_training_runtime: str,
-        namespace: str) -> Iterator[TrainerClient]:
-    yield TrainerClient(backend_config=KubernetesBackendConfig(
-        namespace=namespace, config_file=str(control_plane.kubeconfig_path)))
 
 
 def _status(percent: int, eta: int, **metrics: str) -> dict[str, object]:
