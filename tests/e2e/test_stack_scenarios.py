@@ -15,7 +15,8 @@ from pathlib import Path
 
 from kubernetes import client
 
-from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
+from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, decode_annotation
 from localdev.cluster import trainjobs
 from localdev.cluster.objects import apply_trainjob_status
 from localdev.cluster.stack import RUNNER_NODE, Cluster
@@ -134,6 +135,41 @@ def test_before_v2_2_flavour_one_error_and_event_series_still_served(
         errors = [line for line in child.log_tail(400).splitlines()
                   if " ERROR " in line and "CRD" in line]
         assert len(errors) == 1, errors
+
+
+def test_before_v2_2_flavour_auto_target_writes_progress_and_final_to_the_annotation(
+        legacy_stack_flavour: Cluster, stack_api: client.ApiClient, stack_namespace: str,
+        tmp_path: Path) -> None:
+    """``--status-target auto`` on Trainer v2.0.0's CRD (docs/scraper.md, "Trainer before
+    v2.2: the annotation"): the real controllers run the TrainJob, the status lands in the
+    annotation, the final one (100 %) included, with no Event and no ERROR."""
+    ns = stack_namespace
+    with scraper(legacy_stack_flavour, ns, tmp_path, ["--status-target", "auto"]) as child:
+        trainjobs.create(stack_api, trainjobs.trainjob_body(
+            ns, "old", env={"RUN_ID": "old"},
+            command=trainer_command("--steps", "20", "--step-seconds", "0.3")))
+
+        def annotated() -> TrainerStatus | None:
+            value = (trainjobs.get(stack_api, ns, "old")["metadata"].get("annotations")
+                     or {}).get(TRAINER_STATUS_ANNOTATION)
+            return None if value is None else decode_annotation(value)
+
+        deadline = time.monotonic() + TIMEOUT
+        while (first := annotated()) is None:
+            assert time.monotonic() < deadline, "no status in the annotation"
+            time.sleep(0.3)
+        assert first.metrics_dict()["run"] == "old"
+        trainjobs.wait_finished(stack_api, ns, "old", TIMEOUT)
+        while (last := annotated()) is None or last.progress_percentage != 100:
+            assert time.monotonic() < deadline, f"final status not in the annotation: {last}"
+            time.sleep(0.3)
+        obj = trainjobs.get(stack_api, ns, "old")
+        assert "trainerStatus" not in (obj.get("status") or {})
+        assert [e for e in client.CoreV1Api(stack_api).list_namespaced_event(ns).items
+                if e.reason == "TrainerStatusUnsupported"] == []
+        writes = scraper_metric(child, "trainjob_scraper_status_writes_total")
+        assert 'result="not_stored"' not in writes, writes
+        assert not [line for line in child.log_tail(400).splitlines() if " ERROR " in line]
 
 
 def test_upstream_push_writer_then_scraper_takes_trainer_status(
