@@ -28,6 +28,7 @@ from kubernetes import client as k8s
 
 from benchmarks.procstat import cpu_seconds, rss_bytes
 from exporter_lib.status import TrainerStatus
+from scraper.annotation_target import Place
 from scraper.app import ScraperApp
 from scraper.config import ScraperSettings
 from scraper.loop import TargetState
@@ -55,8 +56,8 @@ class OfflineWriter(StatusWriter):
 
     writes = 0
 
-    def _ssa(self, namespace: str, name: str, uid: str,
-             status: TrainerStatus) -> dict[str, Any]:
+    def _ssa(self, namespace: str, name: str, status: TrainerStatus,
+             place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
         OfflineWriter.writes += 1
         return {"metadata": {"uid": "uid"}, "status": {"trainerStatus": status.to_api()}}
 
