@@ -54,6 +54,7 @@ from kubernetes.client import ApiClient, ApiextensionsV1Api, CoreV1Api, CustomOb
 from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
+from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION
 from scraper.annotation_target import (
     Place,
     StatusTarget,
@@ -437,6 +438,12 @@ class StatusWriter:
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError) as exc:
             return await self._failed(item, held, exc, place)
         self._failing_told.discard(item.key)
+        if not stored(obj, place) and place is Place.ANNOTATION:
+            # Annotations are never pruned: something in admission removed it.
+            log.warning("annotation write to TrainJob %s/%s came back without %s (removed "
+                        "by an admission webhook?); not retried", namespace, name,
+                        TRAINER_STATUS_ANNOTATION)
+            return WriteOutcome.FAILED, None
         if not stored(obj, place):
             self.crd.mark_unsupported("an apply response came back without it (pruned)")
             return await self._not_stored(item, held)

@@ -25,6 +25,7 @@ from scraper.annotation_target import (
     Place,
     StatusTarget,
     apply_request,
+    place_for,
     uid_precondition_failed,
 )
 from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
@@ -64,6 +65,33 @@ def _merge_annotation(kube_api: client.ApiClient, namespace: str, name: str,
     client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
         API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, name,
         {"metadata": {"annotations": {TRAINER_STATUS_ANNOTATION: value}}})
+
+
+@pytest.mark.parametrize(("target", "supported", "place"), [
+    (StatusTarget.STATUS, None, Place.STATUS), (StatusTarget.STATUS, False, Place.STATUS),
+    (StatusTarget.STATUS, True, Place.STATUS),
+    (StatusTarget.ANNOTATION, None, Place.ANNOTATION),
+    (StatusTarget.ANNOTATION, False, Place.ANNOTATION),
+    (StatusTarget.ANNOTATION, True, Place.ANNOTATION),
+    # auto: the annotation only once the CRD is known to lack the field.
+    (StatusTarget.AUTO, None, Place.STATUS), (StatusTarget.AUTO, False, Place.ANNOTATION),
+    (StatusTarget.AUTO, True, Place.STATUS),
+])
+def test_where_each_target_writes(target: StatusTarget, supported: bool | None,
+                                  place: Place) -> None:
+    assert place_for(target, supported) is place
+
+
+def test_the_annotation_body_holds_only_identity_and_the_one_annotation() -> None:
+    path, params, body = apply_request(Place.ANNOTATION, "ns", "tj", _status(7), "u-1")
+    assert path.format(**params) == "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ns/trainjobs/tj"
+    assert body == {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                    "metadata": {"name": "tj", "namespace": "ns", "uid": "u-1", "annotations": {
+                        TRAINER_STATUS_ANNOTATION: _status(7).to_json().decode()}}}
+    path, params, body = apply_request(Place.STATUS, "ns", "tj", _status(7), "u-1")
+    assert path.format(**params).endswith("/trainjobs/tj/status")
+    assert body["metadata"] == {"name": "tj", "namespace": "ns"}
+    assert body["status"] == {"trainerStatus": _status(7).to_api()}
 
 
 async def test_annotation_written_only_on_change_owned_by_the_field_manager(
