@@ -127,7 +127,8 @@ class Exporter:
         return f"http://{host}:{self.port}"
 
     def enable_push_compat(self, namespace: str | None = None, name: str | None = None,
-                           token_file: str | None = None) -> str | None:
+                           token_file: str | None = None, *,
+                           token_mode: int | None = None) -> str | None:
         """Point ``KUBEFLOW_TRAINER_SERVER_URL``/``_TOKEN`` at this exporter; returns the URL.
 
         The URL is plain http to :attr:`url` with the push design's path for this pod's
@@ -137,12 +138,16 @@ class Exporter:
         service account).  Pushes naming another TrainJob are refused (403) for each
         part known; an unknown name shows as ``trainjob`` in the URL and is not checked.
         The token is a fresh random secret in ``token_file`` (default: a new 0600 temp
-        file), checked on every push.  Returns ``None`` (and sets nothing) when not serving.
+        file; ``token_mode``, default 0600, sets a given file's permission bits), checked
+        on every push.  Returns ``None`` (and sets nothing) when not serving.
+
+        Raises:
+            OSError: ``token_file`` cannot be written.
         """
         if self.port is None:
             return None
         if token_file is not None:
-            self._token.use_path(token_file)
+            self._token.use_path(token_file, token_mode)
         environ = dict(os.environ)
         if environ.get(ENV_SERVER_URL, "").startswith(f"{self.url}/"):
             del environ[ENV_SERVER_URL]  # our own URL from an earlier call tells nothing
