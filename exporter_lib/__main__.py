@@ -33,7 +33,7 @@ from exporter_lib.api import DEFAULT_HOST, DEFAULT_PORT, ENV_HOST, ENV_PORT, Exp
 from exporter_lib.exposition import StatusSource
 from exporter_lib.files import ENV_STATUS_FILE, StatusFileSource
 from exporter_lib.identity import ENV_POD_NAMESPACE, ENV_TRAINJOB_NAME, pod_trainjob
-from exporter_lib.push import Replaceable
+from exporter_lib.push import Replaceable, TokenFile
 from exporter_lib.state import State
 
 #: Token file modes ``--token-mode`` accepts: never readable or writable by others.
@@ -74,7 +74,18 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--status-file (or $KUBEFLOW_TRAINER_STATUS_FILE) or --push is required")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    exporter = _exporter(args)
+    token = None
+    if args.push:
+        # Written before the port opens: a startupProbe that reaches /healthz knows the
+        # trainer container, started after it, finds the token.
+        token = TokenFile(args.token_file, token_mode)
+        try:
+            token.ensure()
+        except OSError as exc:
+            print(f"exporter_lib serve: cannot write the token file {args.token_file}: {exc}",
+                  file=sys.stderr)
+            return 1
+    exporter = _exporter(args, token)
     if not exporter.serving:
         # In-process, a busy port must not stop training; here serving is the whole job.
         print(f"exporter_lib serve: cannot listen on {args.host}:{args.port} (see the warning "
@@ -82,13 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.push:
         own = pod_trainjob()  # before enabling: that sets our own URL in this environment
-        try:
-            url = exporter.enable_push_compat(token_file=args.token_file, token_mode=token_mode)
-        except OSError as exc:
-            print(f"exporter_lib serve: cannot write the token file {args.token_file}: {exc}",
-                  file=sys.stderr)
-            exporter.stop()
-            return 1
+        url = exporter.enable_push_compat(token_file=args.token_file, token_mode=token_mode)
         print(f"accepting pushes on {url} (token in {args.token_file}, mode {token_mode:04o}); "
               f"serving them on http://{args.host}:{exporter.port}/metrics",
               file=sys.stderr, flush=True)
@@ -133,7 +138,7 @@ def _token_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     return mode
 
 
-def _exporter(args: argparse.Namespace) -> Exporter:
+def _exporter(args: argparse.Namespace, token: TokenFile | None) -> Exporter:
     source: StatusSource
     target: Replaceable
     if args.push:
@@ -141,7 +146,8 @@ def _exporter(args: argparse.Namespace) -> Exporter:
     else:
         source, target = StatusFileSource(args.status_file), _ReadOnly()
     return Exporter(source, target, host=args.host, port=args.port, status_file=None,
-                    termination_message_path=args.termination_message_path, serve=True)
+                    termination_message_path=args.termination_message_path, serve=True,
+                    token=token)
 
 
 class _ReadOnly:

@@ -77,18 +77,20 @@ class Exporter:
     """A serving exporter: HTTP server, optional status file, final-status writer.
 
     Build it with :func:`start` (the sidecar and benchmarks build one directly from a
-    status ``source`` and the ``state`` pushes replace).  ``port`` is the bound port
-    (``None`` when not serving: another rank, or the port was taken); ``serving``
-    says which.  Nothing else is public: the parts it is built from stay its own.
+    status ``source`` and the ``state`` pushes replace; the push sidecar passes a
+    ``token`` already written, so the token exists before the port opens).  ``port``
+    is the bound port (``None`` when not serving: another rank, or the port was
+    taken); ``serving`` says which.  Nothing else is public: the parts it is built
+    from stay its own.
     """
 
     def __init__(self, source: StatusSource, state: Replaceable, *, host: str, port: int,
                  status_file: str | None, termination_message_path: str | None,
-                 serve: bool) -> None:
+                 serve: bool, token: TokenFile | None = None) -> None:
         self._source = source
         self.host = host
         self.port: int | None = None
-        self._token = TokenFile()
+        self._token = token if token is not None else TokenFile()
         self._trainjob = TrainJobRef(None, None)
         self._refused: dict[str, int] = {}
         push = PushEndpoint(state, self._token.token, lambda: self._trainjob)
