@@ -77,18 +77,20 @@ class Exporter:
     """A serving exporter: HTTP server, optional status file, final-status writer.
 
     Build it with :func:`start` (the sidecar and benchmarks build one directly from a
-    status ``source`` and the ``state`` pushes replace).  ``port`` is the bound port
-    (``None`` when not serving: another rank, or the port was taken); ``serving``
-    says which.  Nothing else is public: the parts it is built from stay its own.
+    status ``source`` and the ``state`` pushes replace; the push sidecar passes a
+    ``token`` already written, so the token exists before the port opens).  ``port``
+    is the bound port (``None`` when not serving: another rank, or the port was
+    taken); ``serving`` says which.  Nothing else is public: the parts it is built
+    from stay its own.
     """
 
     def __init__(self, source: StatusSource, state: Replaceable, *, host: str, port: int,
                  status_file: str | None, termination_message_path: str | None,
-                 serve: bool) -> None:
+                 serve: bool, token: TokenFile | None = None) -> None:
         self._source = source
         self.host = host
         self.port: int | None = None
-        self._token = TokenFile()
+        self._token = token if token is not None else TokenFile()
         self._trainjob = TrainJobRef(None, None)
         self._refused: dict[str, int] = {}
         push = PushEndpoint(state, self._token.token, lambda: self._trainjob)
@@ -127,7 +129,8 @@ class Exporter:
         return f"http://{host}:{self.port}"
 
     def enable_push_compat(self, namespace: str | None = None, name: str | None = None,
-                           token_file: str | None = None) -> str | None:
+                           token_file: str | None = None, *,
+                           token_mode: int | None = None) -> str | None:
         """Point ``KUBEFLOW_TRAINER_SERVER_URL``/``_TOKEN`` at this exporter; returns the URL.
 
         The URL is plain http to :attr:`url` with the push design's path for this pod's
@@ -137,12 +140,16 @@ class Exporter:
         service account).  Pushes naming another TrainJob are refused (403) for each
         part known; an unknown name shows as ``trainjob`` in the URL and is not checked.
         The token is a fresh random secret in ``token_file`` (default: a new 0600 temp
-        file), checked on every push.  Returns ``None`` (and sets nothing) when not serving.
+        file; ``token_mode``, default 0600, sets a given file's permission bits), checked
+        on every push.  Returns ``None`` (and sets nothing) when not serving.
+
+        Raises:
+            OSError: ``token_file`` cannot be written.
         """
         if self.port is None:
             return None
         if token_file is not None:
-            self._token.use_path(token_file)
+            self._token.use_path(token_file, token_mode)
         environ = dict(os.environ)
         if environ.get(ENV_SERVER_URL, "").startswith(f"{self.url}/"):
             del environ[ENV_SERVER_URL]  # our own URL from an earlier call tells nothing

@@ -174,15 +174,26 @@ def _remove_quietly(path: str) -> None:
 
 
 class TokenFile:
-    """A random bearer token kept in a private file; created on first use, thread-safe."""
+    """A random bearer token kept in a private file; created on first use, thread-safe.
 
-    def __init__(self, path: str | None = None) -> None:
+    ``mode`` is the file's permission bits (default 0600: the owner only; a sidecar
+    whose trainer runs as another UID of the pod's ``fsGroup`` uses 0640).  A file at
+    a given path is written atomically (temp file in the same directory + rename), so
+    a reader sees no token or the whole token, never a part.
+    """
+
+    def __init__(self, path: str | None = None, mode: int = 0o600) -> None:
         self._lock = threading.Lock()
         self._path = path
+        self._mode = mode
         self._token: str | None = None
 
     def ensure(self) -> str:
-        """Create the token file if needed (mode 0600) and return its path."""
+        """Create the token file if needed and return its path.
+
+        Raises:
+            OSError: the file cannot be written (only for a path given by the caller).
+        """
         with self._lock:
             if self._token is None:
                 token = secrets.token_urlsafe(32)
@@ -190,20 +201,39 @@ class TokenFile:
                     fd, self._path = tempfile.mkstemp(prefix="trainjob-exporter-", suffix=".token")
                     # Ours to remove: a token left in /tmp would outlive the process it guards.
                     atexit.register(_remove_quietly, self._path)
+                    with os.fdopen(fd, "w") as handle:
+                        handle.write(token)
                 else:
-                    fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "w") as handle:
-                    handle.write(token)
+                    _write_private(self._path, token, self._mode)
                 self._token = token
             assert self._path is not None
             return self._path
 
-    def use_path(self, path: str) -> None:
-        """Keep the token in ``path`` instead of a new temp file (only before :meth:`ensure`)."""
+    def use_path(self, path: str, mode: int | None = None) -> None:
+        """Keep the token in ``path`` (with ``mode``) instead of a new temp file.
+
+        Only before :meth:`ensure`; later calls change nothing.
+        """
         with self._lock:
             if self._token is None:
                 self._path = path
+                if mode is not None:
+                    self._mode = mode
 
     def token(self) -> str | None:
         """The expected token, or ``None`` before :meth:`ensure`."""
         return self._token
+
+
+def _write_private(path: str, token: str, mode: int) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".token-", dir=directory)
+    try:
+        # fchmod, not the umask-filtered create mode: the mode asked for is the mode set.
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(token)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise

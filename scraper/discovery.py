@@ -167,10 +167,27 @@ def final_from_deleted(pod: Mapping[str, Any]) -> Final | None:
 
 
 def _termination_messages(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    """Termination messages of the pod's containers; the annotated container only if set."""
-    wanted = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_CONTAINER)
+    """Termination messages of the pod's containers, in the order they are tried.
+
+    Native sidecars (``initContainers`` with ``restartPolicy: Always``, whose statuses
+    are in ``initContainerStatuses``) come first, then the regular containers: a
+    sidecar is stopped only after every regular container has exited, so what it
+    holds is the newest status (the zero-code sidecar holds the last push; see
+    docs/exporter-setup.md).  With ``trainjob-progress.dev/container`` set, only the
+    container of that name counts, sidecar or not.  Ordinary init containers ran
+    before training and are never read.
+    """
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    wanted = (meta.get("annotations") or {}).get(ANNOTATION_CONTAINER)
+    sidecars = {c.get("name") for c in spec.get("initContainers") or []
+                if c.get("restartPolicy") == "Always"}
+    statuses = [cs for cs in status.get("initContainerStatuses") or []
+                if cs.get("name") in sidecars]
+    statuses += status.get("containerStatuses") or []
     out = []
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+    for cs in statuses:
         if wanted and cs.get("name") != wanted:
             continue
         terminated = (cs.get("state") or {}).get("terminated") or {}

@@ -13,7 +13,7 @@ import functools
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -179,6 +179,7 @@ def create_trainer_pod(
     replicated_job: str = "node",
     annotations: Mapping[str, str] | None = None,
     owner_chain: bool = True,
+    sidecars: Sequence[str] = (),
 ) -> client.V1Pod:
     """Create a trainer Pod of TrainJob ``trainjob_name`` as JobSet and Job would.
 
@@ -190,8 +191,11 @@ def create_trainer_pod(
     Pod is owned by a batch Job owned by a JobSet owned by the TrainJob (the
     JobSet and Job are created if missing).
 
+    ``sidecars`` are names of native sidecars (``initContainers`` with
+    ``restartPolicy: Always``), running beside ``node``.
+
     ``phase`` "Running" writes status like a kubelet would: podIP/podIPs
-    ``ip``, Ready conditions, container ``node`` running.  "Pending" leaves the
+    ``ip``, Ready conditions, container ``node`` (and the sidecars) running.  "Pending" leaves the
     pod without an IP and the container waiting.
 
     Raises:
@@ -251,6 +255,10 @@ def create_trainer_pod(
                             "ports": [{"containerPort": port, "protocol": "TCP"}]}],
         },
     }
+    if sidecars:
+        body["spec"]["initContainers"] = [  # type: ignore[index]
+            {"name": name, "image": TRAINER_IMAGE, "restartPolicy": "Always"}
+            for name in sidecars]
     core = client.CoreV1Api(api_client)
     pod = core.create_namespaced_pod(namespace, body)
     now = _now()
@@ -266,6 +274,11 @@ def create_trainer_pod(
                 "state": {"running": {"startedAt": now}},
             }],
         }
+        if sidecars:
+            status["initContainerStatuses"] = [{
+                "name": name, "image": TRAINER_IMAGE, "imageID": "", "ready": True,
+                "started": True, "restartCount": 0, "state": {"running": {"startedAt": now}},
+            } for name in sidecars]
     else:
         status = {
             "phase": "Pending",
@@ -301,8 +314,13 @@ def _write_status(api_client: client.ApiClient, namespace: str, name: str,
 
 
 def terminate_pod(api_client: client.ApiClient, namespace: str, name: str, message: str,
-                  exit_code: int = 0, container: str = TRAINER_CONTAINER) -> client.V1Pod:
+                  exit_code: int = 0, container: str = TRAINER_CONTAINER,
+                  sidecar_messages: Mapping[str, str] | None = None) -> client.V1Pod:
     """Mark ``container`` terminated with termination ``message`` and end the pod.
+
+    ``sidecar_messages`` maps native sidecars (of :func:`create_trainer_pod`) to the
+    termination message each leaves; they end with exit code 143 (SIGTERM), as a
+    sidecar stopped by the kubelet after the main containers does.
 
     The pod phase becomes Succeeded for ``exit_code`` 0, Failed otherwise; the
     message lands in ``status.containerStatuses[].state.terminated.message``
@@ -325,6 +343,13 @@ def terminate_pod(api_client: client.ApiClient, namespace: str, name: str, messa
                 "exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
                 "message": message, "startedAt": started, "finishedAt": now}},
         })
+        if sidecar_messages:
+            status["initContainerStatuses"] = [{
+                "name": sidecar, "image": TRAINER_IMAGE, "imageID": "", "ready": False,
+                "started": False, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 143, "reason": "Error", "message": text,
+                                         "startedAt": started, "finishedAt": now}},
+            } for sidecar, text in sidecar_messages.items()]
         conditions = [c for c in status.get("conditions") or []
                       if c.get("type") not in ("Ready", "ContainersReady")]
         conditions += [_condition("ContainersReady", "False", now),

@@ -11,6 +11,22 @@ does what the kubelet and the container runtime would:
   local process with the container's environment (``env`` values, ``fieldRef``,
   ConfigMap and Secret keys; what the Trainer injects, such as ``PET_NODE_RANK``,
   arrives this way), its output in ``<workdir>/<namespace>_<pod>_<container>.log``;
+* init containers first, in order, as the kubelet does: an ordinary one must exit 0
+  before the next starts (a failure fails a ``restartPolicy: Never`` pod, else it
+  runs again); a native sidecar (``restartPolicy: Always``) counts once it is
+  started: its process runs and its ``startupProbe`` (``httpGet``, ``tcpSocket``
+  or ``exec``; run inline, at most ``timeoutSeconds`` each) passed.  Sidecars are
+  restarted whenever they exit while the main containers run, get SIGTERM (last
+  defined first, each after the previous exited) once every main container has
+  ended, SIGKILL after the grace period; their statuses go in
+  ``initContainerStatuses``, and the pod's phase comes from the main containers,
+  set once the sidecars have stopped (kubelet ``getPhase``).  Readiness and
+  liveness probes are not run: a running container is ready;
+* ``emptyDir`` volumes are per-pod host directories (``<workdir>/<ns>_<pod>/
+  volumes/<name>``); as there is no mount namespace, a container's ``mountPath``
+  of one is rewritten to that directory where it begins a path in the container's
+  ``command``, ``args``, ``workingDir``, ``env`` values and exec probes (other
+  volume types are not mounted);
 * it stands in for the two things a pod has that a local process has not:
   its own network namespace (``TRAINJOB_EXPORTER_HOST`` is set to the pod IP,
   so the exporter listens there) and the termination message file (the
@@ -21,9 +37,9 @@ does what the kubelet and the container runtime would:
   ``FallbackToLogsOnError``, the log's last 80 lines / 2048 bytes after a
   failure), and the pod Succeeded or Failed for ``restartPolicy: Never``;
   with ``OnFailure`` a failed container is started again (``restartCount``);
-* when the pod is deleted it sends SIGTERM, SIGKILL after the grace period,
-  reports the termination and then deletes the pod with grace period 0, as
-  the kubelet confirms a deletion.
+* when the pod is deleted it sends SIGTERM (to sidecars once the other
+  containers exited), SIGKILL after the grace period, reports the termination
+  and then deletes the pod with grace period 0, as the kubelet confirms a deletion.
 
 kwok's ending stages (``pod-complete``, ``pod-delete``) skip this node, so the
 two never write the same pod's status (see docs/architecture.md).  The host
@@ -39,9 +55,13 @@ import os
 import queue
 import re
 import signal
+import socket
+import ssl
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -95,6 +115,24 @@ def read_message(path: Path, log: Path, *, failed: bool, fallback: bool) -> str:
     return data.decode(errors="replace")
 
 
+def translate_mounts(text: str, mounts: list[tuple[str, str]]) -> str:
+    """``text`` with each ``mountPath`` that begins a path replaced by its host directory.
+
+    ``mounts`` are ``(mountPath, host directory)`` pairs; one pass, longest first, so
+    a host directory put in is never rewritten again.
+    """
+    if not mounts:
+        return text
+    hosts = dict(mounts)
+    alternatives = "|".join(re.escape(m) for m in sorted(hosts, key=len, reverse=True))
+    pattern = re.compile(rf"(?<![^\s=:,'\"])({alternatives})(?=/|$|[\s:,'\"])")
+    return pattern.sub(lambda match: hosts[match.group(1)], text)
+
+
+#: Kinds of container: a main container, an ordinary init container, a native sidecar.
+MAIN, INIT, SIDECAR = "main", "init", "sidecar"
+
+
 @dataclass
 class ContainerRun:
     """One container of a pod, run as a local process."""
@@ -103,12 +141,27 @@ class ContainerRun:
     spec: dict[str, Any]
     log: Path
     message_file: Path
+    kind: str = MAIN
     proc: subprocess.Popen[bytes] | None = None
     started_at: str = ""
     restart_count: int = 0
     terminated: dict[str, Any] | None = None
     last_terminated: dict[str, Any] | None = None
     restart_at: float | None = None
+    probed: bool = True  # the startupProbe passed (or there is none)
+    probe_at: float = 0.0
+    probe_failures: int = 0
+    term_sent: bool = False
+
+    @property
+    def started(self) -> bool:
+        """Running and past its startupProbe: the kubelet's ``started``."""
+        return self.proc is not None and self.probed
+
+    @property
+    def ended(self) -> bool:
+        """Exited and not about to start again."""
+        return self.proc is None and self.restart_at is None and self.terminated is not None
 
 
 @dataclass
@@ -118,6 +171,11 @@ class PodRun:
     uid: str
     pod: dict[str, Any]
     containers: dict[str, ContainerRun] = field(default_factory=dict)
+    inits: list[ContainerRun] = field(default_factory=list)
+    init_index: int = 0
+    mains_started: bool = False
+    init_failed: bool = False
+    sidecar_kill_at: float | None = None
     started: bool = False
     kill_at: float | None = None
     reported: bool = False
@@ -128,8 +186,19 @@ class PodRun:
         meta = self.pod["metadata"]
         return f"{meta['namespace']}/{meta['name']}"
 
+    def all(self) -> list[ContainerRun]:
+        return [*self.inits, *self.containers.values()]
+
     def running(self) -> list[ContainerRun]:
-        return [c for c in self.containers.values() if c.proc is not None]
+        return [c for c in self.all() if c.proc is not None]
+
+    def sidecars(self) -> list[ContainerRun]:
+        return [c for c in self.inits if c.kind == SIDECAR]
+
+    def mains_ended(self) -> bool:
+        """Every main container ran and ended (or an init container failed for good)."""
+        return self.init_failed or (
+            self.mains_started and all(c.ended for c in self.containers.values()))
 
 
 class PodRunner:
@@ -239,10 +308,12 @@ class PodRunner:
                 if grace is None:
                     grace = pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
                 run.kill_at = time.monotonic() + float(grace)
+                # Sidecars last: they get SIGTERM once the other containers exited (_tick).
                 for container in run.running():
                     assert container.proc is not None
-                    processes.signal_group(container.proc, signal.SIGTERM)
-                for container in run.containers.values():
+                    if container.kind != SIDECAR:
+                        processes.signal_group(container.proc, signal.SIGTERM)
+                for container in run.all():
                     container.restart_at = None
             return
         if not run.started and status.get("phase") == "Running" and status.get("podIP"):
@@ -252,17 +323,67 @@ class PodRunner:
 
     def _start_pod(self, run: PodRun) -> None:
         run.started = True
-        meta = run.pod["metadata"]
-        base = self.workdir / f"{meta['namespace']}_{meta['name']}"
+        meta, spec = run.pod["metadata"], run.pod["spec"]
+        base = self._pod_dir(run)
         base.mkdir(parents=True, exist_ok=True)
-        for spec in run.pod["spec"]["containers"]:
-            container = ContainerRun(
-                name=spec["name"], spec=spec,
-                log=self.workdir / f"{meta['namespace']}_{meta['name']}_{spec['name']}.log",
-                message_file=base / f"{spec['name']}.termination-log")
-            run.containers[spec["name"]] = container
-            self._start_container(run, container)
+        for volume in spec.get("volumes") or []:
+            if "emptyDir" in volume:
+                (base / "volumes" / volume["name"]).mkdir(parents=True, exist_ok=True)
+
+        def container(c: dict[str, Any], kind: str) -> ContainerRun:
+            return ContainerRun(
+                name=c["name"], spec=c, kind=kind,
+                log=self.workdir / f"{meta['namespace']}_{meta['name']}_{c['name']}.log",
+                message_file=base / f"{c['name']}.termination-log")
+
+        run.inits = [container(c, SIDECAR if c.get("restartPolicy") == "Always" else INIT)
+                     for c in spec.get("initContainers") or []]
+        run.containers = {c["name"]: container(c, MAIN) for c in spec["containers"]}
+        self._advance(run)
         self._report(run)
+
+    def _pod_dir(self, run: PodRun) -> Path:
+        meta = run.pod["metadata"]
+        return self.workdir / f"{meta['namespace']}_{meta['name']}"
+
+    def _advance(self, run: PodRun) -> bool:
+        """Start what may start now: the next init container, then the main containers.
+
+        Returns True when something started.
+        """
+        if not run.started or run.kill_at is not None or run.init_failed:
+            return False  # not started: kwok has not given the pod its IP yet
+        changed = False
+        while run.init_index < len(run.inits):
+            init = run.inits[run.init_index]
+            if not init.started_at:
+                self._start_container(run, init)
+                changed = True
+            if init.kind == SIDECAR:
+                if not init.started:
+                    return changed
+            elif not init.ended or (init.terminated or {}).get("exitCode") != 0:
+                return changed  # running, restarting, or failed for good (_tick decides)
+            run.init_index += 1
+        if not run.mains_started:
+            run.mains_started = True
+            for main in run.containers.values():
+                self._start_container(run, main)
+            changed = True
+        return changed
+
+    def _mounts(self, run: PodRun, spec: dict[str, Any]) -> list[tuple[str, str]]:
+        """``(mountPath, host directory)`` of the container's emptyDir mounts."""
+        empty = {v["name"] for v in run.pod["spec"].get("volumes") or [] if "emptyDir" in v}
+        mounts = []
+        for mount in spec.get("volumeMounts") or []:
+            if mount.get("name") in empty and mount.get("mountPath"):
+                host = self._pod_dir(run) / "volumes" / mount["name"]
+                if mount.get("subPath"):
+                    host = host / mount["subPath"]
+                host.mkdir(parents=True, exist_ok=True)
+                mounts.append((mount["mountPath"].rstrip("/") or "/", str(host)))
+        return mounts
 
     def _env(self, run: PodRun, spec: dict[str, Any], message_file: Path) -> dict[str, str]:
         pod = run.pod
@@ -272,9 +393,10 @@ class PodRunner:
             data = self._env_from(pod["metadata"]["namespace"], source)
             prefix = source.get("prefix", "")
             env.update({prefix + k: v for k, v in data.items()})
+        mounts = self._mounts(run, spec)
         for var in spec.get("env") or []:
             if "value" in var:
-                env[var["name"]] = expand(var["value"], env)
+                env[var["name"]] = expand(translate_mounts(var["value"], mounts), env)
             elif "valueFrom" in var:
                 value = self._value_from(pod, var["valueFrom"])
                 if value is not None:
@@ -331,15 +453,23 @@ class PodRunner:
     def _start_container(self, run: PodRun, container: ContainerRun) -> None:
         spec = container.spec
         env = self._env(run, spec, container.message_file)
-        argv = [expand(a, env) for a in (spec.get("command") or []) + (spec.get("args") or [])]
+        mounts = self._mounts(run, spec)
+        argv = [expand(translate_mounts(a, mounts), env)
+                for a in (spec.get("command") or []) + (spec.get("args") or [])]
         container.message_file.unlink(missing_ok=True)
         container.started_at = _now()
         container.terminated = None
+        container.term_sent = False
+        probe = spec.get("startupProbe") if container.kind == SIDECAR else None
+        container.probed = probe is None
+        container.probe_failures = 0
+        container.probe_at = time.monotonic() + float((probe or {}).get("initialDelaySeconds", 0))
         if not spec.get("command"):
             container.terminated = self._cannot_run(
                 container, "the pod runner needs an explicit command (no image entrypoint here)")
             return
-        workdir = Path(spec.get("workingDir") or container.message_file.parent)
+        workdir = Path(translate_mounts(spec.get("workingDir") or "", mounts)
+                       or container.message_file.parent)
         if not workdir.is_dir():
             workdir = container.message_file.parent
         try:
@@ -356,34 +486,27 @@ class PodRunner:
     def _tick(self, run: PodRun) -> None:
         changed = False
         restart_policy = run.pod["spec"].get("restartPolicy", "Always")
-        for container in run.containers.values():
+        for container in run.all():
             if container.proc is not None and container.proc.poll() is not None:
-                code = container.proc.returncode
-                processes.forget(container.proc)
-                # The kubelet reports a signal's death as 128 + the signal number.
-                exit_code = code if code >= 0 else 128 - code
-                policy = container.spec.get("terminationMessagePolicy", "File")
-                container.terminated = {
-                    "exitCode": exit_code,
-                    "reason": "Completed" if exit_code == 0 else "Error",
-                    "message": read_message(container.message_file, container.log,
-                                            failed=exit_code != 0,
-                                            fallback=policy == "FallbackToLogsOnError"),
-                    "startedAt": container.started_at, "finishedAt": _now(),
-                }
-                container.proc = None
+                self._exited(run, container, restart_policy)
                 changed = True
-                restart = (run.kill_at is None and (restart_policy == "Always" or (
-                    restart_policy == "OnFailure" and exit_code != 0)))
-                if restart:
-                    container.restart_at = time.monotonic() + RESTART_DELAY_SECONDS
+            if (container.proc is not None and not container.probed
+                    and time.monotonic() >= container.probe_at):
+                changed |= self._probe_step(run, container)
             if container.restart_at is not None and time.monotonic() >= container.restart_at:
                 container.restart_at = None
                 container.last_terminated = container.terminated
                 container.restart_count += 1
                 self._start_container(run, container)
                 changed = True
+        changed |= self._advance(run)
         if run.kill_at is not None:
+            if not [c for c in run.running() if c.kind != SIDECAR]:
+                for sidecar in run.running():
+                    if not sidecar.term_sent:
+                        assert sidecar.proc is not None
+                        processes.signal_group(sidecar.proc, signal.SIGTERM)
+                        sidecar.term_sent = True
             if run.running() and time.monotonic() >= run.kill_at:
                 for container in run.running():
                     assert container.proc is not None
@@ -393,8 +516,119 @@ class PodRunner:
                     self._report(run)
                 self._delete(run)
             return
+        if run.mains_ended():
+            changed |= self._stop_sidecars(run)
         if changed:
             self._report(run)
+
+    def _exited(self, run: PodRun, container: ContainerRun, restart_policy: str) -> None:
+        assert container.proc is not None
+        code = container.proc.returncode
+        processes.forget(container.proc)
+        # The kubelet reports a signal's death as 128 + the signal number.
+        exit_code = code if code >= 0 else 128 - code
+        policy = container.spec.get("terminationMessagePolicy", "File")
+        container.terminated = {
+            "exitCode": exit_code,
+            "reason": "Completed" if exit_code == 0 else "Error",
+            "message": read_message(container.message_file, container.log,
+                                    failed=exit_code != 0,
+                                    fallback=policy == "FallbackToLogsOnError"),
+            "startedAt": container.started_at, "finishedAt": _now(),
+        }
+        container.proc = None
+        if run.kill_at is not None:
+            return
+        if container.kind == SIDECAR:
+            restart = not container.term_sent and not run.mains_ended()
+        elif container.kind == INIT:
+            restart = exit_code != 0 and restart_policy != "Never"
+            run.init_failed = exit_code != 0 and restart_policy == "Never"
+        else:
+            restart = restart_policy == "Always" or (
+                restart_policy == "OnFailure" and exit_code != 0)
+        if restart:
+            container.restart_at = time.monotonic() + RESTART_DELAY_SECONDS
+
+    def _stop_sidecars(self, run: PodRun) -> bool:
+        """The main containers ended: stop the sidecars, last defined first."""
+        changed = False
+        for sidecar in run.sidecars():
+            if sidecar.restart_at is not None:  # no restart once the pod is done
+                sidecar.restart_at = None
+                changed = True
+        running = [c for c in run.sidecars() if c.proc is not None]
+        if not running:
+            return changed
+        if run.sidecar_kill_at is None:
+            grace = run.pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+            run.sidecar_kill_at = time.monotonic() + float(grace)
+        last = running[-1]
+        assert last.proc is not None
+        if not last.term_sent:
+            processes.signal_group(last.proc, signal.SIGTERM)
+            last.term_sent = True
+        if time.monotonic() >= run.sidecar_kill_at:
+            for sidecar in running:
+                assert sidecar.proc is not None
+                processes.signal_group(sidecar.proc, signal.SIGKILL)
+        return changed
+
+    # ----------------------------------------------------------------- probes
+
+    def _probe_step(self, run: PodRun, container: ContainerRun) -> bool:
+        """Run the startupProbe once; True when it passed (the container is started)."""
+        probe = container.spec["startupProbe"]
+        if self._probe(run, container, probe):
+            container.probed = True
+            return True
+        container.probe_failures += 1
+        threshold = int(probe.get("failureThreshold", 3))
+        if container.probe_failures >= threshold:
+            with open(container.log, "a") as log:
+                log.write(f"pod runner: startup probe failed {threshold} times; killing\n")
+            assert container.proc is not None
+            processes.signal_group(container.proc, signal.SIGKILL)
+            container.probe_at = float("inf")  # its exit restarts it, with a fresh probe
+        else:
+            container.probe_at = time.monotonic() + float(probe.get("periodSeconds", 10))
+        return False
+
+    def _probe(self, run: PodRun, container: ContainerRun, probe: dict[str, Any]) -> bool:
+        timeout = float(probe.get("timeoutSeconds", 1))
+        pod_ip = run.pod["status"]["podIP"]
+        try:
+            if "httpGet" in probe:
+                get = probe["httpGet"]
+                scheme = str(get.get("scheme", "HTTP")).lower()
+                url = (f"{scheme}://{get.get('host') or pod_ip}:"
+                       f"{_port(container.spec, get['port'])}{get.get('path', '/')}")
+                headers = {h["name"]: h["value"] for h in get.get("httpHeaders") or []}
+                # The kubelet does not verify an HTTPS probe's certificate either.
+                context = ssl._create_unverified_context() if scheme == "https" else None
+                request = urllib.request.Request(url, headers=headers)
+                try:
+                    with urllib.request.urlopen(request, timeout=timeout,
+                                                context=context) as response:
+                        return 200 <= int(response.status) < 400
+                except urllib.error.HTTPError as exc:
+                    return 200 <= exc.code < 400
+            if "tcpSocket" in probe:
+                tcp = probe["tcpSocket"]
+                address = (tcp.get("host") or pod_ip, _port(container.spec, tcp["port"]))
+                socket.create_connection(address, timeout=timeout).close()
+                return True
+            if "exec" in probe:
+                mounts = self._mounts(run, container.spec)
+                argv = [translate_mounts(a, mounts) for a in probe["exec"]["command"]]
+                env = self._env(run, container.spec, container.message_file)
+                return subprocess.run(argv, env=env, capture_output=True, timeout=timeout,
+                                      check=False).returncode == 0
+        except (OSError, ValueError, KeyError, subprocess.SubprocessError):
+            return False
+        with open(container.log, "a") as log:
+            log.write(f"pod runner: unsupported probe {sorted(probe)}: it never passes\n")
+        return False
 
     # ----------------------------------------------------------------- status
 
@@ -404,8 +638,11 @@ class PodRunner:
             "containerID": f"podrunner://{container.name}-{container.restart_count}",
             "restartCount": container.restart_count,
         }
-        if container.proc is not None or container.restart_at is not None:
-            status.update(ready=container.proc is not None, started=container.proc is not None,
+        if not container.started_at:
+            status.update(ready=False, started=False,
+                          state={"waiting": {"reason": "PodInitializing"}})
+        elif container.proc is not None or container.restart_at is not None:
+            status.update(ready=container.started, started=container.started,
                           state={"running": {"startedAt": container.started_at}}
                           if container.proc is not None else
                           {"waiting": {"reason": "CrashLoopBackOff"}})
@@ -416,25 +653,41 @@ class PodRunner:
             status["lastState"] = {"terminated": container.last_terminated}
         return status
 
+    @staticmethod
+    def _merged(current: list[dict[str, Any]], ours: dict[str, dict[str, Any]]
+                ) -> list[dict[str, Any]]:
+        names = {s["name"] for s in current}
+        return [ours.get(s["name"], s) for s in current] + [
+            s for n, s in ours.items() if n not in names]
+
     def _report(self, run: PodRun) -> None:
         """Write the containers' states (and a terminal phase once all ended) to the pod."""
         current = run.pod.get("status") or {}
-        ours = {c.name: self._container_status(c) for c in run.containers.values()}
-        statuses = [ours.get(s["name"], s) for s in current.get("containerStatuses") or []]
-        statuses += [s for n, s in ours.items()
-                     if n not in {x["name"] for x in current.get("containerStatuses") or []}]
-        ended = all(c.proc is None and c.restart_at is None and c.terminated is not None
-                    for c in run.containers.values())
+        mains = {c.name: self._container_status(c) for c in run.containers.values()}
+        inits = {c.name: self._container_status(c) for c in run.inits}
+        patch: dict[str, Any] = {
+            "containerStatuses": self._merged(current.get("containerStatuses") or [], mains)}
+        if inits:
+            patch["initContainerStatuses"] = self._merged(
+                current.get("initContainerStatuses") or [], inits)
+        # As kubelet getPhase: running sidecars keep the pod Running; their exit codes
+        # never decide the phase.
+        ended = run.mains_ended() and not any(
+            c.proc is not None or c.restart_at is not None for c in run.all())
         now = _now()
-        patch: dict[str, Any] = {"containerStatuses": statuses}
-        ready = "True" if all(s.get("ready") for s in statuses) else "False"
+        ready = "True" if run.mains_started and all(
+            s.get("ready") for s in mains.values()) and all(
+            c.started for c in run.sidecars()) else "False"
+        wanted = {"Ready": ready, "ContainersReady": ready,
+                  "Initialized": "True" if run.mains_started else "False"}
         conditions = [dict(c) for c in current.get("conditions") or []]
         for cond in conditions:
-            if cond.get("type") in ("Ready", "ContainersReady") and cond.get("status") != ready:
-                cond.update(status=ready, lastTransitionTime=now)
+            if cond.get("type") in wanted and cond.get("status") != wanted[cond["type"]]:
+                cond.update(status=wanted[cond["type"]], lastTransitionTime=now)
         patch["conditions"] = conditions
         if ended:
-            failed = any((c.terminated or {}).get("exitCode") for c in run.containers.values())
+            failed = run.init_failed or any((c.terminated or {}).get("exitCode")
+                                            for c in run.containers.values())
             patch["phase"] = "Failed" if failed else "Succeeded"
             run.reported = True
         meta = run.pod["metadata"]
@@ -457,6 +710,20 @@ class PodRunner:
                 meta["name"], meta["namespace"], grace_period_seconds=0,
                 body=client.V1DeleteOptions(grace_period_seconds=0,
                                             preconditions=client.V1Preconditions(uid=run.uid)))
+
+
+def _port(spec: dict[str, Any], port: int | str) -> int:
+    """A probe's port: a number, or the name of one of the container's ``ports``.
+
+    Raises:
+        ValueError: a name the container does not declare.
+    """
+    if isinstance(port, int) or str(port).isdigit():
+        return int(port)
+    for declared in spec.get("ports") or []:
+        if declared.get("name") == port:
+            return int(declared["containerPort"])
+    raise ValueError(f"no container port named {port!r}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -171,6 +171,33 @@ def test_final_status_from_termination_message(
                          trainjob="job-f") == 1.0
 
 
+def test_final_status_from_a_native_sidecar(
+    kube_api: client.ApiClient, namespace: str, exporter_factory: Callable[..., FakeExporter],
+    scraper_factory: Callable[..., ScraperProcess],
+) -> None:
+    """The zero-code sidecar ends after the trainer: its message wins, unless annotated."""
+    exporter = exporter_factory(body=status_json(50))
+    objects.create_trainjob(kube_api, namespace, "job-s")
+    objects.create_trainjob(kube_api, namespace, "job-n")
+    pod_s = objects.create_trainer_pod(kube_api, namespace, "job-s", port=exporter.port,
+                                       sidecars=["trainjob-exporter"])
+    pod_n = objects.create_trainer_pod(kube_api, namespace, "job-n", port=exporter.port,
+                                       sidecars=["trainjob-exporter"], annotations={
+                                           "trainjob-progress.dev/container": "node"})
+    scraper_factory("--interval=1s", f"--namespaces={namespace}")
+    for job in ("job-s", "job-n"):
+        wait_for(lambda job=job: progress_of(kube_api, namespace, job) == 50, 20, "progress 50")
+
+    trainer, sidecar = json.dumps(status_json(99)), json.dumps(status_json(100))
+    for pod in (pod_s, pod_n):
+        objects.terminate_pod(kube_api, namespace, pod.metadata.name, trainer,
+                              sidecar_messages={"trainjob-exporter": sidecar})
+    wait_for(lambda: progress_of(kube_api, namespace, "job-s") == 100, 20, "sidecar's final")
+    wait_for(lambda: progress_of(kube_api, namespace, "job-n") == 99, 20, "annotated final")
+    stored = client.CoreV1Api(kube_api).read_namespaced_pod(pod_s.metadata.name, namespace)
+    assert [s.name for s in stored.status.init_container_statuses] == ["trainjob-exporter"]
+
+
 def test_invalid_termination_message_keeps_status_and_records_event(
     kube_api: client.ApiClient, namespace: str, exporter_factory: Callable[..., FakeExporter],
     scraper_factory: Callable[..., ScraperProcess],

@@ -174,6 +174,32 @@ def test_pod_annotations() -> None:
     assert isinstance(classify(_pod(ip="fd00::7"), **kw), Scrape)
 
 
+def _ended(name: str, message: str) -> dict:
+    return {"name": name, "state": {"terminated": {"exitCode": 0, "message": message}}}
+
+
+def test_final_messages_native_sidecar_first_and_the_annotation_picks_one() -> None:
+    kw = {"default_port": 28080, "default_path": "/metrics", "default_interval": 30.0}
+    pod = _pod(phase="Succeeded")
+    pod["spec"] = {"initContainers": [{"name": "setup"},
+                                      {"name": "exporter", "restartPolicy": "Always"}],
+                   "containers": [{"name": "node"}]}
+    pod["status"]["initContainerStatuses"] = [_ended("setup", "setup done"),
+                                              _ended("exporter", "from the sidecar")]
+    pod["status"]["containerStatuses"] = [_ended("node", "from the trainer")]
+    d = classify(pod, **kw)
+    # The sidecar stops after the trainer, so it is tried first; an ordinary init
+    # container ran before training and is never read.
+    assert isinstance(d, Final)
+    assert d.messages == (("exporter", "from the sidecar"), ("node", "from the trainer"))
+    pod["metadata"]["annotations"] = {"trainjob-progress.dev/container": "node"}
+    assert classify(pod, **kw).messages == (("node", "from the trainer"),)  # type: ignore[union-attr]
+    pod["metadata"]["annotations"] = {"trainjob-progress.dev/container": "exporter"}
+    assert classify(pod, **kw).messages == (("exporter", "from the sidecar"),)  # type: ignore[union-attr]
+    pod["metadata"]["annotations"] = {"trainjob-progress.dev/container": "setup"}
+    assert classify(pod, **kw).messages == ()  # type: ignore[union-attr]
+
+
 def test_offsets_fall_on_the_phase_grid() -> None:
     keys = [f"ns/pod-{i}" for i in range(400)]
     for interval in (1.0, 30.0, 3600.0):
