@@ -8,7 +8,9 @@ exporter.
 ``--push --token-file PATH``: for training code written for the push design
 (Transformers' built-in Kubeflow integration, the Kubeflow SDK's
 ``update_trainjob_status``), unchanged: the sidecar writes a fresh random token to
-``PATH`` (a shared ``emptyDir``), accepts ``POST``s with it on the push path
+``PATH`` (a shared ``emptyDir``; a restarted sidecar keeps the token it wrote there
+earlier in the pod's life, so the trainer's cached token stays valid), accepts
+``POST``s with it on the push path
 (:mod:`exporter_lib.push`: 401 wrong token, 403 another TrainJob than this pod's as
 :mod:`exporter_lib.identity` reads it, 400/422 bad bodies) and serves the newest
 pushed status.  The trainer container finds it through
@@ -78,13 +80,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.push:
         # Written before the port opens: a startupProbe that reaches /healthz knows the
         # trainer container, started after it, finds the token.
-        token = TokenFile(args.token_file, token_mode)
+        token = TokenFile(args.token_file, token_mode, keep_existing=True)
         try:
             token.ensure()
         except OSError as exc:
             print(f"exporter_lib serve: cannot write the token file {args.token_file}: {exc}",
                   file=sys.stderr)
             return 1
+    # Before the port opens: a SIGTERM right after the first answer (a kubelet stopping a
+    # pod early) must still end in the termination message and exit 0, not the default kill.
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     exporter = _exporter(args, token)
     if not exporter.serving:
         # In-process, a busy port must not stop training; here serving is the whole job.
@@ -105,13 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"serving {args.status_file} on http://{args.host}:{exporter.port}/metrics",
               file=sys.stderr, flush=True)
-    done = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        done.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     while not done.wait(3600):
         pass
     exporter.write_final_status()

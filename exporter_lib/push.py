@@ -25,7 +25,9 @@ import contextlib
 import hmac
 import json
 import os
+import re
 import secrets
+import stat
 import tempfile
 import threading
 from collections.abc import Callable
@@ -182,11 +184,15 @@ class TokenFile:
     a reader sees no token or the whole token, never a part.
     """
 
-    def __init__(self, path: str | None = None, mode: int = 0o600) -> None:
+    def __init__(self, path: str | None = None, mode: int = 0o600, *,
+                 keep_existing: bool = False) -> None:
         self._lock = threading.Lock()
         self._path = path
         self._mode = mode
         self._token: str | None = None
+        # A restarted sidecar finds the token it wrote on the pod's emptyDir: keeping it
+        # spares the trainer's clients (Transformers caches a token for 5 minutes) 401s.
+        self._keep_existing = keep_existing
 
     def ensure(self) -> str:
         """Create the token file if needed and return its path.
@@ -204,7 +210,11 @@ class TokenFile:
                     with os.fdopen(fd, "w") as handle:
                         handle.write(token)
                 else:
-                    _write_private(self._path, token, self._mode)
+                    kept = _kept_token(self._path, self._mode) if self._keep_existing else None
+                    if kept is not None:
+                        token = kept
+                    else:
+                        _write_private(self._path, token, self._mode)
                 self._token = token
             assert self._path is not None
             return self._path
@@ -223,6 +233,26 @@ class TokenFile:
     def token(self) -> str | None:
         """The expected token, or ``None`` before :meth:`ensure`."""
         return self._token
+
+
+#: What :func:`secrets.token_urlsafe` (32 bytes) writes: anything else is not ours to keep.
+_OUR_TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")
+
+
+def _kept_token(path: str, mode: int) -> str | None:
+    """The token in ``path`` when it is one we wrote: a regular file of this UID, exactly
+    ``mode``, holding one token of our form; else ``None`` (then a fresh one is written)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd) as handle:
+        info = os.fstat(handle.fileno())
+        if (not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid()
+                or stat.S_IMODE(info.st_mode) != mode):
+            return None
+        text = handle.read(64)
+    return text if _OUR_TOKEN.fullmatch(text) else None
 
 
 def _write_private(path: str, token: str, mode: int) -> None:

@@ -209,3 +209,35 @@ def test_unwritable_token_file_exits_with_the_reason(tmp_path: Path) -> None:
         timeout=60, check=False)
     assert result.returncode == 1, result
     assert f"cannot write the token file {missing}" in result.stderr, result.stderr
+
+
+def test_a_restarted_sidecar_keeps_the_pods_token(tmp_path: Path, fetch: Fetch) -> None:
+    """Clients cache the token (Transformers: 5 minutes): a sidecar restarted in the same
+    pod (same emptyDir) must keep accepting it; a file that is not one of ours is replaced."""
+    first = Sidecar(tmp_path)
+    try:
+        first.wait_serving(fetch)
+        token = first.token()
+    finally:
+        first.stop()
+    second = Sidecar(tmp_path)
+    try:
+        second.wait_serving(fetch)
+        assert second.token() == token
+        body = json.dumps({"trainerStatus": {"progressPercentage": 12,
+                                              "lastUpdatedTime": "2026-12-01T00:00:00Z"}}).encode()
+        assert _post(fetch, second.url, body, token).status == 200
+    finally:
+        second.stop()
+
+    for planted, mode in (("short", 0o600), (token, 0o644)):
+        second.token_file.write_text(planted)
+        second.token_file.chmod(mode)
+        third = Sidecar(tmp_path)
+        try:
+            third.wait_serving(fetch)
+            fresh = third.token()
+            assert fresh not in (planted, "short"), "a foreign or too-open token file was kept"
+            assert stat.S_IMODE(third.token_file.stat().st_mode) == 0o600
+        finally:
+            third.stop()
