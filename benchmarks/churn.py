@@ -14,6 +14,13 @@ churned pod gets a new port, so the connector sees new hosts as in a cluster.
 After each round, once settled (1 s), prints RSS (``/proc/self/statm``), the
 tracemalloc total, scheduled jobs and the table sizes, as one JSON line.  A plateau
 is what the issue asks: the last rounds within a few MiB of each other.
+
+``--api`` runs the whole scraper process against the local control plane instead,
+every pod a TrainJob of its own with its own pod IP (:mod:`benchmarks.churn_api`).
+
+The last line is the series and the verdict: ``plateau`` is true when the rounds of
+the series' second half spread by at most ``--bound`` MiB (:func:`plateau`); the exit
+code is 1 otherwise, so ``make bench`` stops there.
 """
 
 from __future__ import annotations
