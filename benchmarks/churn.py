@@ -14,6 +14,13 @@ churned pod gets a new port, so the connector sees new hosts as in a cluster.
 After each round, once settled (1 s), prints RSS (``/proc/self/statm``), the
 tracemalloc total, scheduled jobs and the table sizes, as one JSON line.  A plateau
 is what the issue asks: the last rounds within a few MiB of each other.
+
+``--api`` runs the whole scraper process against the local control plane instead,
+every pod a TrainJob of its own with its own pod IP (:mod:`benchmarks.churn_api`).
+
+The last line is the series and the verdict: ``plateau`` is true when the rounds of
+the series' second half spread by at most ``--bound`` MiB (:func:`plateau`); the exit
+code is 1 otherwise, so ``make bench`` stops there.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ from scraper.scraping import ExporterScraper, ScrapeLimits
 from scraper.status_writer import WriteOutcome
 
 NAMESPACE = "churn"
+#: Default bound of a plateau (MiB): the spread of the last half of the rounds.
+PLATEAU_MIB = 4.0
 
 
 class _Writer:
@@ -73,7 +82,8 @@ async def run(targets: int, rounds: int, cycles: int) -> list[dict[str, Any]]:
                                                     else scheduler.resume(key)))
     manager = TargetManager(loop, scheduler, spawn=asyncio.ensure_future,
                             default_port=28080, default_path="/metrics",
-                            default_interval=1.0, leading=True)
+                            default_interval=1.0, leading=True,
+                            on_dropped=scraper.forget)
     holder["m"] = manager
     scheduler.start()
     tracemalloc.start()
@@ -120,83 +130,6 @@ async def run(targets: int, rounds: int, cycles: int) -> list[dict[str, Any]]:
     return out
 
 
-def run_api(targets: int, rounds: int, cycles: int, settle: float,
-            answering: bool = False) -> list[dict[str, Any]]:
-    """The whole scraper (``python -m scraper run``, pod list+watch included) against the
-    local control plane; pods are created and deleted through the API, 16 at a time."""
-    import os
-    import subprocess
-    from concurrent.futures import ThreadPoolExecutor
-
-    from kubernetes import client
-
-    from benchmarks.farm import free_ports
-    from localdev.cluster import objects
-    from localdev.cluster.controlplane import ControlPlane
-
-    out: list[dict[str, Any]] = []
-    with ControlPlane() as cp:
-        api = cp.api_client()
-        core = client.CoreV1Api(api)
-        from localdev.cluster.crds import install_trainjob_crds
-        install_trainjob_crds(api)
-        core.create_namespace({"metadata": {"name": NAMESPACE}})
-        objects.create_trainjob(api, NAMESPACE, "tj")
-        exporter = None
-        if answering:  # one real exporter_lib exporter answers every pod's scrape
-            from exporter_lib.api import Exporter
-            from exporter_lib.state import State
-            state = State()
-            exporter = Exporter(state, state, host="127.0.0.1", port=0, status_file=None,
-                                termination_message_path=None, serve=True)
-            state.update(progress_percentage=5)
-            assert exporter.port is not None
-            port = exporter.port
-        else:
-            port = free_ports(1)[0]  # nothing listens: refused, backed off
-        pool = ThreadPoolExecutor(16)
-
-        def make(i: int = 0) -> Any:
-            for _ in range(5):  # the helper's 5-hex-digit name suffix collides now and then
-                try:
-                    return objects.create_trainer_pod(api, NAMESPACE, "tj", port=port,
-                                                      owner_chain=False)
-                except client.ApiException as exc:
-                    if exc.status != 409:
-                        raise
-            raise RuntimeError("pod names kept colliding")
-
-        list(pool.map(make, range(targets)))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "scraper", "run", f"--kubeconfig={cp.kubeconfig_path}",
-             f"--namespaces={NAMESPACE}", "--listen-host=127.0.0.1", "--listen-port=0",
-             "--no-metrics-auth", "--log-level=WARNING", "--interval=1s"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-        try:
-            time.sleep(settle)
-            for r in range(rounds + 1):
-                if r:
-                    def cycle(c: int) -> None:
-                        pod = make()
-                        core.delete_namespaced_pod(pod.metadata.name, NAMESPACE,
-                                                   grace_period_seconds=0)
-                    list(pool.map(cycle, range(cycles)))
-                time.sleep(settle)
-                with open(f"/proc/{proc.pid}/status") as handle:
-                    rss = next(int(line.split()[1]) for line in handle
-                               if line.startswith("VmRSS"))
-                row = {"round": r, "rss_mib": round(rss / 1024, 1)}
-                print(json.dumps(row), flush=True)
-                out.append(row)
-        finally:
-            proc.terminate()
-            proc.wait(20)
-            pool.shutdown()
-            if exporter is not None:
-                exporter.stop()
-    return out
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", type=int, default=1000)
@@ -205,17 +138,36 @@ def main() -> int:
     parser.add_argument("--api", action="store_true",
                         help="the whole scraper process against the local control plane")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds after a round")
-    parser.add_argument("--answering", action="store_true",
-                        help="with --api: pods point at a real exporter (scrapes, writes)")
+    parser.add_argument("--hold", type=float, default=1.5,
+                        help="with --api: seconds a churned pod runs")
+    parser.add_argument("--workers", type=int, default=48,
+                        help="with --api: cycles at once")
+    parser.add_argument("--trim", action="store_true",
+                        help="with --api: malloc_trim(0) in the scraper after each report")
+    parser.add_argument("--verbose", action="store_true", help="with --api: scraper's stderr")
+    parser.add_argument("--bound", type=float, default=PLATEAU_MIB,
+                        help="MiB the last half of the rounds may spread and still be a plateau")
     args = parser.parse_args()
     if args.api:
-        rows = run_api(args.targets, args.rounds, args.cycles, args.settle, args.answering)
+        from benchmarks.churn_api import run_api
+        rows = run_api(args.targets, args.rounds, args.cycles, args.settle, hold=args.hold,
+                       workers=args.workers, trim=args.trim, verbose=args.verbose)
     else:
         rows = asyncio.run(run(args.targets, args.rounds, args.cycles))
     rss = [row["rss_mib"] for row in rows]
-    print(json.dumps({"rss_mib": rss, "growth_last_half_mib":
-                      round(rss[-1] - rss[len(rss) // 2], 1)}))
-    return 0
+    verdict = plateau(rss, args.bound)
+    print(json.dumps({"rss_mib": rss, **verdict}))
+    return 0 if verdict["plateau"] else 1
+
+
+def plateau(rss: list[float], bound: float) -> dict[str, Any]:
+    """Whether the RSS series settled: the rounds of its second half (from round
+    ``len // 2``) spread by at most ``bound`` MiB and the last is no higher than the
+    first of them plus ``bound``."""
+    tail = rss[len(rss) // 2:]
+    spread = round(max(tail) - min(tail), 1) if tail else 0.0
+    return {"last_half_spread_mib": spread, "bound_mib": bound,
+            "plateau": bool(tail) and spread <= bound}
 
 
 if __name__ == "__main__":

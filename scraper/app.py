@@ -134,7 +134,7 @@ class ScraperApp:
             self.loop, self.scheduler, spawn=self._spawn, forget=self.writer.forget,
             default_port=s.default_port, default_path=s.default_path,
             default_interval=s.interval, leading=not s.leader_election,
-            identify=self.identity.verify,
+            identify=self.identity.verify, on_dropped=self.scraper.forget,
         )
         self.jobs.on_change = self.jobsets.on_change = self._owners_changed
         on_trainjob_change = self.trainjobs.on_change

@@ -55,6 +55,9 @@ class TargetManager:
         identify: the owner-chain check of a pod (:class:`scraper.identity.Identity`);
             a pod that fails it is never a target, one that is not verified yet waits
             until :meth:`recheck`.
+        on_dropped: called with a target no longer scraped (pod deleted or ended, URL
+            changed), so the scraper lets go of what it keeps for it (its pooled
+            connections: :meth:`scraper.scraping.ExporterScraper.forget`).
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class TargetManager:
         default_interval: float,
         leading: bool,
         identify: Callable[[dict[str, Any]], Verdict] = lambda pod: Belongs(""),
+        on_dropped: Callable[[Target], None] = lambda target: None,
     ) -> None:
         self._loop = loop
         self._scheduler = scheduler
@@ -82,6 +86,7 @@ class TargetManager:
         self._warned_pods: set[str] = set()  # uids of misconfigured pods already logged
         # --- identity and one target per TrainJob (scraper/identity.py)
         self._identify = identify
+        self._on_dropped = on_dropped
         self._ranks: dict[str, tuple[int, int, str, str]] = {}  # key -> rank of its pod
         self._unverified: dict[str, dict[str, Any]] = {}  # key -> pod awaiting its chain
         self._foreign: set[str] = set()  # uids of pods logged as failing the check
@@ -185,10 +190,15 @@ class TargetManager:
             state = TargetState(JobView(namespace, trainjob, name), uid=uid)
             self.states[key] = state
         if isinstance(decision, Scrape):
+            before = state.target
             state.retarget(decision.target)
+            if before is not None and before.url != decision.target.url:
+                self._on_dropped(before)
             self._ranks[key] = rank(pod)
             self._choose(state.trainjob_key)
         elif isinstance(decision, Final):
+            if state.target is not None:
+                self._on_dropped(state.target)
             state.target = None
             state.stop_holding()
             state.ended = decision
@@ -263,6 +273,8 @@ class TargetManager:
         if state is not None:
             state.dropped = True
             state.stop_holding()
+            if state.target is not None:
+                self._on_dropped(state.target)
             self._choose(state.trainjob_key)  # another pod of the TrainJob may take over
 
     def drop_trainjob(self, namespace: str, trainjob: str) -> None:

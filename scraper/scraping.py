@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from urllib.parse import urlsplit
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -145,6 +146,28 @@ def client_session(concurrency: int) -> aiohttp.ClientSession:
     )
 
 
+def close_idle(connector: aiohttp.BaseConnector | None, host: str, port: int) -> int:
+    """Close the idle pooled connections of ``connector`` to ``host:port``; returns how
+    many.  Connections in use are left alone (they close when their request ends).
+
+    aiohttp has no public call for this: the pool is ``BaseConnector._conns`` (a dict of
+    ``ConnectionKey`` to ``(protocol, last use)`` pairs, aiohttp 3.x, pinned in
+    constraints.txt).  If a future aiohttp changes that table, this closes nothing and
+    the keep-alive cleanup still bounds the pool in time (tests/scraper/test_scraping.py
+    checks the effect on a real server, so a change shows up there).
+    """
+    pool = getattr(connector, "_conns", None)
+    if not isinstance(pool, dict):
+        return 0
+    closed = 0
+    for key in [k for k in pool if getattr(k, "host", None) == host
+                and getattr(k, "port", None) == port]:
+        for proto, _ in pool.pop(key):
+            proto.close()
+            closed += 1
+    return closed
+
+
 #: Consecutive timeouts after which a target's scrapes move to the hung lane.
 HUNG_AFTER = 1
 #: Targets remembered as timing out at most (a bound under pod churn; the oldest go).
@@ -216,6 +239,21 @@ class ExporterScraper:
                 del self._timeouts[next(iter(self._timeouts))]
         elif not isinstance(result, Busy):
             self._timeouts.pop(key, None)
+
+    def forget(self, target: Target) -> None:
+        """Drop what is kept for a target that is gone (its pod deleted, ended or moved):
+        its timeout count and its idle keep-alive connections in both pools.
+
+        Without this, every deleted pod left its idle connection pooled until the
+        connector's keep-alive cleanup (up to twice ``keepalive_timeout``, 240 s), since
+        aiohttp's ``limit`` counts only connections in use: under pod churn thousands of
+        sockets, parsers and buffers to gone pods stayed open (issue 13, input 8).
+        """
+        self._timeouts.pop(target.key, None)
+        url = urlsplit(target.url)
+        for session in (self._session, self._held_session):
+            if session is not None:
+                close_idle(session.connector, url.hostname or "", url.port or 80)
 
     async def close(self) -> None:
         """Close pooled connections."""

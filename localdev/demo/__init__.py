@@ -76,9 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--local", action="store_true",
                         help="use a local control plane even when $KUBECONFIG is set")
     parser.add_argument("--namespace", default=None,
-                        help="cluster mode: only this namespace (default: all)")
+                        help="cluster mode: only this namespace (default: all); refused in "
+                        "local mode, whose TrainJob runs in namespace trainjob-demo")
     parser.add_argument("--duration", type=_positive_int, default=None,
-                        help="cluster mode: stop after this many seconds (default: Ctrl-C)")
+                        help="cluster mode: stop this many seconds after the start, the "
+                        "scraper's start-up included (default: Ctrl-C)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (logs, kubeconfig) after the demo")
     parser.set_defaults(handler=_handler)

@@ -16,7 +16,9 @@ Local mode (no ``--kubeconfig`` and no ``KUBECONFIG``):
    ``kubectl get trainjob``, the status, and ``kubectl get jobsets,jobs,pods -o wide``.
 
 Cluster mode (``--kubeconfig`` or ``KUBECONFIG``): run the scraper against that
-cluster and show the live table of its TrainJobs until Ctrl-C or ``--duration``.
+cluster and show the live table of its TrainJobs until Ctrl-C or ``--duration``
+seconds after the start (the scraper's start-up counts).  ``--namespace`` is a
+cluster-mode option; local mode refuses it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from localdev.demo.processes import Child, start_scraper, wait_http_ok
 NAMESPACE = "trainjob-demo"
 TRAINJOB = "demo-train"
 FINAL_STATUS_TIMEOUT_SECONDS = 60.0
+#: Longest wait for the scraper's /readyz in cluster mode (seconds).
+READY_TIMEOUT_SECONDS = 60.0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -66,6 +70,10 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.duration is not None and kubeconfig is None:
         console.print("[yellow]--duration applies to cluster mode only; ignored[/]")
+    if args.namespace is not None and kubeconfig is None:
+        console.print(f"[red]--namespace applies to cluster mode only (with --kubeconfig or "
+                      f"$KUBECONFIG); local mode runs its TrainJob in namespace {NAMESPACE}[/]")
+        return 2
     try:
         if kubeconfig is not None:
             return _cluster_mode(console, kubeconfig, args)
@@ -232,6 +240,8 @@ def _follow(console: Console, read: Callable[[], list[dict[str, Any]]], *,
 
 
 def _cluster_mode(console: Console, kubeconfig: Path, args: argparse.Namespace) -> int:
+    # --duration counts from the start: a scraper slow to get ready eats into it.
+    deadline = None if args.duration is None else time.monotonic() + args.duration
     console.rule(f"[bold]trainjob-progress demo against {kubeconfig}")
     try:
         api = config.new_client_from_config(config_file=str(kubeconfig))
@@ -256,14 +266,21 @@ def _cluster_mode(console: Console, kubeconfig: Path, args: argparse.Namespace) 
         scraper_child = start_scraper(workdir, kubeconfig=kubeconfig, port=free_port(),
                                       options=options)
         stack.callback(scraper_child.stop)
+        ready_timeout = READY_TIMEOUT_SECONDS
+        if deadline is not None:
+            ready_timeout = min(ready_timeout, max(0.0, deadline - time.monotonic()))
         try:
-            wait_http_ok(scraper_child.extra["base_url"] + "/readyz", scraper_child)
+            wait_http_ok(scraper_child.extra["base_url"] + "/readyz", scraper_child,
+                         timeout=ready_timeout)
         except RuntimeError as exc:  # e.g. the cluster's API server cannot be reached
-            console.print(f"[red]the scraper did not get ready: {exc}[/]")
+            if deadline is not None and time.monotonic() >= deadline:
+                console.print(f"[red]--duration {args.duration}s ended before the scraper "
+                              f"was ready: {exc}[/]")
+            else:
+                console.print(f"[red]the scraper did not get ready: {exc}[/]")
             return 1
         console.print("the scraper reaches pod IPs directly: run this where they are routable "
                       "(inside the cluster network), else install the Helm chart")
-        deadline = None if args.duration is None else time.monotonic() + args.duration
         _follow(console, read, until=lambda: False, children=[scraper_child], deadline=deadline)
     return 0
 

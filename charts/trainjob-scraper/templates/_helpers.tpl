@@ -193,3 +193,47 @@ also used by the scraper's own RBAC test); the chart scopes them by resource:
 {{- end }}
 {{- if $out }}{{ toYaml $out }}{{ end }}
 {{- end }}
+
+{{/*
+A duration value in seconds, as the scraper parses it (scraper/syntax.py): a number, a
+numeric string, or Go-style parts (250ms, 15s, 2m, 1h30m; the schema checks the form).
+Prints a float; read it back with `include ... | float64`.
+*/}}
+{{- define "trainjob-scraper.seconds" -}}
+{{- $v := . -}}
+{{- if and (kindIs "string" $v) (not (regexMatch "^[0-9]+(\\.[0-9]+)?$" $v)) -}}
+{{- $scale := dict "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ms|s|m|h)" $v -1 -}}
+{{- $unit := regexFind "(ms|s|m|h)$" . -}}
+{{- $total = addf $total (mulf (float64 (trimSuffix $unit .)) (get $scale $unit)) -}}
+{{- end -}}
+{{- $total -}}
+{{- else -}}
+{{- float64 $v -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+Rules on values the JSON schema cannot express (a duration's range, an order between
+fields); each failure names the key, the value and the limit, as the scraper would at
+start (scraper/config.py), so `helm install` refuses instead of a crash-looping pod.
+*/}}
+{{- define "trainjob-scraper.validate" -}}
+{{- $interval := include "trainjob-scraper.seconds" .Values.config.interval | float64 -}}
+{{- if or (lt $interval 1.0) (gt $interval 3600.0) -}}
+{{- fail (printf "config.interval=%v (%vs): must be between 1s and 1h" .Values.config.interval $interval) -}}
+{{- end -}}
+{{- $le := .Values.leaderElection -}}
+{{- if $le.enabled -}}
+{{- $retry := include "trainjob-scraper.seconds" $le.retryPeriod | float64 -}}
+{{- $renew := include "trainjob-scraper.seconds" $le.renewDeadline | float64 -}}
+{{- $lease := include "trainjob-scraper.seconds" $le.leaseDuration | float64 -}}
+{{- if le $retry 0.0 -}}
+{{- fail (printf "leaderElection.retryPeriod=%v: must be > 0" $le.retryPeriod) -}}
+{{- end -}}
+{{- if not (and (lt $retry $renew) (lt $renew $lease)) -}}
+{{- fail (printf "leaderElection: must satisfy retryPeriod < renewDeadline < leaseDuration, got retryPeriod=%v renewDeadline=%v leaseDuration=%v" $le.retryPeriod $le.renewDeadline $le.leaseDuration) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}

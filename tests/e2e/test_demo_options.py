@@ -1,0 +1,49 @@
+"""``python -m localdev.demo`` options a newcomer tries: ``--duration`` counts from the
+start in cluster mode, ``--namespace`` is refused in local mode (it would be ignored)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from localdev.cluster.processes import free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _demo(*args: str, timeout: float = 45.0) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    return subprocess.run([sys.executable, "-m", "localdev.demo", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env, check=False)
+
+
+def test_namespace_in_local_mode_is_refused_with_the_reason() -> None:
+    result = _demo("--local", "--namespace", "team-a")
+    assert result.returncode == 2, result.stdout + result.stderr
+    out = " ".join(result.stdout.split())  # rich may wrap the line
+    assert "--namespace applies to cluster mode only" in out
+    assert "trainjob-demo" in out
+
+
+def test_duration_counts_from_the_start_even_when_the_scraper_never_gets_ready(
+    tmp_path: Path,
+) -> None:
+    # An API server address where nothing listens: the scraper keeps retrying and never
+    # gets ready.  Before, --duration started only once it was ready (60 s wait, then
+    # an error); now the demo ends when the duration is over and says so.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "x", "cluster": {
+            "server": f"https://127.0.0.1:{free_port()}", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "x", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}))
+    result = _demo("--kubeconfig", str(kubeconfig), "--duration", "3")
+    out = " ".join(result.stdout.split())
+    assert result.returncode == 1, out + result.stderr
+    assert "--duration 3s ended before the scraper was ready" in out, out
