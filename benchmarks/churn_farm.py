@@ -3,7 +3,8 @@
 Three kinds of pod, each answering on its own port of *every* loopback address (the
 listeners bind the wildcard address, so a pod advertising ``127.a.b.c`` is answered
 there: Linux routes the whole of 127.0.0.0/8 to ``lo``; the benchmark only connects
-to loopback addresses):
+to loopback addresses, and a peer from anywhere else is cut off before its request is
+answered):
 
 * ``json``: the TrainerStatus JSON with an ETag (304 on ``If-None-Match``) and
   ``Trainjob-Exporter-Contract: 2;max-wait=30``, so the scraper holds one waiting
@@ -18,11 +19,13 @@ Runs its own event loop in a daemon thread; :meth:`stop` ends it.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import itertools
 import socket
 import threading
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 BODY = '{"progressPercentage": 5, "lastUpdatedTime": "2025-01-01T00:00:00Z"}'
 ETAG = '"1"'
@@ -33,6 +36,17 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@web.middleware
+async def _loopback_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The wildcard listener answers loopback peers only: anyone else is cut off unread."""
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    if not peer or not ipaddress.ip_address(peer[0]).is_loopback:
+        if request.transport is not None:
+            request.transport.abort()
+        raise web.HTTPForbidden()
+    return await handler(request)
 
 
 class ChurnFarm:
@@ -67,7 +81,7 @@ class ChurnFarm:
 
     async def _start(self) -> None:
         for kind, handler in (("json", self._json), ("html", self._html)):
-            app = web.Application()
+            app = web.Application(middlewares=[_loopback_only])
             app.router.add_get("/{name}", handler)
             runner = web.AppRunner(app, access_log=None, handle_signals=False)
             await runner.setup()
