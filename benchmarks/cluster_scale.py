@@ -266,6 +266,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         scraper = _Scraper(plane.kubeconfig_path, plane.workdir, SCALE_NS,
                            ["--interval", f"{interval:g}s"])  # budget: the defaults
         scraper.wait_ready()
+        serving = time.time()
         skipped0 = 0.0  # a new process: its counter starts at 0
 
         def firsts() -> dict[str, float]:
@@ -282,6 +283,9 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             "first_status": len(lat),
             "first_p50": percentile(lat, 0.5), "first_p99": percentile(lat, 0.99),
             "first_max": max(lat) if lat else None,
+            # The process's own start (imports, informer lists) is in every figure above;
+            # from the first status written, the rest is the write budget's.
+            "first_min": min(lat) if lat else None, "serving_after": serving - started,
             "target_p99": budget + interval,
             "skipped_runs": scraper.metric("trainjob_scraper_skipped_runs_total") - skipped0,
             "loadavg": _loadavg(),
@@ -420,8 +424,9 @@ def table(res: dict[str, Any]) -> str:
     if a:
         lines += [
             f"| {n} TrainJobs at once (QPS {q:g}, interval {iv:g} s): first status p50 / p99 "
-            f"/ max | {_f(a['first_p50'])} / {_f(a['first_p99'])} / {_f(a['first_max'])} s "
-            f"({a['first_status']} of {n}) | p99 <= {a['target_p99']:g} s | "
+            f"/ max from the scraper's start | {_f(a['first_p50'])} / {_f(a['first_p99'])} / "
+            f"{_f(a['first_max'])} s ({a['first_status']} of {n}; first at "
+            f"{_f(a.get('first_min'))} s) | p99 <= {a['target_p99']:g} s | "
             f"{_met(None if a['first_p99'] is None else a['first_p99'] <= a['target_p99'])}"
             f" | {a['loadavg']} |",
             f"| same: skipped scheduler runs until every first status | "

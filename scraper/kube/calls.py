@@ -148,7 +148,7 @@ async def call(
 
     if retries.attempts <= 1:
         # One try (every status write: its retries are the write queue's): no retry
-        # machinery around it, which cost a fifth of a write's event-loop CPU.
+        # machinery around it (it cost about an eighth of a write's event-loop CPU).
         if limiter is None:
             if before_try is not None:
                 before_try()
