@@ -195,8 +195,11 @@ class WriteQueue:
             self._wake.clear()
             due = self.next_due()
             timeout = None if due is None else max(0.0, due - self._clock())
+            # asyncio.timeout, not wait_for: wait_for wraps the wait in a new task each
+            # time, and every put wakes every writer task.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
 
     def done(self, item: Pending, *, retry_in: float | None = None) -> None:
         """The write of ``item`` ended; ``retry_in`` seconds: try it again after that.
