@@ -27,6 +27,7 @@ bench:
 	.venv/bin/python -m benchmarks.hung
 	.venv/bin/python -m benchmarks.churn
 	.venv/bin/python -m benchmarks.churn --api
+	.venv/bin/python -m benchmarks.cluster_scale
 
 image:
 	scripts/bootstrap test

@@ -11,11 +11,13 @@ microseconds (user+system of this process) per operation:
 * ``asyncio.to_thread`` of a no-op, the hop every status write makes into the
   synchronous Kubernetes client;
 * one status write to a real kube-apiserver (``--writes N``, 0 skips it; needs the
-  control-plane binaries): the former path (the client's JSON body, model
-  deserialisation of the answer, one ``to_thread`` per write) against today's
-  (:class:`scraper.status_writer.StatusWriter`: queue, writer task, raw UTF-8 body,
-  ``_preload_content=False`` and one ``json.loads``).  CPU of this process only (the
-  API server's is not counted): hop + serialisation + TLS request + response handling.
+  control-plane binaries), three ways: the pre-queue path (the client's JSON body, model
+  deserialisation of the answer, one ``to_thread`` per write); today's queue and writer
+  with the request through ``ApiClient.call_api`` as before issue 14's cheaper write
+  path; and today's :class:`scraper.status_writer.StatusWriter` (the PATCH straight to
+  the client's connection pool, :mod:`scraper.kube.apply_request`).  The last two
+  alternate twice in the same control plane.  CPU of this process only (the API
+  server's is not counted): hop + serialisation + TLS request + response handling.
 
 Every loop is bounded (a few seconds each); nginx listens on 127.0.0.1 only.
 """
@@ -119,9 +121,13 @@ async def thread_hop(count: int = 2000) -> float:
     return 1e6 * (time.process_time() - c0) / count
 
 
-async def status_writes(count: int) -> tuple[float, float]:
-    """CPU us per status write, ``(former path, today's path)``, ``count`` writes each."""
+async def status_writes(count: int) -> tuple[float, float, float]:
+    """CPU us per status write, ``count`` writes each: ``(former path, today's queue with
+    the request through ApiClient.call_api, today's path)``; the last two twice each,
+    alternated, averaged."""
+    import json
     from datetime import UTC, datetime
+    from typing import Any
 
     from aiolimiter import AsyncLimiter
     from kubernetes import client
@@ -130,7 +136,9 @@ async def status_writes(count: int) -> tuple[float, float]:
     from localdev.cluster.controlplane import ControlPlane
     from localdev.cluster.crds import install_trainjob_crds
     from localdev.cluster.objects import create_trainjob
+    from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
     from scraper.kube.calls import Retries, call
+    from scraper.kube.client import REQUEST_TIMEOUT
     from scraper.status_writer import FIELD_MANAGER, StatusWriter
     from scraper.trainjobs import TrainJobStore
 
@@ -169,22 +177,49 @@ async def status_writes(count: int) -> tuple[float, float]:
             await call(former, i + 1, limiter=limiter, retries=retries)
         before = 1e6 * (time.process_time() - c0) / count
 
-        store = TrainJobStore(["bench"])
-        store.on_list("bench", [obj])
-        writer = StatusWriter.for_client(api, identity="bench", qps=1e6, burst=10**6,
-                                         store=store)
-        writer.start()
+        class CallApiWriter(StatusWriter):
+            """Today's queue and writer tasks with the request made as before issue 14,
+            deliverable 4: ``ApiClient.call_api`` (``_preload_content=False`` and one
+            ``json.loads``)."""
+
+            def _ssa(self, namespace: str, name: str, st: TrainerStatus) -> dict[str, Any]:
+                body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "TrainJob",
+                        "metadata": {"name": name, "namespace": namespace},
+                        "status": {"trainerStatus": st.to_api()}}
+                resp = self._api.call_api(
+                    path, "PATCH", dict(params), [("fieldManager", FIELD_MANAGER),
+                                                  ("force", "true")],
+                    {"Content-Type": APPLY_CONTENT_TYPE, "Accept": "application/json"},
+                    body=encode_apply_body(body), auth_settings=["BearerToken"],
+                    _return_http_data_only=True, _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT)
+                result: dict[str, Any] = json.loads(resp.data)
+                return result
+
+        async def per_write(cls: type[StatusWriter], base: int) -> float:
+            store = TrainJobStore(["bench"])
+            store.on_list("bench", [obj])
+            writer = cls.for_client(api, identity="bench", qps=1e6, burst=10**6, store=store)
+            writer.start()
+            try:
+                for i in range(20):
+                    await writer.apply_and_wait("bench", "w", status(base + i))
+                c0 = time.process_time()
+                for i in range(count):
+                    await writer.apply_and_wait("bench", "w", status(base + 100 + i))
+                return 1e6 * (time.process_time() - c0) / count
+            finally:
+                await writer.stop()
+
         try:
-            for i in range(20):
-                await writer.apply_and_wait("bench", "w", status(1000 + i))
-            c0 = time.process_time()
-            for i in range(count):
-                await writer.apply_and_wait("bench", "w", status(2000 + i))
-            after = 1e6 * (time.process_time() - c0) / count
+            # Alternated, so a change of the machine's load hits both alike.
+            call_api, today = [], []
+            for rep in range(2):
+                call_api.append(await per_write(CallApiWriter, 10_000 * (2 * rep + 1)))
+                today.append(await per_write(StatusWriter, 10_000 * (2 * rep + 2)))
         finally:
-            await writer.stop()
             api.close()
-    return before, after
+    return before, sum(call_api) / len(call_api), sum(today) / len(today)
 
 
 def measure(n: int, window: float = WINDOW, writes: int = 0) -> list[str]:
@@ -200,9 +235,10 @@ def measure(n: int, window: float = WINDOW, writes: int = 0) -> list[str]:
     lines.append(f"asyncio.to_thread(no-op), the status write's hop: "
                  f"{asyncio.run(thread_hop()):.0f} us")
     if writes:
-        before, after = asyncio.run(status_writes(writes))
+        former, call_api, today = asyncio.run(status_writes(writes))
         lines.append(f"status write to kube-apiserver (8 metrics), CPU of the scraper process: "
-                     f"former path {before:.0f} us, today's {after:.0f} us ({writes} each)")
+                     f"pre-queue path {former:.0f} us, queue + call_api {call_api:.0f} us, "
+                     f"today's {today:.0f} us ({writes} each)")
     return lines
 
 

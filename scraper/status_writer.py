@@ -41,10 +41,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import json
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -65,8 +65,9 @@ from scraper.annotation_target import (
     uid_precondition_failed,
     written,
 )
-from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
-from scraper.kube.calls import Backoff, call, is_transient, retry_after
+from scraper.kube.apply_body import encode_apply_body
+from scraper.kube.apply_request import apply_patch
+from scraper.kube.calls import Backoff, call, deadline_of, is_transient, retry_after
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.crd import CRD_NAME, REASON_UNSUPPORTED, CrdSupport
 from scraper.kube.events import EventRecorder
@@ -217,6 +218,7 @@ class StatusWriter:
         self._unsupported_told: set[TrainJobKey] = set()
         self._failing_told: set[TrainJobKey] = set()
         self._workers: list[asyncio.Task[None]] = []
+        self._threads: ThreadPoolExecutor | None = None
         self._waiters: dict[TrainJobKey, list[asyncio.Future[WriteOutcome]]] = {}
         store.on_change = self.on_trainjob_change
 
@@ -374,7 +376,16 @@ class StatusWriter:
     # ------------------------------------------------------------ the worker side
 
     def start(self, workers: int = WRITERS) -> None:
-        """Start the worker tasks (on the running loop)."""
+        """Start the worker tasks (on the running loop) and their threads.
+
+        Each worker task hands its apply request to a pool of ``workers`` long-lived
+        threads of the writer's own, so a write never queues behind other calls in the
+        loop's default executor (informer lists, Events, CRD probes) and those never
+        wait for a write.
+        """
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(max_workers=workers,
+                                               thread_name_prefix="status-writer")
         for i in range(workers):
             self._workers.append(asyncio.create_task(self._work(), name=f"status-writer-{i}"))
 
@@ -386,6 +397,10 @@ class StatusWriter:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._workers.clear()
+        if self._threads is not None:
+            # A request still in flight ends within its own timeouts; nothing waits for it.
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._threads = None
 
     async def _work(self) -> None:
         while True:
@@ -432,10 +447,12 @@ class StatusWriter:
         try:
             async with self._limiter:
                 obj = await call(self._ssa, namespace, name, item.status, place, held.uid,
-                                 before_try=self._fence)
+                                 before_try=self._fence, executor=self._threads,
+                                 deadline=deadline_of(REQUEST_TIMEOUT))
         except NotLeader:
             return WriteOutcome.NOT_LEADER, None
-        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError) as exc:
+        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError,
+                TimeoutError) as exc:  # TimeoutError: the try passed its deadline
             return await self._failed(item, held, exc, place)
         self._failing_told.discard(item.key)
         if not stored(obj, place) and place is Place.ANNOTATION:
@@ -542,23 +559,14 @@ class StatusWriter:
 
     def _ssa(self, namespace: str, name: str, status: TrainerStatus,
              place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
-        """The apply request itself (blocking; runs in a worker thread).  Its path and
-        body: :func:`scraper.annotation_target.apply_request`."""
+        """The apply request itself (blocking; runs in one of the writer threads).  Its
+        path and body: :func:`scraper.annotation_target.apply_request`."""
         path, params, body = apply_request(place, namespace, name, status, uid)
-        resp = self._api.call_api(
-            path,
-            "PATCH",
-            params,
+        return apply_patch(
+            self._api,
+            path.format(**params),
             [("fieldManager", FIELD_MANAGER), ("force", "true")],
-            {"Content-Type": APPLY_CONTENT_TYPE, "Accept": "application/json"},
-            body=encode_apply_body(body),
-            auth_settings=["BearerToken"],
-            _return_http_data_only=True,
-            _preload_content=False,  # one json.loads here, no model deserialisation
-            _request_timeout=REQUEST_TIMEOUT,
-        )
-        result: dict[str, Any] = json.loads(resp.data)
-        return result
+            encode_apply_body(body), timeout=REQUEST_TIMEOUT)
 
     async def drain(self, deadline: float) -> bool:
         """Wait up to ``deadline`` seconds for queued and in-flight writes; True if done."""

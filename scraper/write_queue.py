@@ -14,7 +14,12 @@ Order of :meth:`WriteQueue.get` (the rule, tested in ``tests/scraper/test_write_
    changes, metrics-only changes, where each :data:`AGE_SECONDS` of waiting moves an
    item up one class: a metrics-only change that waited 20 s ranks with a fresh progress
    change, so under a saturated budget no TrainJob starves;
-4. ties: the key queued first, then the key itself (deterministic).
+4. ties: the TrainJob whose last write through this queue ended longest ago (a key
+   never written: from when it was queued), then the key queued first, then the key
+   itself (deterministic).  Under a saturated budget every waiting item has aged
+   into the same class, so this is round robin: each TrainJob gets its next write
+   about N / QPS seconds after its last one, whenever the scrape that found its
+   change ran (``benchmarks/cluster_scale.py``, steady state).
 
 Coalescing: a pending final status is never replaced by a non-final one (the final
 status wins); otherwise the newest status wins and the item takes the more urgent
@@ -61,6 +66,8 @@ class Pending:
         not_before: monotonic time before which a retry is not due.
         hold_until: monotonic time before which a metrics-only change is not due.
         attempts: failed tries so far.
+        since: monotonic time the key's last write ended (its queued time if none): the
+            tie-break that makes a saturated queue round robin.
     """
 
     key: TrainJobKey
@@ -71,6 +78,7 @@ class Pending:
     not_before: float = 0.0
     hold_until: float = 0.0
     attempts: int = 0
+    since: float = 0.0
 
     def due(self) -> float:
         """Monotonic time from which the item may be handed out."""
@@ -83,7 +91,8 @@ def _coalesce(old: Pending, new: Pending) -> Pending:
     priority = min(old.priority, new.priority)
     hold = new.hold_until if priority is Priority.METRICS else 0.0
     return replace(new, priority=priority, queued_at=old.queued_at,
-                   not_before=old.not_before, hold_until=hold, attempts=old.attempts)
+                   not_before=old.not_before, hold_until=hold, attempts=old.attempts,
+                   since=old.since)
 
 
 class WriteQueue:
@@ -101,6 +110,7 @@ class WriteQueue:
         self._pending: dict[TrainJobKey, Pending] = {}
         self._processing: set[TrainJobKey] = set()
         self._dirty: dict[TrainJobKey, Pending] = {}  # arrived while its key was being written
+        self._written: dict[TrainJobKey, float] = {}  # when each key's last write ended
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -126,8 +136,10 @@ class WriteQueue:
     def put(self, key: TrainJobKey, status: TrainerStatus, priority: Priority, *,
             uid: str = "", hold_until: float = 0.0) -> None:
         """Queue ``status`` for ``key``, coalesced with what is pending (module doc)."""
-        item = Pending(key, status, priority, uid, queued_at=self._clock(),
-                       hold_until=hold_until if priority is Priority.METRICS else 0.0)
+        now = self._clock()
+        item = Pending(key, status, priority, uid, queued_at=now,
+                       hold_until=hold_until if priority is Priority.METRICS else 0.0,
+                       since=self._written.get(key, now))
         self._add(item)
 
     def _add(self, item: Pending) -> None:
@@ -142,19 +154,22 @@ class WriteQueue:
         """Drop what is pending for ``key`` (the TrainJob is gone)."""
         self._pending.pop(key, None)
         self._dirty.pop(key, None)
+        self._written.pop(key, None)
         self._check_idle()
 
     def clear(self) -> None:
         """Drop everything pending (leadership lost: the next leader re-derives it)."""
         self._pending.clear()
         self._dirty.clear()
+        self._written.clear()
         self._check_idle()
 
-    def _rank(self, item: Pending, now: float) -> tuple[int, float, float, TrainJobKey]:
+    def _rank(self, item: Pending,
+              now: float) -> tuple[int, float, float, float, TrainJobKey]:
         if item.priority is Priority.FINAL:
-            return (0, 0.0, item.queued_at, item.key)
+            return (0, 0.0, 0.0, item.queued_at, item.key)
         aged = item.priority - (now - item.queued_at) / self._age
-        return (1, max(aged, float(Priority.FIRST)), item.queued_at, item.key)
+        return (1, max(aged, float(Priority.FIRST)), item.since, item.queued_at, item.key)
 
     def take(self) -> Pending | None:
         """The next due item (module doc), now marked in progress; None if none is due."""
@@ -180,8 +195,11 @@ class WriteQueue:
             self._wake.clear()
             due = self.next_due()
             timeout = None if due is None else max(0.0, due - self._clock())
+            # asyncio.timeout, not wait_for: wait_for wraps the wait in a new task each
+            # time, and every put wakes every writer task.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
 
     def done(self, item: Pending, *, retry_in: float | None = None) -> None:
         """The write of ``item`` ended; ``retry_in`` seconds: try it again after that.
@@ -189,7 +207,11 @@ class WriteQueue:
         A newer status that arrived during the write replaces the retry.
         """
         self._processing.discard(item.key)
+        if retry_in is None:
+            self._written[item.key] = self._clock()
         newer = self._dirty.pop(item.key, None)
+        if newer is not None and retry_in is None:
+            newer = replace(newer, since=self._written[item.key])
         if newer is not None:
             if retry_in is not None:
                 newer = _coalesce(replace(item, attempts=item.attempts + 1,

@@ -204,3 +204,33 @@ def test_a_stream_of_progress_changes_does_not_starve_a_metrics_only_change() ->
             written_at = tick
             break
     assert written_at is not None and written_at <= 2 * AGE_SECONDS + 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=200, max_size=400))
+def test_a_saturated_queue_is_round_robin_by_last_write(delays: list[int]) -> None:
+    """20 TrainJobs changing all the time, one write per tick: each change is found by a
+    scrape 0-5 ticks after the TrainJob's last write (``delays``).  Ordered by queue time
+    the gap between two writes of one TrainJob drifts up to 20 + 5 ticks; ordered by the
+    last write it stays 20 (issue 14: longest gap <= N / QPS)."""
+    clock = Clock()
+    q = WriteQueue(clock=clock)
+    keys = [("ns", f"job-{i:02d}") for i in range(20)]
+    for key in keys:
+        q.put(key, status(0), Priority.PROGRESS)
+    requeue: list[tuple[float, tuple[str, str]]] = []
+    last: dict[tuple[str, str], float] = {}
+    longest = 0.0
+    for tick, delay in enumerate(delays):
+        clock.now += 1
+        for at, key in [r for r in requeue if r[0] <= clock.now]:
+            requeue.remove((at, key))
+            q.put(key, status(tick % 101), Priority.PROGRESS)
+        item = q.take()
+        assert item is not None, f"tick {tick}: nothing queued"
+        if item.key in last:
+            longest = max(longest, clock.now - last[item.key])
+        last[item.key] = clock.now
+        q.done(item)
+        requeue.append((clock.now + delay, item.key))
+    assert longest == 20

@@ -1,0 +1,531 @@
+"""Cluster scale on the real API server: many TrainJobs under the default write budget.
+
+``python -m benchmarks.cluster_scale [--jobs N] [--interval S]`` starts the local
+control plane (etcd + kube-apiserver, :class:`localdev.cluster.ControlPlane`), the
+scraper as deployed (``python -m scraper run``, default budget: QPS 20, burst 30) and
+prints one line per figure, then writes ``benchmarks/results/cluster-<time>.{md,json}``:
+
+a. **N TrainJobs appearing at once**: N TrainJobs and their rank-0 pods (API objects,
+   written Running like a kubelet would, owned by a Job owned by a JobSet owned by the
+   TrainJob, as the identity checks require) are created as fast as 8
+   client threads can, and then the scraper starts (as after a restart or a leader
+   change: all N appear to it at once); each pod's exporter answers a fixed status.
+   First status = the first watch event carrying that TrainJob's status, minus the
+   time the scraper process was started.  Target: p99 <= N / QPS + one interval.
+   Skipped scheduler runs (``trainjob_scraper_skipped_runs_total``) from the start to
+   one interval after the last first status: target 0.
+b. **steady state, every TrainJob changing every interval** (progress and a
+   ``stamp`` metric, each TrainJob at its own phase): the longest gap between two
+   writes of one TrainJob seen by the watch over the window.  Target:
+   <= max(interval, N / QPS) + 1 s.
+c. **a training that logs every 10 s**: real exporter_lib exporters
+   (:class:`benchmarks.farm.ExporterFarm`) updated every 10 s, scraped at the
+   scraper's default interval (30 s, waiting scrapes on): API writes per TrainJob-hour
+   and freshness (update -> TrainJob status seen by the watch).  The upstream push
+   design is **modelled by counting**: the Kubeflow SDK's ``update_trainjob_status``
+   drops a call made less than ``_MIN_UPDATE_INTERVAL_SECONDS`` (5 s, read from the
+   installed SDK) after the last POST, and each POST is one status write, so a log
+   every 10 s is one write every 10 s; its freshness is one POST (not run here).
+
+The exporters are one aiohttp server on N loopback ports in a child process (this
+module run with ``--serve``); everything listens on 127.0.0.1 only, every wait is
+bounded and every process started is stopped in ``finally``.  With 2 cores shared by
+the API server, etcd, the scraper, the exporters and the watch, figures are noisy: the
+load average is printed with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from benchmarks.cp import _metric_sum, percentile
+from benchmarks.cp import _Watcher as _CpWatcher
+from benchmarks.farm import ExporterFarm, free_ports, wait_http
+from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+from localdev.cluster import ControlPlane, install_trainjob_crds, objects, processes
+from localdev.demo.processes import start_scraper
+
+RESULTS = Path(__file__).resolve().parent / "results"
+#: The scraper's defaults this benchmark is about (scraper/config.py).
+DEFAULT_QPS = 20.0
+DEFAULT_INTERVAL = 30.0
+SCALE_NS = "bench-scale"
+LOG_NS = "bench-log"
+#: Seconds between two logs of the training in scenario c.
+LOG_EVERY = 10.0
+
+
+# ------------------------------------------------------------------ exporter child
+
+
+def serve(ports: list[int], mode_file: Path, duration: float) -> None:
+    """Answer on every port: a fixed status while ``mode_file`` reads "static", one that
+    changes every ``P`` s (at a per-port phase) once it reads "changing P".  Exits after
+    ``duration`` seconds or on SIGTERM."""
+    from aiohttp import web
+
+    state = {"period": 0.0, "read": 0.0}
+
+    def stamp(port: int) -> int:
+        now = time.time()
+        if now - state["read"] > 0.5:
+            state["read"] = now
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                words = mode_file.read_text().split()
+                state["period"] = float(words[1]) if words[0] == "changing" else 0.0
+        period = state["period"]
+        if not period:
+            return 0
+        phase = (port * 7919 % 1000) / 1000 * period
+        return int((now + phase) // period)
+
+    async def handle(request: web.Request) -> web.Response:
+        sock = request.transport.get_extra_info("sockname") if request.transport else None
+        port = int(sock[1]) if sock else 0
+        n = stamp(port)
+        etag = f'"{n}"'
+        if request.headers.get("If-None-Match") == etag:
+            return web.Response(status=304, headers={"ETag": etag})
+        body = {"progressPercentage": n % 100,
+                "lastUpdatedTime": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+                "metrics": [{"name": "stamp", "value": str(n)}]}
+        return web.Response(text=json.dumps(body), content_type="application/json",
+                            headers={"ETag": etag})
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        for port in ports:
+            await web.TCPSite(runner, "127.0.0.1", port, backlog=128).start()
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), duration)
+        await runner.cleanup()
+
+    asyncio.run(main())
+
+
+class _Exporters:
+    """The exporter child (``--serve``) on ``count`` free loopback ports."""
+
+    def __init__(self, count: int, workdir: Path, duration: float) -> None:
+        self.ports = free_ports(count)
+        self.mode = workdir / "exporter-mode"
+        self.mode.write_text("static")
+        ports = workdir / "exporter-ports.json"
+        ports.write_text(json.dumps(self.ports))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.cluster_scale", "--serve", str(ports),
+             "--mode-file", str(self.mode), "--duration", str(duration)],
+            stdout=subprocess.DEVNULL, stderr=open(workdir / "exporters.log", "w"))  # noqa: SIM115
+        wait_http(f"http://127.0.0.1:{self.ports[-1]}/metrics", 30)
+
+    def changing(self, period: float) -> None:
+        self.mode.write_text(f"changing {period}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _make_jobs(api: client.ApiClient, namespace: str, ports: list[int],
+               annotations: dict[str, str] | None = None) -> dict[str, float]:
+    """TrainJob + Running rank-0 pod per port; returns job -> wall time its pod ran."""
+    ran: dict[str, float] = {}
+
+    def one(i_port: tuple[int, int]) -> None:
+        i, port = i_port
+        name = f"job-{i}"
+        objects.create_trainjob(api, namespace, name)
+        objects.create_trainer_pod(api, namespace, name, port=port,
+                                   annotations=annotations)
+        ran[name] = time.time()
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, enumerate(ports)))
+    return ran
+
+
+class _Watcher(_CpWatcher):
+    """:class:`benchmarks.cp._Watcher` that resumes each watch from the last
+    resourceVersion seen, so a write between two watch requests is not lost in the
+    re-list's ADDED events (which the recorder skips)."""
+
+    def _run(self, api: client.ApiClient, namespace: str) -> None:
+        custom = client.CustomObjectsApi(api)
+        rv: str | None = None
+        while not self._stop.is_set():
+            try:
+                for event in self._watch.stream(
+                        custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
+                        namespace, TRAINJOB_PLURAL, timeout_seconds=30,
+                        **({"resource_version": rv} if rv else {})):
+                    now = time.time()
+                    obj = event["object"]
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    if event["type"] == "MODIFIED":
+                        ts = (obj.get("status") or {}).get("trainerStatus") or {}
+                        for m in ts.get("metrics") or []:
+                            if m.get("name") == "stamp":
+                                self.seen.append((obj["metadata"]["name"],
+                                                  float(m["value"]), now))
+                    if self._stop.is_set():
+                        break
+            except Exception:  # 410 Gone or a dropped connection: start over
+                rv = None
+                time.sleep(0.2)
+
+
+class _Scraper:
+    def __init__(self, kubeconfig: Path, workdir: Path, namespaces: str,
+                 options: list[str]) -> None:
+        self.port = processes.free_port()
+        self.child = start_scraper(workdir, kubeconfig=kubeconfig, port=self.port,
+                                   options=["--namespaces", namespaces, "--log-level",
+                                            "WARNING", *options])
+
+    def metric(self, name: str, label: str | None = None) -> float:
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return _metric_sum(resp.read().decode(), name, label)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                self.metric("trainjob_scraper_scrapes_total")
+                return
+            if self.child.process.poll() is not None:
+                break
+            time.sleep(0.5)
+        raise RuntimeError("scraper did not serve /metrics")
+
+    def stop(self) -> None:
+        self.child.stop(grace=15.0)
+
+
+def _loadavg() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def _wait(predicate: Any, timeout: float, step: float = 0.5) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return False
+
+
+# ------------------------------------------------------------------ scenarios
+
+
+def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float,
+          window: float) -> dict[str, Any]:
+    """Scenarios a and b (module doc) with one scraper and one exporter child."""
+    out: dict[str, Any] = {"jobs": jobs, "interval": interval, "qps": DEFAULT_QPS}
+    budget = jobs / DEFAULT_QPS
+    exporters = _Exporters(jobs, plane.workdir, duration=3 * budget + window + 900)
+    watcher = _Watcher(api, SCALE_NS)
+    scraper: _Scraper | None = None
+    try:
+        t0 = time.time()
+        ran = _make_jobs(api, SCALE_NS, exporters.ports)
+        out["create_seconds"] = time.time() - t0
+        # All N appear to the scraper at once: it starts (as after a restart or a
+        # leader change) when every pod already runs.
+        started = time.time()
+        scraper = _Scraper(plane.kubeconfig_path, plane.workdir, SCALE_NS,
+                           ["--interval", f"{interval:g}s"])  # budget: the defaults
+        scraper.wait_ready()
+        serving = time.time()
+        skipped0 = 0.0  # a new process: its counter starts at 0
+
+        def firsts() -> dict[str, float]:
+            seen: dict[str, float] = {}
+            for job, _, at in list(watcher.seen):
+                seen.setdefault(job, at)
+            return seen
+
+        _wait(lambda: len(firsts()) >= jobs, 3 * budget + 60 + interval, 1.0)
+        first = firsts()
+        lat = [first[j] - started for j in ran if j in first]
+        time.sleep(interval)
+        out["a"] = {
+            "first_status": len(lat),
+            "first_p50": percentile(lat, 0.5), "first_p99": percentile(lat, 0.99),
+            "first_max": max(lat) if lat else None,
+            # The process's own start (imports, informer lists) is in every figure above;
+            # from the first status written, the rest is the write budget's.
+            "first_min": min(lat) if lat else None, "serving_after": serving - started,
+            "target_p99": budget + interval,
+            "skipped_runs": scraper.metric("trainjob_scraper_skipped_runs_total") - skipped0,
+            "loadavg": _loadavg(),
+        }
+        # b: every TrainJob changes every interval.
+        exporters.changing(interval)
+        time.sleep(interval + 2)
+        w0, a = len(watcher.seen), time.time()
+        skipped0 = scraper.metric("trainjob_scraper_skipped_runs_total")
+        written0 = scraper.metric("trainjob_scraper_status_writes_total", 'result="written"')
+        time.sleep(window)
+        b = time.time()
+        written = scraper.metric("trainjob_scraper_status_writes_total",
+                                 'result="written"') - written0
+        skipped = scraper.metric("trainjob_scraper_skipped_runs_total") - skipped0
+        per_job: dict[str, list[float]] = {}
+        for job, _, at in watcher.seen[w0:]:
+            if a <= at <= b:
+                per_job.setdefault(job, []).append(at)
+        gaps = []
+        for name in ran:
+            times = [a, *sorted(per_job.get(name, [])), b]  # no write at all: the window
+            gaps.append(max(y - x for x, y in itertools.pairwise(times)))
+        out["b"] = {
+            "window": b - a, "writes": written, "writes_per_s": written / (b - a),
+            "jobs_written": len(per_job), "longest_gap": max(gaps) if gaps else None,
+            "gap_p50": percentile(gaps, 0.5),
+            "target_gap": max(interval, budget) + 1.0, "skipped_runs": skipped,
+            "loadavg": _loadavg(),
+        }
+        out["scraper_cpu_seconds"] = _cpu(scraper.child.process.pid)
+        out["first_seen_missing"] = sorted(set(ran) - set(first))[:20]
+    finally:
+        watcher.stop()
+        if scraper is not None:
+            scraper.stop()
+        exporters.stop()
+    return out
+
+
+def _cpu(pid: int) -> float | None:
+    from benchmarks.procstat import cpu_seconds
+
+    with contextlib.suppress(OSError):
+        return cpu_seconds(pid)
+    return None
+
+
+def logging_training(plane: ControlPlane, api: client.ApiClient, jobs: int,
+                     window: float) -> dict[str, Any]:
+    """Scenario c (module doc)."""
+    from kubeflow.trainer.backends.kubernetes import utils as sdk_utils
+
+    sdk_gap = float(sdk_utils._MIN_UPDATE_INTERVAL_SECONDS)
+    # Push: one POST per log unless within sdk_gap of the last POST (then dropped).
+    posts, last = 0, -math.inf
+    for k in range(int(3600 / LOG_EVERY)):
+        at = k * LOG_EVERY
+        if at - last >= sdk_gap:
+            posts, last = posts + 1, at
+    out: dict[str, Any] = {"jobs": jobs, "log_every": LOG_EVERY, "interval": DEFAULT_INTERVAL,
+                           "push_writes_per_hour": posts, "push_min_gap": sdk_gap}
+    farm = ExporterFarm(jobs, period=LOG_EVERY, jitter=True,
+                        duration=window + DEFAULT_INTERVAL + 240)
+    scraper = _Scraper(plane.kubeconfig_path, plane.workdir, LOG_NS, [])  # all defaults
+    watcher: _Watcher | None = None
+    try:
+        farm.__enter__()
+        scraper.wait_ready()
+        watcher = _Watcher(api, LOG_NS)
+        _make_jobs(api, LOG_NS, farm.ports)
+        _wait(lambda: len({j for j, _, _ in list(watcher.seen)}) >= jobs,
+              DEFAULT_INTERVAL + 60, 1.0)
+        time.sleep(LOG_EVERY)
+        a = time.time()
+        time.sleep(window)
+        b = time.time()
+        settle = DEFAULT_INTERVAL + 5  # an update of the window's end lands within this
+        time.sleep(settle)
+        farm.stop()  # the farm's update times are read once it stopped
+        watcher.stop()
+        stamps = farm.stamps()
+        port_job = {p: f"job-{i}" for i, p in enumerate(farm.ports)}
+        seen_by_job: dict[str, list[tuple[float, float]]] = {}
+        writes = 0
+        for job, stamp, seen in list(watcher.seen):
+            seen_by_job.setdefault(job, []).append((seen, stamp))
+            writes += a <= seen <= b
+        # Freshness of an update: until the TrainJob shows it or a newer one (an update
+        # overtaken by the next before it was scraped counts until that one shows).
+        fresh, changes = [], 0
+        for port, ss in stamps.items():
+            seen_list = sorted(seen_by_job.get(port_job[port], []))
+            for s in ss:
+                if not a <= s <= b - LOG_EVERY:
+                    continue
+                changes += 1
+                at = next((t for t, stamp in seen_list if stamp >= s - 1e-3), None)
+                if at is not None:
+                    fresh.append(at - s)
+        out.update({
+            "window": b - a, "writes": writes,
+            "writes_per_hour": writes / jobs / (b - a) * 3600,
+            "changes": changes, "changes_seen": len(fresh),
+            "fresh_p50": percentile(fresh, 0.5), "fresh_p99": percentile(fresh, 0.99),
+            "loadavg": _loadavg(),
+        })
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        scraper.stop()
+        farm.__exit__(None, None, None)
+    return out
+
+
+# ------------------------------------------------------------------ report
+
+
+def _f(value: Any, spec: str = ".1f") -> str:
+    return "n/a" if value is None else f"{value:{spec}}"
+
+
+def _met(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("met" if ok else "NOT met")
+
+
+def table(res: dict[str, Any]) -> str:
+    s = res.get("scale") or {}
+    a, b, c, w = s.get("a") or {}, s.get("b") or {}, res.get("log") or {}, res.get("writes")
+    n, q, iv = s.get("jobs"), s.get("qps"), s.get("interval")
+    lines = [
+        f"{res['machine']}; load average at start {res['loadavg_start']}, end "
+        f"{res.get('loadavg_end')}.", "",
+        "| figure | ours | target | verdict | load |", "| --- | --- | --- | --- | --- |",
+    ]
+    if a:
+        lines += [
+            f"| {n} TrainJobs at once (QPS {q:g}, interval {iv:g} s): first status p50 / p99 "
+            f"/ max from the scraper's start | {_f(a['first_p50'])} / {_f(a['first_p99'])} / "
+            f"{_f(a['first_max'])} s ({a['first_status']} of {n}; first at "
+            f"{_f(a.get('first_min'))} s) | p99 <= {a['target_p99']:g} s | "
+            f"{_met(None if a['first_p99'] is None else a['first_p99'] <= a['target_p99'])}"
+            f" | {a['loadavg']} |",
+            f"| same: skipped scheduler runs until every first status | "
+            f"{a['skipped_runs']:.0f} | 0 | {_met(a['skipped_runs'] == 0)} | {a['loadavg']} |"]
+    if b:
+        lines += [
+            f"| steady, {n} TrainJobs changing every {iv:g} s: longest gap between two "
+            f"writes of one TrainJob (p50 of per-job longest) | {_f(b['longest_gap'])} s "
+            f"({_f(b['gap_p50'])} s; {b['writes_per_s']:.1f} writes/s over "
+            f"{b['window']:.0f} s) | <= {b['target_gap']:g} s | "
+            f"{_met(None if b['longest_gap'] is None else b['longest_gap'] <= b['target_gap'])}"
+            f" | {b['loadavg']} |",
+            f"| same: skipped scheduler runs in the window | {b['skipped_runs']:.0f} | 0 | "
+            f"{_met(b['skipped_runs'] == 0)} | {b['loadavg']} |"]
+    if c:
+        lines += [
+            f"| training logging every {c['log_every']:g} s, {c['jobs']} TrainJobs: API "
+            f"writes per TrainJob-hour, ours / push (SDK, counted) | "
+            f"{_f(c.get('writes_per_hour'), '.0f')} / {c['push_writes_per_hour']} | | | "
+            f"{c.get('loadavg')} |",
+            f"| same: freshness p50 / p99, ours (interval {c['interval']:g} s, waiting "
+            f"scrapes) | {_f(c.get('fresh_p50'), '.2f')} / {_f(c.get('fresh_p99'), '.2f')} s "
+            f"({c.get('changes_seen')} of {c.get('changes')} changes) | push: one POST | | "
+            f"{c.get('loadavg')} |"]
+    if w:
+        lines += [f"| CPU per status write (scraper process), before / after | "
+                  f"{w['before']:.0f} / {w['after']:.0f} us | lower | "
+                  f"{_met(w['after'] < w['before'])} | {w['loadavg']} |"]
+    for key in ("scale_error", "log_error"):
+        if res.get(key):
+            lines += ["", f"{key}: `{res[key][:400]}`"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cluster_scale",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=1000, help="TrainJobs in a and b")
+    parser.add_argument("--interval", type=float, default=5.0, help="scrape interval in a, b")
+    parser.add_argument("--window", type=float, default=None,
+                        help="steady-state window of b (default 2.5 x jobs/QPS)")
+    parser.add_argument("--log-jobs", type=int, default=20, help="TrainJobs in c")
+    parser.add_argument("--log-window", type=float, default=120.0)
+    parser.add_argument("--writes", type=int, default=300,
+                        help="status writes per path for the CPU-per-write row (0: skip)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--mode-file", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--duration", type=float, default=600.0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(json.loads(args.serve.read_text()), args.mode_file, args.duration)
+        return 0
+    if args.jobs < 1 or args.log_jobs < 1:
+        parser.error(f"--jobs={args.jobs}, --log-jobs={args.log_jobs}: each at least 1")
+    if args.interval < 1:
+        parser.error(f"--interval={args.interval:g}: at least 1 s (the scraper's minimum)")
+    window = args.window or 2.5 * args.jobs / DEFAULT_QPS
+    res: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                           "machine": f"{os.cpu_count()} cores",
+                           "loadavg_start": _loadavg()}
+    started = time.monotonic()
+    try:
+        with ControlPlane() as plane:
+            api = plane.api_client()
+            install_trainjob_crds(api)
+            core = client.CoreV1Api(api)
+            for ns in (SCALE_NS, LOG_NS):
+                core.create_namespace({"metadata": {"name": ns}})
+            try:
+                res["scale"] = scale(plane, api, args.jobs, args.interval, window)
+                print(json.dumps(res["scale"], default=str), flush=True)
+            except Exception as exc:  # the other scenarios still count
+                res["scale_error"] = f"{type(exc).__name__}: {exc}"
+            try:
+                res["log"] = logging_training(plane, api, args.log_jobs, args.log_window)
+                print(json.dumps(res["log"], default=str), flush=True)
+            except Exception as exc:
+                res["log_error"] = f"{type(exc).__name__}: {exc}"
+            api.close()
+        if args.writes:
+            from benchmarks.breakdown import status_writes
+
+            former, before, after = asyncio.run(status_writes(args.writes))
+            res["writes"] = {"pre_queue": former, "before": before, "after": after,
+                             "count": args.writes, "loadavg": _loadavg()}
+    finally:
+        res["seconds"] = time.monotonic() - started
+        res["loadavg_end"] = _loadavg()
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem = args.out / f"cluster-{time.strftime('%Y%m%d-%H%M%S')}"
+        stem.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
+        report = table(res)
+        stem.with_suffix(".md").write_text(report + "\n")
+        print(report)
+        print(f"wrote {stem}.md and .json ({res['seconds']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
