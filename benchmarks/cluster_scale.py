@@ -26,6 +26,10 @@ c. **a training that logs every 10 s**: real exporter_lib exporters
    drops a call made less than ``_MIN_UPDATE_INTERVAL_SECONDS`` (5 s, read from the
    installed SDK) after the last POST, and each POST is one status write, so a log
    every 10 s is one write every 10 s; its freshness is one POST (not run here).
+d. **sparse changes**: the same exporters changing once per 30 s, scraped at a 15 s
+   interval (pod annotation): update() -> TrainJob status p50/p99.  A change finds the
+   target's waiting scrape held (its last answer is an interval or more old), so the
+   exporter answers at once.  Target: p99 <= 1 s (polling: up to one interval).
 
 The exporters are one aiohttp server on N loopback ports in a child process (this
 module run with ``--serve``); everything listens on 127.0.0.1 only, every wait is
@@ -48,18 +52,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
-from benchmarks.cp import _metric_sum, percentile
-from benchmarks.cp import _Watcher as _CpWatcher
+from benchmarks.cp import _make_jobs, _metric_sum, _Watcher, percentile
 from benchmarks.farm import ExporterFarm, free_ports, wait_http
-from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
-from localdev.cluster import ControlPlane, install_trainjob_crds, objects, processes
+from localdev.cluster import ControlPlane, install_trainjob_crds, processes
 from localdev.demo.processes import start_scraper
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -70,6 +71,10 @@ SCALE_NS = "bench-scale"
 LOG_NS = "bench-log"
 #: Seconds between two logs of the training in scenario c.
 LOG_EVERY = 10.0
+SPARSE_NS = "bench-sparse"
+#: Scenario d: one change per 30 s at a 15 s interval (issue 14's sparse row).
+SPARSE_EVERY = 30.0
+SPARSE_INTERVAL = 15.0
 
 
 # ------------------------------------------------------------------ exporter child
@@ -154,54 +159,6 @@ class _Exporters:
 
 
 # ------------------------------------------------------------------ helpers
-
-
-def _make_jobs(api: client.ApiClient, namespace: str, ports: list[int],
-               annotations: dict[str, str] | None = None) -> dict[str, float]:
-    """TrainJob + Running rank-0 pod per port; returns job -> wall time its pod ran."""
-    ran: dict[str, float] = {}
-
-    def one(i_port: tuple[int, int]) -> None:
-        i, port = i_port
-        name = f"job-{i}"
-        objects.create_trainjob(api, namespace, name)
-        objects.create_trainer_pod(api, namespace, name, port=port,
-                                   annotations=annotations)
-        ran[name] = time.time()
-
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(one, enumerate(ports)))
-    return ran
-
-
-class _Watcher(_CpWatcher):
-    """:class:`benchmarks.cp._Watcher` that resumes each watch from the last
-    resourceVersion seen, so a write between two watch requests is not lost in the
-    re-list's ADDED events (which the recorder skips)."""
-
-    def _run(self, api: client.ApiClient, namespace: str) -> None:
-        custom = client.CustomObjectsApi(api)
-        rv: str | None = None
-        while not self._stop.is_set():
-            try:
-                for event in self._watch.stream(
-                        custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
-                        namespace, TRAINJOB_PLURAL, timeout_seconds=30,
-                        **({"resource_version": rv} if rv else {})):
-                    now = time.time()
-                    obj = event["object"]
-                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                    if event["type"] == "MODIFIED":
-                        ts = (obj.get("status") or {}).get("trainerStatus") or {}
-                        for m in ts.get("metrics") or []:
-                            if m.get("name") == "stamp":
-                                self.seen.append((obj["metadata"]["name"],
-                                                  float(m["value"]), now))
-                    if self._stop.is_set():
-                        break
-            except Exception:  # 410 Gone or a dropped connection: start over
-                rv = None
-                time.sleep(0.2)
 
 
 class _Scraper:
@@ -335,35 +292,40 @@ def _cpu(pid: int) -> float | None:
 
 
 def logging_training(plane: ControlPlane, api: client.ApiClient, jobs: int,
-                     window: float) -> dict[str, Any]:
-    """Scenario c (module doc)."""
+                     window: float, *, log_every: float = LOG_EVERY,
+                     interval: float = DEFAULT_INTERVAL, namespace: str = LOG_NS,
+                     ) -> dict[str, Any]:
+    """Scenario c, and d with ``log_every=SPARSE_EVERY, interval=SPARSE_INTERVAL``
+    (module doc).  ``interval`` other than the default goes in the pods' annotation."""
     from kubeflow.trainer.backends.kubernetes import utils as sdk_utils
 
     sdk_gap = float(sdk_utils._MIN_UPDATE_INTERVAL_SECONDS)
     # Push: one POST per log unless within sdk_gap of the last POST (then dropped).
     posts, last = 0, -math.inf
-    for k in range(int(3600 / LOG_EVERY)):
-        at = k * LOG_EVERY
+    for k in range(int(3600 / log_every)):
+        at = k * log_every
         if at - last >= sdk_gap:
             posts, last = posts + 1, at
-    out: dict[str, Any] = {"jobs": jobs, "log_every": LOG_EVERY, "interval": DEFAULT_INTERVAL,
+    out: dict[str, Any] = {"jobs": jobs, "log_every": log_every, "interval": interval,
                            "push_writes_per_hour": posts, "push_min_gap": sdk_gap}
-    farm = ExporterFarm(jobs, period=LOG_EVERY, jitter=True,
-                        duration=window + DEFAULT_INTERVAL + 240)
-    scraper = _Scraper(plane.kubeconfig_path, plane.workdir, LOG_NS, [])  # all defaults
+    farm = ExporterFarm(jobs, period=log_every, jitter=True,
+                        duration=window + interval + 240)
+    scraper = _Scraper(plane.kubeconfig_path, plane.workdir, namespace, [])  # all defaults
+    annotations = (None if interval == DEFAULT_INTERVAL
+                   else {"trainjob-progress.dev/interval": f"{interval:g}s"})
     watcher: _Watcher | None = None
     try:
         farm.__enter__()
         scraper.wait_ready()
-        watcher = _Watcher(api, LOG_NS)
-        _make_jobs(api, LOG_NS, farm.ports)
+        watcher = _Watcher(api, namespace)
+        _make_jobs(api, namespace, farm.ports, annotations)
         _wait(lambda: len({j for j, _, _ in list(watcher.seen)}) >= jobs,
-              DEFAULT_INTERVAL + 60, 1.0)
-        time.sleep(LOG_EVERY)
+              interval + log_every + 60, 1.0)
+        time.sleep(log_every)
         a = time.time()
         time.sleep(window)
         b = time.time()
-        settle = DEFAULT_INTERVAL + 5  # an update of the window's end lands within this
+        settle = interval + 5  # an update of the window's end lands within this
         time.sleep(settle)
         farm.stop()  # the farm's update times are read once it stopped
         watcher.stop()
@@ -380,7 +342,7 @@ def logging_training(plane: ControlPlane, api: client.ApiClient, jobs: int,
         for port, ss in stamps.items():
             seen_list = sorted(seen_by_job.get(port_job[port], []))
             for s in ss:
-                if not a <= s <= b - LOG_EVERY:
+                if not a <= s <= b - log_every:
                     continue
                 changes += 1
                 at = next((t for t, stamp in seen_list if stamp >= s - 1e-3), None)
@@ -415,6 +377,7 @@ def _met(ok: bool | None) -> str:
 def table(res: dict[str, Any]) -> str:
     s = res.get("scale") or {}
     a, b, c, w = s.get("a") or {}, s.get("b") or {}, res.get("log") or {}, res.get("writes")
+    d = res.get("sparse") or {}
     n, q, iv = s.get("jobs"), s.get("qps"), s.get("interval")
     lines = [
         f"{res['machine']}; load average at start {res['loadavg_start']}, end "
@@ -451,11 +414,19 @@ def table(res: dict[str, Any]) -> str:
             f"scrapes) | {_f(c.get('fresh_p50'), '.2f')} / {_f(c.get('fresh_p99'), '.2f')} s "
             f"({c.get('changes_seen')} of {c.get('changes')} changes) | push: one POST | | "
             f"{c.get('loadavg')} |"]
+    if d:
+        p99 = d.get("fresh_p99")
+        lines += [
+            f"| sparse changes, one per {d['log_every']:g} s at a {d['interval']:g} s interval, "
+            f"{d['jobs']} TrainJobs: update() -> TrainJob status p50 / p99 | "
+            f"{_f(d.get('fresh_p50'), '.2f')} / {_f(p99, '.2f')} s ({d.get('changes_seen')} of "
+            f"{d.get('changes')} changes) | p99 <= 1 s | "
+            f"{_met(None if p99 is None else p99 <= 1.0)} | {d.get('loadavg')} |"]
     if w:
         lines += [f"| CPU per status write (scraper process), before / after | "
                   f"{w['before']:.0f} / {w['after']:.0f} us | lower | "
                   f"{_met(w['after'] < w['before'])} | {w['loadavg']} |"]
-    for key in ("scale_error", "log_error"):
+    for key in ("scale_error", "log_error", "sparse_error"):
         if res.get(key):
             lines += ["", f"{key}: `{res[key][:400]}`"]
     return "\n".join(lines)
@@ -471,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="steady-state window of b (default 2.5 x jobs/QPS)")
     parser.add_argument("--log-jobs", type=int, default=20, help="TrainJobs in c")
     parser.add_argument("--log-window", type=float, default=120.0)
+    parser.add_argument("--sparse-window", type=float, default=150.0,
+                        help="seconds of scenario d (changes once per 30 s, 15 s interval)")
     parser.add_argument("--writes", type=int, default=300,
                         help="status writes per path for the CPU-per-write row (0: skip)")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -495,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
             api = plane.api_client()
             install_trainjob_crds(api)
             core = client.CoreV1Api(api)
-            for ns in (SCALE_NS, LOG_NS):
+            for ns in (SCALE_NS, LOG_NS, SPARSE_NS):
                 core.create_namespace({"metadata": {"name": ns}})
             try:
                 res["scale"] = scale(plane, api, args.jobs, args.interval, window)
@@ -507,6 +480,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(res["log"], default=str), flush=True)
             except Exception as exc:
                 res["log_error"] = f"{type(exc).__name__}: {exc}"
+            try:
+                res["sparse"] = logging_training(
+                    plane, api, args.log_jobs, args.sparse_window, log_every=SPARSE_EVERY,
+                    interval=SPARSE_INTERVAL, namespace=SPARSE_NS)
+                print(json.dumps(res["sparse"], default=str), flush=True)
+            except Exception as exc:
+                res["sparse_error"] = f"{type(exc).__name__}: {exc}"
             api.close()
         if args.writes:
             from benchmarks.breakdown import status_writes

@@ -31,15 +31,22 @@ STATIC_NS = "bench-static"
 LIVE_NS = "bench-live"
 
 
-def _make_jobs(api: client.ApiClient, namespace: str, ports: list[int]) -> None:
+def _make_jobs(api: client.ApiClient, namespace: str, ports: list[int],
+               annotations: dict[str, str] | None = None) -> dict[str, float]:
+    """TrainJob + Running rank-0 pod per port; returns job -> wall time its pod ran."""
+    ran: dict[str, float] = {}
+
     def one(i_port: tuple[int, int]) -> None:
         i, port = i_port
         name = f"job-{i}"
         objects.create_trainjob(api, namespace, name)
-        objects.create_trainer_pod(api, namespace, name, port=port, owner_chain=False)
+        objects.create_trainer_pod(api, namespace, name, port=port,
+                                   annotations=annotations)
+        ran[name] = time.time()
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, enumerate(ports)))
+    return ran
 
 
 def _metric_sum(text: str, name: str, label: str | None = None) -> float:
@@ -85,7 +92,9 @@ class _Scraper:
 
 
 class _Watcher:
-    """Records (wall time seen, stamp metric) of every TrainJob status in ``namespace``."""
+    """Records (job, stamp metric, wall time seen) of every TrainJob status write in
+    ``namespace``; each watch resumes from the last resourceVersion seen, so a write
+    between two watch requests is not lost in a re-list's ADDED events (not writes)."""
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
         self.seen: list[tuple[str, float, float]] = []  # (job, stamp, wall time seen)
@@ -96,21 +105,27 @@ class _Watcher:
 
     def _run(self, api: client.ApiClient, namespace: str) -> None:
         custom = client.CustomObjectsApi(api)
+        rv: str | None = None
         while not self._stop.is_set():
-            with contextlib.suppress(Exception):
+            try:
                 for event in self._watch.stream(
                         custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
-                        namespace, TRAINJOB_PLURAL, timeout_seconds=30):
+                        namespace, TRAINJOB_PLURAL, timeout_seconds=30,
+                        **({"resource_version": rv} if rv else {})):
                     now = time.time()
-                    if event["type"] != "MODIFIED":  # (re)list ADDED events are not writes
-                        continue
                     obj = event["object"]
-                    ts = (obj.get("status") or {}).get("trainerStatus") or {}
-                    for m in ts.get("metrics") or []:
-                        if m.get("name") == "stamp":
-                            self.seen.append((obj["metadata"]["name"], float(m["value"]), now))
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    if event["type"] == "MODIFIED":
+                        ts = (obj.get("status") or {}).get("trainerStatus") or {}
+                        for m in ts.get("metrics") or []:
+                            if m.get("name") == "stamp":
+                                self.seen.append((obj["metadata"]["name"],
+                                                  float(m["value"]), now))
                     if self._stop.is_set():
                         break
+            except Exception:  # 410 Gone or a dropped connection: start over
+                rv = None
+                time.sleep(0.2)
 
     def stop(self) -> None:
         self._stop.set()
