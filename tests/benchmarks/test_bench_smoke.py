@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -118,3 +119,29 @@ def test_breakdown_measures_each_piece() -> None:
     for line in lines:
         value = float(line.rsplit(": ", 1)[1].removesuffix(" us"))
         assert 0 < value < 1e6, line  # a real CPU cost per operation, in microseconds
+
+
+def test_benchmark_pods_belong_to_their_trainjobs(
+        kube_api: Any, trainjob_crd: None, namespace: str) -> None:
+    """The control-plane benchmarks' pods pass the scraper's identity check: Pod -> Job
+    -> JobSet -> TrainJob by UID (pods without the chain are never targets)."""
+    from kubernetes import client
+
+    from benchmarks.cp import _make_jobs
+    from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+
+    ran = _make_jobs(kube_api, namespace, [41001, 41002])
+    assert sorted(ran) == ["job-0", "job-1"]
+    custom, batch = client.CustomObjectsApi(kube_api), client.BatchV1Api(kube_api)
+    for pod in client.CoreV1Api(kube_api).list_namespaced_pod(namespace).items:
+        [job_ref] = [r for r in pod.metadata.owner_references if r.controller]
+        job = batch.read_namespaced_job(job_ref.name, namespace)
+        assert (job_ref.kind, job_ref.uid) == ("Job", job.metadata.uid)
+        [jobset_ref] = [r for r in job.metadata.owner_references if r.controller]
+        jobset = custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace,
+                                                     "jobsets", jobset_ref.name)
+        [tj_ref] = [r for r in jobset["metadata"]["ownerReferences"] if r.get("controller")]
+        trainjob = custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace,
+                                                       TRAINJOB_PLURAL, tj_ref["name"])
+        assert tj_ref["uid"] == trainjob["metadata"]["uid"]
+        assert pod.metadata.labels["jobset.sigs.k8s.io/jobset-name"] == tj_ref["name"]
