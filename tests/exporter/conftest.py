@@ -39,7 +39,11 @@ def exporter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[api.Ex
     for var in ("RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
                 "KUBEFLOW_TRAINER_STATUS_FILE", "KUBEFLOW_TRAINER_SERVER_URL",
                 "KUBEFLOW_TRAINER_SERVER_TOKEN"):
-        monkeypatch.delenv(var, raising=False)
+        # setenv first, so that teardown restores the variable's absence too: the
+        # exporter (enable_push_compat) sets some of them in os.environ itself, and a
+        # bare delenv of an absent variable records nothing to undo.
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     api._reset_for_tests()
     started = api.start(port=0, host="127.0.0.1",
                         termination_message_path=str(tmp_path / "termination-log"),

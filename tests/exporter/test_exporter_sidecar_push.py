@@ -19,6 +19,12 @@ from typing import Any
 
 import pytest
 
+from exporter_lib.identity import (
+    ENV_PET_MASTER_ADDR,
+    ENV_POD_NAMESPACE,
+    ENV_SERVER_URL,
+    ENV_TRAINJOB_NAME,
+)
 from exporter_lib.push import status_path
 from exporter_lib.status import TrainerStatus
 from localdev.cluster.processes import free_port
@@ -28,6 +34,9 @@ NAMESPACE, TRAINJOB = "team-a", "job-1"
 START_TIMEOUT_SECONDS = 15.0
 
 Fetch = Callable[..., Any]
+#: What exporter_lib.identity reads to learn the pod's TrainJob.
+_IDENTITY_ENV = (ENV_TRAINJOB_NAME, ENV_POD_NAMESPACE, ENV_SERVER_URL, ENV_PET_MASTER_ADDR,
+                 "KUBEFLOW_TRAINER_SERVER_TOKEN", "KUBEFLOW_TRAINER_SERVER_CA_CERT")
 
 
 class Sidecar:
@@ -39,7 +48,10 @@ class Sidecar:
         self.termination = tmp_path / "termination-log"
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        child_env = {**os.environ, "PYTHONPATH": str(ROOT), "TRAINJOB_NAME": TRAINJOB,
+        # Hermetic: what this test process inherited or an earlier test set (an upstream
+        # server URL, PET_MASTER_ADDR) would tell the sidecar another TrainJob.
+        inherited = {k: v for k, v in os.environ.items() if k not in _IDENTITY_ENV}
+        child_env = {**inherited, "PYTHONPATH": str(ROOT), "TRAINJOB_NAME": TRAINJOB,
                      "POD_NAMESPACE": NAMESPACE, **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "exporter_lib", "serve", "--push",
