@@ -45,6 +45,7 @@ import contextlib
 import logging
 import re
 import socket
+import struct
 import threading
 import time
 from collections.abc import MutableMapping
@@ -66,6 +67,8 @@ MAX_CONNECTIONS = 64
 #: eviction rule decides; any further one is closed in the accepting callback itself,
 #: before a task starts for it (a flood must not pile up descriptors between accepts).
 ACCEPT_HEADROOM = 16
+#: Sockets accepted per wake-up of the listening socket (then other work runs).
+ACCEPTS_PER_WAKEUP = 16
 #: Waiting scrapes held at once at most.
 MAX_HELD = 8
 #: Longest wait a scrape may ask for (seconds).
@@ -582,7 +585,8 @@ class ServerThread:
         self._server = _Server(renderer, push, refused)
         self._ready = threading.Event()
         self._failed: BaseException | None = None
-        self._listener: asyncio.Server | None = None
+        self._listening = False
+        self._accepting = 0  # accepted, transport not made yet
         self._thread = threading.Thread(target=self._run, name="trainjob-exporter", daemon=True)
         self._thread.start()
         self._ready.wait(10)
@@ -597,9 +601,15 @@ class ServerThread:
             reader = asyncio.StreamReader(limit=MAX_HEAD_BYTES * 2, loop=loop)
             return _GuardedProtocol(self._server, reader)
 
+        self._protocol = protocol
         try:
-            self._listener = self._loop.run_until_complete(self._loop.create_server(
-                protocol, sock=self._socket, backlog=BACKLOG))
+            # Our own accept callback instead of loop.create_server: asyncio's accepts up
+            # to a backlog's worth of sockets per wake-up and closes a refused one only
+            # passes later, so a flood briefly held hundreds of descriptors over the cap.
+            # Here a socket over the cap is closed where it was accepted.
+            self._socket.setblocking(False)
+            loop.add_reader(self._socket.fileno(), self._accept)
+            self._listening = True
         except BaseException as exc:
             self._failed = exc
             self._ready.set()
@@ -615,6 +625,33 @@ class ServerThread:
             self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self._loop.close()
 
+    def _accept(self) -> None:
+        """Accept what is queued (at most :data:`ACCEPTS_PER_WAKEUP`); runs in the loop."""
+        for _ in range(ACCEPTS_PER_WAKEUP):
+            try:
+                conn, _peer = self._socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # EMFILE, ECONNABORTED: the kernel keeps or drops the rest
+                return
+            if self._server.open_sockets + self._accepting >= MAX_CONNECTIONS + ACCEPT_HEADROOM:
+                self._server.refuse_at_accept()
+                # A reset, not a FIN: nothing was read, nothing will be answered.
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()
+                continue
+            conn.setblocking(False)
+            self._accepting += 1
+            self._loop.create_task(self._connect(conn))
+
+    async def _connect(self, conn: socket.socket) -> None:
+        try:
+            await self._loop.connect_accepted_socket(self._protocol, conn)
+        except OSError:
+            conn.close()
+        finally:
+            self._accepting -= 1
+
     def stop(self, grace: float = 1.0) -> None:
         """Stop serving: held scrapes are answered at once, then every connection closes.
 
@@ -625,8 +662,10 @@ class ServerThread:
         done = threading.Event()
 
         async def shutdown() -> None:
-            if self._listener is not None:
-                self._listener.close()
+            if self._listening:
+                self._loop.remove_reader(self._socket.fileno())
+                self._listening = False
+                self._socket.close()
             self._server.stop()
             if tasks := self._server.tasks():
                 await asyncio.wait(tasks, timeout=grace)

@@ -108,9 +108,10 @@ def test_connection_flood_leaves_threads_fds_and_the_loop_alone(tmp_path: Path) 
                           "steps_during_flood": after - before, "opened": len(socks)}))
         assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
         assert peak_threads <= base_threads + 1
-        # Open connections are capped; asyncio accepts up to BACKLOG per wake-up before
-        # the cap closes the extra ones, so a burst may briefly hold that many more.
-        assert peak_fds <= base_fds + server.MAX_CONNECTIONS + 2 * server.BACKLOG + 8
+        # Open connections are capped, and a socket over the cap plus its headroom is
+        # closed where it is accepted (asyncio's own accept loop let bursts of a backlog's
+        # worth pile up: 293-429 descriptors were measured here with it).
+        assert peak_fds <= base_fds + server.MAX_CONNECTIONS + server.ACCEPT_HEADROOM + 4
         assert after - before > 100, "the training loop stalled"
     finally:
         for sock in socks:
