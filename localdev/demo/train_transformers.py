@@ -18,7 +18,6 @@ can compare it with what lands in the TrainJob.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -41,44 +40,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import torch
-    from transformers import (
-        GPT2Config,
-        GPT2LMHeadModel,
-        Trainer,
-        TrainerCallback,
-        TrainingArguments,
-        set_seed,
-    )
+    from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
+
+    from localdev.demo.toy_training import counting_rows, log_to_file, sequences, tiny_gpt2
 
     set_seed(args.seed)
-    seq_len, vocab = 32, 64
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=seq_len, n_embd=32,
-                                       n_layer=2, n_head=2))
-    # Each sequence counts up modulo the vocabulary from a random start: learnable.
-    starts = torch.randint(0, vocab, (args.samples + 32, 1))
-    tokens = (starts + torch.arange(seq_len)) % vocab
+    model = tiny_gpt2()
+    tokens = counting_rows(args.samples + 32)
 
-    class Sequences(torch.utils.data.Dataset[dict[str, Any]]):
-        def __init__(self, rows: torch.Tensor) -> None:
-            self.rows = rows
-
-        def __len__(self) -> int:
-            return len(self.rows)
-
-        def __getitem__(self, i: int) -> dict[str, Any]:
-            return {"input_ids": self.rows[i], "labels": self.rows[i]}
-
-    log_file = args.log_file
-
-    class LogToFile(TrainerCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
-                   **kwargs: Any) -> None:
-            if log_file is not None and logs:
-                with log_file.open("a") as out:
-                    out.write(json.dumps({"step": state.global_step, **logs}) + "\n")
-
-    callbacks: list[Any] = [LogToFile()]
+    callbacks: list[Any] = [log_to_file(args.log_file)]
     report_to: list[str] = []
     exporter_lib.start()
     if args.report == "callback":
@@ -103,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                 report_to=report_to, use_cpu=True, disable_tqdm=True, seed=args.seed,
                 dataloader_num_workers=0,
             ),
-            train_dataset=Sequences(tokens[: args.samples]),
-            eval_dataset=Sequences(tokens[args.samples:]),
+            train_dataset=sequences(tokens[: args.samples]),
+            eval_dataset=sequences(tokens[args.samples:]),
             callbacks=callbacks,
         )
         trainer.train()

@@ -1,6 +1,7 @@
 """A Transformers training with no progress code at all: the zero-code case.
 
-Only ``torch`` and ``transformers``: no ``exporter_lib``, no Kubeflow SDK, and
+Only ``torch`` and ``transformers`` (and the demo's toy model and data,
+:mod:`localdev.demo.toy_training`): no ``exporter_lib``, no Kubeflow SDK, and
 ``report_to`` left at its default.  Transformers 5.x adds its built-in Kubeflow
 integration by itself whenever ``KUBEFLOW_TRAINER_SERVER_URL`` is set
 (``TrainingArguments.__post_init__``), so in a pod of the zero-code runtime
@@ -15,11 +16,9 @@ only writes a file, as any training script's logging might.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,38 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-file", type=Path, help="append each logged entry here as JSON")
     args = parser.parse_args(argv)
 
-    import torch
-    from transformers import (
-        GPT2Config,
-        GPT2LMHeadModel,
-        Trainer,
-        TrainerCallback,
-        TrainingArguments,
-        set_seed,
-    )
+    from transformers import Trainer, TrainingArguments, set_seed
+
+    from localdev.demo.toy_training import counting_rows, log_to_file, sequences, tiny_gpt2
 
     set_seed(0)
-    seq_len, vocab = 32, 64
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=seq_len, n_embd=32,
-                                       n_layer=2, n_head=2))
-    starts = torch.randint(0, vocab, (args.samples, 1))
-    rows = (starts + torch.arange(seq_len)) % vocab
-
-    class Sequences(torch.utils.data.Dataset[dict[str, Any]]):
-        def __len__(self) -> int:
-            return len(rows)
-
-        def __getitem__(self, i: int) -> dict[str, Any]:
-            return {"input_ids": rows[i], "labels": rows[i]}
-
-    log_file = args.log_file
-
-    class LogToFile(TrainerCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
-                   **kwargs: Any) -> None:
-            if log_file is not None and logs:
-                with log_file.open("a") as out:
-                    out.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+    model = tiny_gpt2()
+    rows = counting_rows(args.samples)
 
     with tempfile.TemporaryDirectory() as out_dir:
         training_args = TrainingArguments(
@@ -69,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
             learning_rate=5e-3, logging_steps=args.logging_steps, save_strategy="no",
             use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
         print(f"report_to={training_args.report_to}", flush=True)
-        Trainer(model=model, args=training_args, train_dataset=Sequences(),
-                callbacks=[LogToFile()]).train()
+        Trainer(model=model, args=training_args, train_dataset=sequences(rows),
+                callbacks=[log_to_file(args.log_file)]).train()
     return 0
 
 
