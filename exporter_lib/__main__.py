@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--token-mode", default="0600",
                        help="with --push: the token file's permission bits, octal, one of "
                             + ", ".join(f"{m:04o}" for m in TOKEN_MODES) + " (default 0600)")
-    serve.add_argument("--port", type=int, default=int(os.environ.get(ENV_PORT) or DEFAULT_PORT))
+    serve.add_argument("--port", type=_port, default=os.environ.get(ENV_PORT) or DEFAULT_PORT,
+                       help=f"TCP port, 0-65535 (0: any free one; default ${ENV_PORT} or "
+                            f"{DEFAULT_PORT})")
     serve.add_argument("--host", default=os.environ.get(ENV_HOST) or DEFAULT_HOST)
     serve.add_argument("--termination-message-path", default=None,
                        help="where to write the last status on exit "
@@ -121,6 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     exporter.write_final_status()
     exporter.stop()
     return 0
+
+
+def _port(text: str | int) -> int:
+    """``--port``: an integer 0-65535 (the range of a TCP port)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not an integer") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port}: must be between 0 and 65535")
+    return port
 
 
 def _token_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

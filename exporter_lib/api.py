@@ -105,10 +105,11 @@ class Exporter:
                                             self._refused)
                 self.port = self._server.port
                 log.info("trainjob exporter serving on http://%s:%d/metrics", host, self.port)
-            except OSError as exc:
-                reason = "port already in use" if exc.errno == errno.EADDRINUSE else str(exc)
-                log.warning("trainjob exporter not serving on %s:%d (%s); training goes on",
-                            host, port, reason)
+            except (OSError, OverflowError) as exc:  # OverflowError: a port beyond 65535
+                reason = ("port already in use" if getattr(exc, "errno", None) == errno.EADDRINUSE
+                          else str(exc))
+                # In-process, training goes on without it; the sidecar exits (its caller).
+                log.warning("trainjob exporter cannot serve on %s:%d (%s)", host, port, reason)
         if status_file and serve:
             self._writer = StatusFileWriter(status_file, source)
 

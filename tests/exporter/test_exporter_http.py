@@ -175,6 +175,24 @@ def test_port_in_use_warns_once_and_training_goes_on(
         api._reset_for_tests()
 
 
+@pytest.mark.parametrize("port", [65536, 99999, -1])
+def test_a_port_out_of_range_warns_and_training_goes_on(
+        port: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bind() raises OverflowError, not OSError, for these: it must not reach the caller."""
+    for var in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    api._reset_for_tests()
+    try:
+        started = api.start(port=port, host="127.0.0.1", install_signal_handler=False)
+        assert not started.serving
+        assert any(f"cannot serve on 127.0.0.1:{port}" in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
+        exporter_lib.update(progress_percentage=4)
+        assert exporter_lib.current_status().progress_percentage == 4  # type: ignore[union-attr]
+    finally:
+        api._reset_for_tests()
+
+
 def test_non_reporting_rank_is_a_cheap_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
     api._reset_for_tests()
     monkeypatch.setenv("RANK", "3")

@@ -203,6 +203,8 @@ def test_unknown_trainjob_is_said_not_hidden(tmp_path: Path, fetch: Fetch) -> No
     (["--push", "--token-file", "t", "--token-mode", "rw"], "'rw': must be one of"),
     (["--push", "--token-file", "t", "--status-file", "s"], "not allowed with argument"),
     (["--status-file", "s", "--token-file", "t"], "--token-file is only used with --push"),
+    (["--status-file", "s", "--port", "99999"], "--port: 99999: must be between 0 and 65535"),
+    (["--status-file", "s", "--port", "http"], "--port: 'http': not an integer"),
 ])
 def test_bad_arguments_name_the_flag(args: list[str], says: str) -> None:
     result = subprocess.run([sys.executable, "-m", "exporter_lib", "serve", *args],

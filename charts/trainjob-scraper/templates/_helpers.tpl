@@ -224,6 +224,11 @@ start (scraper/config.py), so `helm install` refuses instead of a crash-looping 
 {{- if or (lt $interval 1.0) (gt $interval 3600.0) -}}
 {{- fail (printf "config.interval=%v (%vs): must be between 1s and 1h" .Values.config.interval $interval) -}}
 {{- end -}}
+{{- range $key, $value := dict "config.scrapeTimeout" .Values.config.scrapeTimeout "metrics.auth.cacheTTL" .Values.metrics.auth.cacheTTL -}}
+{{- if le (include "trainjob-scraper.seconds" $value | float64) 0.0 -}}
+{{- fail (printf "%s=%v: must be > 0" $key $value) -}}
+{{- end -}}
+{{- end -}}
 {{- $le := .Values.leaderElection -}}
 {{- if $le.enabled -}}
 {{- $retry := include "trainjob-scraper.seconds" $le.retryPeriod | float64 -}}
