@@ -30,7 +30,9 @@ import secrets
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Protocol
 
@@ -122,17 +124,25 @@ class PushEndpoint:
         Raises:
             PushError: 400 malformed body, 422 a field breaks a Trainer API limit.
         """
-        status = parse_push(raw)
-        self._state.replace(status)
+        arrived = time.time()
+        status = parse_push(raw, arrived)
+        self._state.replace(status, arrived)
         # Answer with what was stored, as the API server answers with the object it
-        # kept: metrics are a map by name here, so of repeated names the last one wins.
+        # kept: metrics are a map by name here, so of repeated names the last one wins,
+        # and lastUpdatedTime is the arrival time (whole seconds, as the API keeps it).
         by_name = {m.name: m for m in status.metrics}
-        kept = status.model_copy(update={"metrics": tuple(by_name.values())})
+        kept = status.model_copy(update={
+            "metrics": tuple(by_name.values()),
+            "last_updated_time": datetime.fromtimestamp(arrived, UTC).replace(microsecond=0)})
         return json.dumps({"trainerStatus": kept.to_api()}).encode()
 
 
-def parse_push(raw: bytes) -> TrainerStatus:
+def parse_push(raw: bytes, arrived: float | None = None) -> TrainerStatus:
     """Validate a push body ``{"trainerStatus": {...}}``.
+
+    ``lastUpdatedTime`` may be left out when ``arrived`` (unix seconds) is given: the
+    exporter keeps the arrival time anyway (the clients' clocks are not ours to trust),
+    so requiring it would refuse a status for a field that is then replaced.
 
     Raises:
         PushError: 400 not a JSON object with a ``trainerStatus`` object (rules of
@@ -146,8 +156,11 @@ def parse_push(raw: bytes) -> TrainerStatus:
     if not isinstance(data.get("trainerStatus"), dict):
         raise PushError(HTTPStatus.BAD_REQUEST, "BadRequest",
                         'body must be a JSON object {"trainerStatus": {...}}')
+    fields = data["trainerStatus"]
+    if arrived is not None and "lastUpdatedTime" not in fields:
+        fields = {**fields, "lastUpdatedTime": datetime.fromtimestamp(arrived, UTC)}
     try:
-        return TrainerStatus.from_api(data["trainerStatus"])
+        return TrainerStatus.from_api(fields)
     except StatusError as exc:
         causes = [{"reason": "FieldValueInvalid", "field": "trainerStatus." + p.split("=")[0],
                    "message": p} for p in exc.problems]

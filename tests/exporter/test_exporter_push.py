@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from kubeflow.trainer import update_trainjob_status
@@ -90,6 +91,24 @@ def test_push_replaces_whole_status(exporter: api.Exporter, fetch: Fetch) -> Non
     assert status is not None and status.progress_percentage == 20
     assert status.metrics_dict() == {"loss": "0.50"}  # exactly as pushed
     assert json.loads(resp.body)["trainerStatus"]["progressPercentage"] == 20
+
+
+def test_push_answer_is_what_was_stored_and_needs_no_client_time(
+        exporter: api.Exporter, fetch: Fetch) -> None:
+    """lastUpdatedTime is the arrival time: a push may leave it out, and the 200 answer
+    carries the kept time, not the client's."""
+    exporter_lib.enable_push_compat()
+    url = os.environ["KUBEFLOW_TRAINER_SERVER_URL"]
+    before = datetime.now(UTC).replace(microsecond=0)
+    for pushed in ({"progressPercentage": 30},
+                   {"progressPercentage": 31, "lastUpdatedTime": "2020-01-01T00:00:00Z"}):
+        resp = _post(fetch, url, {"trainerStatus": pushed}, _token())
+        assert resp.status == 200, resp.body
+        answered = json.loads(resp.body)["trainerStatus"]
+        status = exporter_lib.current_status()
+        assert status is not None and status.progress_percentage == pushed["progressPercentage"]
+        assert answered == status.to_api()
+        assert before <= status.last_updated_time <= datetime.now(UTC)
 
 
 def test_generated_token_file_is_removed_at_exit() -> None:
