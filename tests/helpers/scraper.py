@@ -220,6 +220,17 @@ class ScraperProcess:
         """One sample's value (0 when absent)."""
         return self.metrics().get((metric, frozenset(labels.items())), 0.0)
 
+    def settled_value(self, metric: str, expected: float, /, timeout: float = 5.0,
+                      **labels: str) -> float:
+        """The metric's value once it reaches ``expected`` (or ``timeout`` seconds pass),
+        then after one more second, so a count that overshoots shows.  A write counts
+        when its answer is back in the scraper, a moment after the API server holds it."""
+        deadline = time.monotonic() + timeout
+        while self.value(metric, **labels) < expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        return self.value(metric, **labels)
+
     def series(self, name: str) -> list[dict[str, str]]:
         """The label sets of every sample named ``name``."""
         return [dict(labels) for (n, labels) in self.metrics() if n == name]

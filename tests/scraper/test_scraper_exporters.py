@@ -76,7 +76,8 @@ def test_garbage_oversized_slow_redirect(
     assert exp.elsewhere_hits == 0
     for k in kinds:
         assert progress_of(kube_api, namespace, f"job-{k}") == 30
-    assert scraper.value("trainjob_scraper_status_writes_total", result="written") == len(kinds)
+    assert scraper.settled_value("trainjob_scraper_status_writes_total", len(kinds),
+                                 result="written") == len(kinds)
     labels = {"namespace": namespace, "trainjob": "job-redirect"}
     assert scraper.value("trainjob_progress_ratio", **labels) == pytest.approx(0.3)
     up = [s for s in scraper.series("trainjob_scraper_target_up")

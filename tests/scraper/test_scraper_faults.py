@@ -103,7 +103,8 @@ def test_status_write_retried_on_503_and_429_then_lands_once(
     # The proxy's 429s carry Retry-After: 1, as the API server's do: honoured over the
     # shorter backoff.
     assert all(1.0 <= gap < 2.0 for gap in _gaps(patches[3:])), _gaps(patches[3:])
-    assert scraper.value("trainjob_scraper_status_writes_total", result="written") == 2
+    assert scraper.settled_value("trainjob_scraper_status_writes_total", 2,
+                                 result="written") == 2
     assert scraper.value("trainjob_scraper_status_writes_total", result="failed") == 0
     assert proxy.pending_faults() == 0
 

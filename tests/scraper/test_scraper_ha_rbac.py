@@ -58,7 +58,8 @@ def test_standby_takes_over_when_leader_dies_and_only_one_writes(
     for progress in (20, 30):
         exp.body = status_json(progress)
         wait_for(lambda p=progress: progress_of(kube_api, namespace, "ha") == p, 20, "progress")
-    assert leader.value("trainjob_scraper_status_writes_total", result="written") == 3
+    assert leader.settled_value("trainjob_scraper_status_writes_total", 3,
+                                result="written") == 3
     assert standby.metrics().get(("trainjob_scraper_status_writes_total",
                                   frozenset({("result", "written")})), 0) == 0
     assert standby.value("trainjob_scraper_scrapes_total", result="ok") == 0
@@ -79,7 +80,8 @@ def test_standby_takes_over_when_leader_dies_and_only_one_writes(
     assert standby.value("trainjob_scraper_status_writes_total", result="written") == 0
     exp.body = status_json(40)
     wait_for(lambda: progress_of(kube_api, namespace, "ha") == 40, 20, "progress 40")
-    assert standby.value("trainjob_scraper_status_writes_total", result="written") == 1
+    assert standby.settled_value("trainjob_scraper_status_writes_total", 1,
+                                 result="written") == 1
 
     # Graceful stop: quick, clean, and the Lease is released at once.
     stopping = time.monotonic()

@@ -80,7 +80,8 @@ def test_status_written_readable_and_unchanged_means_no_write(
 
     state.update(progress_percentage=60, metrics={"loss": 0.5})
     wait_for(lambda: progress_of(kube_api, namespace, "job-a") == 60, 20, "progress 60")
-    assert scraper.value("trainjob_scraper_status_writes_total", result="written") == 2
+    assert scraper.settled_value("trainjob_scraper_status_writes_total", 2,
+                                 result="written") == 2
 
     # The scraper's own series carry the job's values, labelled namespace and trainjob.
     labels = {"namespace": namespace, "trainjob": "job-a"}
@@ -135,7 +136,8 @@ def test_unchanged_exporter_holds_one_waiting_scrape(
     latency = time.monotonic() - changed
     print(f"update() to TrainJob status with a waiting scrape: {latency:.3f}s (interval 5s)")
     assert latency < 2.5  # half an interval: polling would take up to 5 s
-    assert scraper.value("trainjob_scraper_status_writes_total", result="written") == 2
+    assert scraper.settled_value("trainjob_scraper_status_writes_total", 2,
+                                 result="written") == 2
 
 
 def test_final_status_from_termination_message(
