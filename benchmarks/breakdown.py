@@ -136,6 +136,7 @@ async def status_writes(count: int) -> tuple[float, float, float]:
     from localdev.cluster.controlplane import ControlPlane
     from localdev.cluster.crds import install_trainjob_crds
     from localdev.cluster.objects import create_trainjob
+    from scraper.annotation_target import Place
     from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
     from scraper.kube.calls import Retries, call
     from scraper.kube.client import REQUEST_TIMEOUT
@@ -182,7 +183,8 @@ async def status_writes(count: int) -> tuple[float, float, float]:
             deliverable 4: ``ApiClient.call_api`` (``_preload_content=False`` and one
             ``json.loads``)."""
 
-            def _ssa(self, namespace: str, name: str, st: TrainerStatus) -> dict[str, Any]:
+            def _ssa(self, namespace: str, name: str, st: TrainerStatus,
+                     place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
                 body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "TrainJob",
                         "metadata": {"name": name, "namespace": namespace},
                         "status": {"trainerStatus": st.to_api()}}
