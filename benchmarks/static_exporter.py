@@ -24,8 +24,15 @@ async def start_static_exporter() -> tuple[web.AppRunner, int]:
 
     app = web.Application()
     app.router.add_get("/{name}", handle)
+    return await serve_on_loopback(app, backlog=1024)
+
+
+async def serve_on_loopback(app: web.Application, *,
+                            backlog: int = 128) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on 127.0.0.1:<free port>; returns the runner (``await
+    runner.cleanup()`` to stop) and the port, read from ``AppRunner.addresses``."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
+    await web.TCPSite(runner, "127.0.0.1", 0, backlog=backlog).start()
     port: int = runner.addresses[0][1]
     return runner, port

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
+from benchmarks.static_exporter import serve_on_loopback
 from scraper.scraping import (
     Busy,
     ExporterScraper,
@@ -51,11 +52,7 @@ async def servers() -> AsyncIterator[tuple[int, int]]:
 
     app = web.Application()
     app.router.add_get("/{name}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    healthy = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, healthy = await serve_on_loopback(app)
     held: list[asyncio.StreamWriter] = []
 
     async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 
+from benchmarks.static_exporter import serve_on_loopback
 from exporter_lib.api import Exporter
 from exporter_lib.state import State
 from exporter_lib.status import TrainerStatus
@@ -162,11 +163,7 @@ async def test_exporter_without_the_contract_is_polled() -> None:
 
     app = web.Application()
     app.router.add_get("/metrics", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_on_loopback(app)
     r = _rig(port)
     try:
         await r.runs(3)
