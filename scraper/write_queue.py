@@ -229,7 +229,8 @@ class WriteQueue:
     async def wait_idle(self, seconds: float) -> bool:
         """Wait up to ``seconds`` until nothing is queued or being written."""
         try:
-            await asyncio.wait_for(self._idle.wait(), seconds)
+            async with asyncio.timeout(seconds):  # not wait_for: see kube.calls.call
+                await self._idle.wait()
         except TimeoutError:
             return False
         return True

@@ -144,7 +144,10 @@ async def call(
         job = loop.run_in_executor(executor, functools.partial(func, *args, **kwargs))
         if limit is None:
             return await job
-        return await asyncio.wait_for(job, limit)
+        # asyncio.timeout, not wait_for: 3.11's wait_for returns the result and drops a
+        # cancel that lands as the try ends, and a cancelled writer then never stops.
+        async with asyncio.timeout(limit):
+            return await job
 
     async def guarded() -> T:
         if limiter is None:
