@@ -31,7 +31,7 @@ from scraper.config import ScraperSettings
 from scraper.discovery import PodEvent, PodWatcher, Synced, WatchItem, probe_selector
 from scraper.identity import LABEL_JOBSET_NAME, Identity, OwnerIndex
 from scraper.kube.client import load_client, without_retries
-from scraper.kube.informer import ListWatch
+from scraper.kube.informer import ListWatch, ScopesListed
 from scraper.leader import LeaseElector
 from scraper.loop import ScrapeLoop
 from scraper.manager import TargetManager
@@ -143,7 +143,7 @@ class ScraperApp:
             on_trainjob_change(namespace, name, held)
             self._owners_changed()
         self.trainjobs.on_change = trainjob_changed
-        self._synced_scopes: set[str | None] = set()
+        self._pods_listed = ScopesListed(self.scopes)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -271,8 +271,8 @@ class ScraperApp:
             try:
                 if isinstance(item, Synced):
                     self.manager.on_synced(item)
-                    self._synced_scopes.add(item.scope)
-                    if len(self._synced_scopes) >= max(1, len(self.settings.namespaces)):
+                    self._pods_listed.listed(item.scope)
+                    if self._pods_listed.event.is_set():
                         self.telemetry.ready.set()
                 elif isinstance(item, PodEvent):
                     self.manager.on_pod(item.pod, deleted=item.kind == "DELETED")

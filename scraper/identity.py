@@ -24,11 +24,11 @@ overwrites the new attempt's progress).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scraper.kube.informer import ScopesListed
 from scraper.trainjobs import TrainJobStore
 
 LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
@@ -63,9 +63,8 @@ class OwnerIndex:
 
     def __init__(self, scopes: list[str | None]) -> None:
         self._by_uid: dict[str, Owned] = {}
-        self._scopes = list(scopes)
-        self._synced_scopes: set[str | None] = set()
-        self.synced = asyncio.Event()
+        self._listed = ScopesListed(scopes)
+        self.synced = self._listed.event
         self.on_change: Callable[[], None] = lambda: None
 
     def __len__(self) -> int:
@@ -90,9 +89,7 @@ class OwnerIndex:
         for obj in objs:
             uid, owned = self._owned(obj)
             self._by_uid[uid] = owned
-        self._synced_scopes.add(scope)
-        if all(s in self._synced_scopes for s in self._scopes):
-            self.synced.set()
+        self._listed.listed(scope)
         self.on_change()
 
     def on_event(self, kind: str, obj: dict[str, Any]) -> None:

@@ -22,13 +22,13 @@ only grow.  When one does not parse as an integer, nothing is skipped.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from exporter_lib.status import StatusError, TrainerStatus
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, decode_annotation
+from scraper.kube.informer import ScopesListed
 
 #: ``(namespace, name)`` of a TrainJob.
 TrainJobKey = tuple[str, str]
@@ -98,9 +98,8 @@ class TrainJobStore:
 
     def __init__(self, scopes: list[str | None]) -> None:
         self._held: dict[TrainJobKey, Held] = {}
-        self._scopes = list(scopes)
-        self._synced_scopes: set[str | None] = set()
-        self.synced = asyncio.Event()
+        self._listed = ScopesListed(scopes)
+        self.synced = self._listed.event
         self.on_gone: Callable[[str, str, str], None] = lambda namespace, name, uid: None
         self.on_change: Callable[[str, str, Held], None] = lambda namespace, name, held: None
 
@@ -155,9 +154,7 @@ class TrainJobStore:
                 self.on_gone(key[0], key[1], held.uid)
         for key, new in listed.items():
             self._update(key, new)
-        self._synced_scopes.add(scope)
-        if all(s in self._synced_scopes for s in self._scopes):
-            self.synced.set()
+        self._listed.listed(scope)
 
     def on_event(self, kind: str, obj: dict[str, Any]) -> None:
         """One watch event."""

@@ -20,7 +20,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -50,6 +50,24 @@ def slim(obj: Obj) -> Obj:
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
     return obj
+
+
+class ScopesListed:
+    """Which scopes (namespaces; None: the cluster) have had their first full list.
+
+    Args:
+        scopes: every scope one kind is listed in; :attr:`event` is set once each was.
+    """
+
+    def __init__(self, scopes: Iterable[str | None]) -> None:
+        self._waiting = set(scopes)
+        self.event = asyncio.Event()
+
+    def listed(self, scope: str | None) -> None:
+        """A full list of ``scope`` arrived."""
+        self._waiting.discard(scope)
+        if not self._waiting:
+            self.event.set()
 
 
 class ListWatch:
