@@ -8,16 +8,18 @@ microseconds (user+system of this process) per operation:
   scrape that does nothing, N targets at a 1 s interval;
 * aiohttp's ``ClientSession`` GET answered by a 304 from nginx, alone, in the
   pattern the 20 phases give (N/20 requests at once, 20 times a second);
-* ``asyncio.to_thread`` of a no-op, the hop every status write makes into the
-  synchronous Kubernetes client;
+* ``asyncio.to_thread`` of a no-op, the hop every call into the synchronous
+  Kubernetes client makes (status writes made it too before they moved to aiohttp);
 * one status write to a real kube-apiserver (``--writes N``, 0 skips it; needs the
-  control-plane binaries), three ways: the pre-queue path (the client's JSON body, model
-  deserialisation of the answer, one ``to_thread`` per write); today's queue and writer
-  with the request through ``ApiClient.call_api`` as before issue 14's cheaper write
-  path; and today's :class:`scraper.status_writer.StatusWriter` (the PATCH straight to
-  the client's connection pool, :mod:`scraper.kube.apply_request`).  The last two
+  control-plane binaries), four ways (:data:`WRITE_PATHS`): the pre-queue path (the
+  client's JSON body, model deserialisation of the answer, one ``to_thread`` per
+  write); today's queue and writer with the request through ``ApiClient.call_api`` in
+  a thread (stop 10), with the PATCH straight to the client's urllib3 pool in a
+  thread (stop 11), and today's :class:`scraper.status_writer.StatusWriter` (an
+  aiohttp PATCH on the loop, :mod:`scraper.kube.apply_request`).  The last three
   alternate twice in the same control plane.  CPU of this process only (the API
-  server's is not counted): hop + serialisation + TLS request + response handling.
+  server's is not counted): hand-off + serialisation + TLS request + response
+  handling.
 
 Every loop is bounded (a few seconds each); nginx listens on 127.0.0.1 only.
 """
@@ -121,14 +123,15 @@ async def thread_hop(count: int = 2000) -> float:
     return 1e6 * (time.process_time() - c0) / count
 
 
-async def status_writes(count: int) -> tuple[float, float, float]:
-    """CPU us per status write, ``count`` writes each: ``(former path, today's queue with
-    the request through ApiClient.call_api, today's path)``; the last two twice each,
-    alternated, averaged."""
+async def status_writes(count: int) -> dict[str, float]:
+    """CPU us per status write, ``count`` writes each, by path (:data:`WRITE_PATHS`); the
+    three writer paths twice each, alternated, averaged."""
     import json
     from datetime import UTC, datetime
     from typing import Any
+    from urllib.parse import quote, urlencode
 
+    import urllib3
     from aiolimiter import AsyncLimiter
     from kubernetes import client
 
@@ -136,11 +139,11 @@ async def status_writes(count: int) -> tuple[float, float, float]:
     from localdev.cluster.controlplane import ControlPlane
     from localdev.cluster.crds import install_trainjob_crds
     from localdev.cluster.objects import create_trainjob
-    from scraper.annotation_target import Place
+    from scraper.annotation_target import Place, apply_request
     from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
     from scraper.kube.calls import Retries, call
     from scraper.kube.client import REQUEST_TIMEOUT
-    from scraper.status_writer import FIELD_MANAGER, StatusWriter
+    from scraper.status_writer import FIELD_MANAGER, StatusWriter, WriteOutcome
     from scraper.trainjobs import TrainJobStore
 
     def status(i: int) -> TrainerStatus:
@@ -183,8 +186,12 @@ async def status_writes(count: int) -> tuple[float, float, float]:
             deliverable 4: ``ApiClient.call_api`` (``_preload_content=False`` and one
             ``json.loads``)."""
 
-            def _ssa(self, namespace: str, name: str, st: TrainerStatus,
-                     place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
+            async def _ssa(self, namespace: str, name: str, st: TrainerStatus,
+                           place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
+                return await asyncio.to_thread(self._call_api, namespace, name, st)
+
+            def _call_api(self, namespace: str, name: str,
+                          st: TrainerStatus) -> dict[str, Any]:
                 body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "TrainJob",
                         "metadata": {"name": name, "namespace": namespace},
                         "status": {"trainerStatus": st.to_api()}}
@@ -198,6 +205,30 @@ async def status_writes(count: int) -> tuple[float, float, float]:
                 result: dict[str, Any] = json.loads(resp.data)
                 return result
 
+        class PoolWriter(StatusWriter):
+            """Today's queue and writer tasks with the request of stop 11: the PATCH
+            straight to the official client's urllib3 pool, in a worker thread."""
+
+            async def _ssa(self, namespace: str, name: str, st: TrainerStatus,
+                           place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
+                return await asyncio.to_thread(self._pool, namespace, name, st)
+
+            def _pool(self, namespace: str, name: str, st: TrainerStatus) -> dict[str, Any]:
+                request_path, request_params, body = apply_request(
+                    Place.STATUS, namespace, name, st, "")
+                headers = {**self._api.default_headers, "Content-Type": APPLY_CONTENT_TYPE,
+                           "Accept": "application/json"}
+                query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+                self._api.update_params_for_auth(headers, query, ["BearerToken"])
+                url = (f"{self._api.configuration.host}"
+                       f"{quote(request_path.format(**request_params))}?{urlencode(query)}")
+                resp = self._api.rest_client.pool_manager.request(
+                    "PATCH", url, body=encode_apply_body(body), headers=headers,
+                    timeout=urllib3.Timeout(connect=REQUEST_TIMEOUT[0],
+                                            read=REQUEST_TIMEOUT[1]))
+                result: dict[str, Any] = json.loads(resp.data)
+                return result
+
         async def per_write(cls: type[StatusWriter], base: int) -> float:
             store = TrainJobStore(["bench"])
             store.on_list("bench", [obj])
@@ -207,21 +238,37 @@ async def status_writes(count: int) -> tuple[float, float, float]:
                 for i in range(20):
                     await writer.apply_and_wait("bench", "w", status(base + i))
                 c0 = time.process_time()
-                for i in range(count):
-                    await writer.apply_and_wait("bench", "w", status(base + 100 + i))
-                return 1e6 * (time.process_time() - c0) / count
+                outcomes = [await writer.apply_and_wait("bench", "w", status(base + 100 + i))
+                            for i in range(count)]
+                cpu = time.process_time() - c0
+                if set(outcomes) != {WriteOutcome.WRITTEN}:
+                    raise RuntimeError(f"{cls.__name__}: outcomes {set(outcomes)}, not written")
+                return 1e6 * cpu / count
             finally:
                 await writer.stop()
 
+        writers: list[tuple[str, type[StatusWriter]]] = [
+            ("call_api", CallApiWriter), ("pool_thread", PoolWriter), ("today", StatusWriter)]
+        runs: dict[str, list[float]] = {name: [] for name, _ in writers}
         try:
-            # Alternated, so a change of the machine's load hits both alike.
-            call_api, today = [], []
+            # Alternated, so a change of the machine's load hits all alike.
             for rep in range(2):
-                call_api.append(await per_write(CallApiWriter, 10_000 * (2 * rep + 1)))
-                today.append(await per_write(StatusWriter, 10_000 * (2 * rep + 2)))
+                for k, (name, cls) in enumerate(writers):
+                    runs[name].append(await per_write(cls, 10_000 * (3 * rep + k + 1)))
         finally:
             api.close()
-    return before, sum(call_api) / len(call_api), sum(today) / len(today)
+    return {"pre_queue": before, **{name: sum(v) / len(v) for name, v in runs.items()}}
+
+
+#: The status write paths :func:`status_writes` measures, in the order they were built.
+WRITE_PATHS = {
+    "pre_queue": "before the write queue (stop 9: the client's JSON body and answer "
+                 "models, a to_thread per write)",
+    "call_api": "the queue, the request through ApiClient.call_api in a thread (stop 10)",
+    "pool_thread": "the queue, the PATCH straight to the client's urllib3 pool in a "
+                   "writer thread (stop 11)",
+    "today": "the queue, an aiohttp PATCH on the event loop (today)",
+}
 
 
 def measure(n: int, window: float = WINDOW, writes: int = 0) -> list[str]:
@@ -237,10 +284,10 @@ def measure(n: int, window: float = WINDOW, writes: int = 0) -> list[str]:
     lines.append(f"asyncio.to_thread(no-op), the status write's hop: "
                  f"{asyncio.run(thread_hop()):.0f} us")
     if writes:
-        former, call_api, today = asyncio.run(status_writes(writes))
-        lines.append(f"status write to kube-apiserver (8 metrics), CPU of the scraper process: "
-                     f"pre-queue path {former:.0f} us, queue + call_api {call_api:.0f} us, "
-                     f"today's {today:.0f} us ({writes} each)")
+        paths = asyncio.run(status_writes(writes))
+        lines.append(f"status write to kube-apiserver (8 metrics), CPU of the scraper "
+                     f"process, {writes} writes each: " + "; ".join(
+                         f"{WRITE_PATHS[k]}: {v:.0f} us" for k, v in paths.items()))
     return lines
 
 

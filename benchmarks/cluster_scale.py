@@ -253,11 +253,16 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         w0, a = len(watcher.seen), time.time()
         skipped0 = scraper.metric("trainjob_scraper_skipped_runs_total")
         written0 = scraper.metric("trainjob_scraper_status_writes_total", 'result="written"')
+        req0 = (scraper.metric("trainjob_scraper_status_write_duration_seconds_sum"),
+                scraper.metric("trainjob_scraper_status_write_duration_seconds_count"))
         time.sleep(window)
         b = time.time()
         written = scraper.metric("trainjob_scraper_status_writes_total",
                                  'result="written"') - written0
         skipped = scraper.metric("trainjob_scraper_skipped_runs_total") - skipped0
+        req_s = scraper.metric("trainjob_scraper_status_write_duration_seconds_sum") - req0[0]
+        req_n = scraper.metric("trainjob_scraper_status_write_duration_seconds_count") - req0[1]
+        pending = scraper.metric("trainjob_scraper_status_writes_pending")
         per_job: dict[str, list[float]] = {}
         for job, _, at in watcher.seen[w0:]:
             if a <= at <= b:
@@ -271,6 +276,8 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             "jobs_written": len(per_job), "longest_gap": max(gaps) if gaps else None,
             "gap_p50": percentile(gaps, 0.5),
             "target_gap": max(interval, budget) + 1.0, "skipped_runs": skipped,
+            # Mean request time: with W writers, W / mean caps the rate below the budget.
+            "request_mean": req_s / req_n if req_n else None, "pending_end": pending,
             "loadavg": _loadavg(),
         }
         out["scraper_cpu_seconds"] = _cpu(scraper.child.process.pid)
@@ -399,7 +406,8 @@ def table(res: dict[str, Any]) -> str:
             f"| steady, {n} TrainJobs changing every {iv:g} s: longest gap between two "
             f"writes of one TrainJob (p50 of per-job longest) | {_f(b['longest_gap'])} s "
             f"({_f(b['gap_p50'])} s; {b['writes_per_s']:.1f} writes/s over "
-            f"{b['window']:.0f} s) | <= {b['target_gap']:g} s | "
+            f"{b['window']:.0f} s, request mean {_f(b.get('request_mean'), '.3f')} s, "
+            f"{_f(b.get('pending_end'))} pending at the end) | <= {b['target_gap']:g} s | "
             f"{_met(None if b['longest_gap'] is None else b['longest_gap'] <= b['target_gap'])}"
             f" | {b['loadavg']} |",
             f"| same: skipped scheduler runs in the window | {b['skipped_runs']:.0f} | 0 | "
@@ -423,8 +431,10 @@ def table(res: dict[str, Any]) -> str:
             f"{d.get('changes')} changes) | p99 <= 1 s | "
             f"{_met(None if p99 is None else p99 <= 1.0)} | {d.get('loadavg')} |"]
     if w:
-        lines += [f"| CPU per status write (scraper process), before / after | "
-                  f"{w['before']:.0f} / {w['after']:.0f} us | lower | "
+        lines += [f"| CPU per status write (scraper process), pre-queue (stop 9) / call_api "
+                  f"in a thread (stop 10) / urllib3 pool in a thread (stop 11, before) / "
+                  f"aiohttp on the loop (after) | {w.get('pre_queue', 0):.0f} / "
+                  f"{w.get('call_api', 0):.0f} / {w['before']:.0f} / {w['after']:.0f} us | lower | "
                   f"{_met(w['after'] < w['before'])} | {w['loadavg']} |"]
     for key in ("scale_error", "log_error", "sparse_error"):
         if res.get(key):
@@ -491,8 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.writes:
             from benchmarks.breakdown import status_writes
 
-            former, before, after = asyncio.run(status_writes(args.writes))
-            res["writes"] = {"pre_queue": former, "before": before, "after": after,
+            paths = asyncio.run(status_writes(args.writes))
+            res["writes"] = {**paths, "before": paths["pool_thread"], "after": paths["today"],
                              "count": args.writes, "loadavg": _loadavg()}
     finally:
         res["seconds"] = time.monotonic() - started

@@ -5,10 +5,12 @@
 Target objects go straight into a :class:`scraper.app.ScraperApp`'s scheduler, so every
 scrape runs the production path (``TargetManager.run`` -> ``ScrapeLoop.run``: APScheduler
 job, aiohttp GET with ``If-None-Match``, JSON validation, telemetry, ``StatusWriter.apply``
-with its same-report check, lock, token bucket and worker-thread hop).  Only the Kubernetes
-API is left out: the writer holds TrainJob statuses in memory and its server-side apply
+with its same-report check, write queue and token bucket).  Only the Kubernetes API is
+left out: the writer holds TrainJob statuses in memory and its server-side apply
 returns the object it would have written (see :class:`OfflineWriter`); the control-plane
-phase of the benchmark measures real writes.
+phase of the benchmark measures real writes.  By default every change is written (a
+budget that never binds); ``--default-budget`` writes under the scraper's defaults
+(QPS 20, burst 30), where a TrainJob's changes coalesce while it waits its turn.
 
 Prints one JSON object: scrapes by result, CPU seconds (utime+stime of this process
 from ``/proc/self/stat``), RSS before and after scheduling the targets, writes.
@@ -56,8 +58,8 @@ class OfflineWriter(StatusWriter):
 
     writes = 0
 
-    def _ssa(self, namespace: str, name: str, status: TrainerStatus,
-             place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
+    async def _ssa(self, namespace: str, name: str, status: TrainerStatus,
+                   place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
         OfflineWriter.writes += 1
         return {"metadata": {"uid": "uid"}, "status": {"trainerStatus": status.to_api()}}
 
@@ -91,10 +93,17 @@ def scrape_counts(app: ScraperApp) -> dict[str, float]:
     return out
 
 
+#: A write budget that never binds at these rates: every change is written.
+UNBUDGETED = (1000.0, 10000)
+
+
 async def run(urls: list[str], interval: float, warmup: float, window: float,
-              concurrency: int, writes: bool = True, wait: bool = True) -> dict[str, Any]:
-    settings = ScraperSettings(interval=interval, concurrency=concurrency, write_qps=1000,
-                               write_burst=10000, listen_host="127.0.0.1", listen_port=0,
+              concurrency: int, writes: bool = True, wait: bool = True,
+              budget: tuple[float, int] = UNBUDGETED) -> dict[str, Any]:
+    """One measured window; ``budget`` is the writes' ``(QPS, burst)``."""
+    settings = ScraperSettings(interval=interval, concurrency=concurrency,
+                               write_qps=budget[0], write_burst=budget[1],
+                               listen_host="127.0.0.1", listen_port=0,
                                log_level="WARNING", wait_scrapes=wait)
     api = k8s.ApiClient()
     apps: list[ScraperApp] = []
@@ -161,13 +170,20 @@ def main() -> None:
                         help="detect changes but leave out the status write path")
     parser.add_argument("--no-wait-scrapes", action="store_true",
                         help="poll every target (no Prefer: wait)")
+    parser.add_argument("--default-budget", action="store_true",
+                        help="the scraper's default write budget (QPS 20, burst 30: changes "
+                        "coalesce per TrainJob) instead of one write per change")
     args = parser.parse_args()
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     with open(args.urls_file) as handle:
         urls = json.load(handle)
+    defaults = ScraperSettings()
+    budget = ((defaults.write_qps, defaults.write_burst) if args.default_budget
+              else UNBUDGETED)
     result = asyncio.run(run(urls, args.interval, args.warmup, args.window, args.concurrency,
-                             writes=not args.no_writes, wait=not args.no_wait_scrapes))
+                             writes=not args.no_writes, wait=not args.no_wait_scrapes,
+                             budget=budget))
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
 

@@ -95,9 +95,11 @@ class ScraperApp:
             self.api, identity=s.identity, qps=s.write_qps, burst=s.write_burst,
             store=self.trainjobs, may_write=self._may_write,
             on_write=lambda outcome: self.telemetry.writes.labels(outcome.value).inc(),
+            on_request=self.telemetry.write_duration.observe,
             metrics_interval=s.metrics_write_interval,
             target=StatusTarget(s.status_target),
         )
+        self.telemetry.writes_pending.set_function(lambda: len(self.writer.queue))
         self.trainjobs = self.writer.store
         self.trainjobs.on_gone = self._trainjob_gone
         self.writer.on_gone = self._drop_trainjob

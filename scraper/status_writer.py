@@ -44,7 +44,6 @@ import enum
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -66,7 +65,7 @@ from scraper.annotation_target import (
     written,
 )
 from scraper.kube.apply_body import encode_apply_body
-from scraper.kube.apply_request import apply_patch
+from scraper.kube.apply_request import ApplyClient
 from scraper.kube.calls import Backoff, call, deadline_of, is_transient, retry_after
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.crd import CRD_NAME, REASON_UNSUPPORTED, CrdSupport
@@ -196,6 +195,7 @@ class StatusWriter:
         limiter: AsyncLimiter,
         may_write: Callable[[], bool] = lambda: True,
         on_write: Callable[[WriteOutcome], None] = lambda outcome: None,
+        on_request: Callable[[float], None] = lambda seconds: None,
         on_gone: Callable[[str, str], None] = lambda namespace, name: None,
         metrics_interval: float = 0.0,
         target: StatusTarget = StatusTarget.STATUS,
@@ -209,6 +209,7 @@ class StatusWriter:
         self._limiter = limiter
         self._may_write = may_write
         self._on_write = on_write
+        self._on_request = on_request
         self.on_gone = on_gone
         self._metrics_interval = metrics_interval
         self.target = target
@@ -218,7 +219,7 @@ class StatusWriter:
         self._unsupported_told: set[TrainJobKey] = set()
         self._failing_told: set[TrainJobKey] = set()
         self._workers: list[asyncio.Task[None]] = []
-        self._threads: ThreadPoolExecutor | None = None
+        self._apply = ApplyClient(api_client, connections=WRITERS)
         self._waiters: dict[TrainJobKey, list[asyncio.Future[WriteOutcome]]] = {}
         store.on_change = self.on_trainjob_change
 
@@ -233,6 +234,7 @@ class StatusWriter:
         store: TrainJobStore,
         may_write: Callable[[], bool] = lambda: True,
         on_write: Callable[[WriteOutcome], None] = lambda outcome: None,
+        on_request: Callable[[float], None] = lambda seconds: None,
         metrics_interval: float = 0.0,
         target: StatusTarget = StatusTarget.STATUS,
     ) -> Self:
@@ -245,7 +247,8 @@ class StatusWriter:
                     else f"{Place.ANNOTATION.value} (--status-target {target.value})")
         crd = CrdSupport(ApiextensionsV1Api(api_client), fallback=fallback)
         writer = cls(api_client, store=store, crd=crd, events=events, limiter=limiter,
-                     may_write=may_write, on_write=on_write, metrics_interval=metrics_interval,
+                     may_write=may_write, on_write=on_write, on_request=on_request,
+                     metrics_interval=metrics_interval,
                      target=target)
         crd.on_supported = writer.supported_again
         return writer
@@ -376,16 +379,13 @@ class StatusWriter:
     # ------------------------------------------------------------ the worker side
 
     def start(self, workers: int = WRITERS) -> None:
-        """Start the worker tasks (on the running loop) and their threads.
+        """Start the worker tasks (on the running loop).
 
-        Each worker task hands its apply request to a pool of ``workers`` long-lived
-        threads of the writer's own, so a write never queues behind other calls in the
-        loop's default executor (informer lists, Events, CRD probes) and those never
-        wait for a write.
+        Each makes its apply request on the loop (:mod:`scraper.kube.apply_request`),
+        over connections of the writer's own, so a write never queues behind the
+        official client's calls in the loop's default executor (informer lists, Events,
+        CRD probes) and those never wait for a write.
         """
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(max_workers=workers,
-                                               thread_name_prefix="status-writer")
         for i in range(workers):
             self._workers.append(asyncio.create_task(self._work(), name=f"status-writer-{i}"))
 
@@ -397,10 +397,7 @@ class StatusWriter:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._workers.clear()
-        if self._threads is not None:
-            # A request still in flight ends within its own timeouts; nothing waits for it.
-            self._threads.shutdown(wait=False, cancel_futures=True)
-            self._threads = None
+        await self._apply.close()
 
     async def _work(self) -> None:
         while True:
@@ -446,9 +443,13 @@ class StatusWriter:
             return WriteOutcome.NOT_STORED, None
         try:
             async with self._limiter:
-                obj = await call(self._ssa, namespace, name, item.status, place, held.uid,
-                                 before_try=self._fence, executor=self._threads,
-                                 deadline=deadline_of(REQUEST_TIMEOUT))
+                self._fence()
+                began = time.monotonic()
+                try:
+                    obj = await call(self._ssa, namespace, name, item.status, place,
+                                     held.uid, deadline=deadline_of(REQUEST_TIMEOUT))
+                finally:
+                    self._on_request(time.monotonic() - began)
         except NotLeader:
             return WriteOutcome.NOT_LEADER, None
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError,
@@ -557,16 +558,15 @@ class StatusWriter:
             uid=uid,
         )
 
-    def _ssa(self, namespace: str, name: str, status: TrainerStatus,
-             place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
-        """The apply request itself (blocking; runs in one of the writer threads).  Its
-        path and body: :func:`scraper.annotation_target.apply_request`."""
+    async def _ssa(self, namespace: str, name: str, status: TrainerStatus,
+                   place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
+        """The apply request itself, on the loop.  Its path and body:
+        :func:`scraper.annotation_target.apply_request`."""
         path, params, body = apply_request(place, namespace, name, status, uid)
-        return apply_patch(
-            self._api,
+        return await self._apply.patch(
             path.format(**params),
             [("fieldManager", FIELD_MANAGER), ("force", "true")],
-            encode_apply_body(body), timeout=REQUEST_TIMEOUT)
+            encode_apply_body(body), request_timeout=REQUEST_TIMEOUT)
 
     async def drain(self, deadline: float) -> bool:
         """Wait up to ``deadline`` seconds for queued and in-flight writes; True if done."""

@@ -91,6 +91,13 @@ class Telemetry:
                                "Exporter scrapes by result", ["result"], registry=r)
         self.writes = Counter("trainjob_scraper_status_writes_total",
                               "Status write decisions by result", ["result"], registry=r)
+        self.write_duration = Histogram(
+            "trainjob_scraper_status_write_duration_seconds", "Duration of one status write "
+            "request (apply PATCH) to the API server, whatever its answer",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
+        self.writes_pending = Gauge(
+            "trainjob_scraper_status_writes_pending", "TrainJobs with a status waiting in "
+            "the write queue (newest only per TrainJob; in flight not counted)", registry=r)
         self.targets = Gauge("trainjob_scraper_targets", "Targets being scraped", registry=r)
         self.watch_restarts = Counter("trainjob_scraper_watch_restarts_total",
                                       "Times the pod watch started over", ["reason"], registry=r)

@@ -1,11 +1,12 @@
 """The one call path to the API server: off the event loop, rate limited, retried.
 
 The official client is blocking, so every call runs in a worker thread
-(:func:`asyncio.to_thread`).  :func:`call` adds, per call site's needs, a client-side
-token bucket (:class:`aiolimiter.AsyncLimiter`), retries of transient answers with
-capped exponential backoff and jitter (:class:`Backoff`, driven by tenacity) and
-honours ``Retry-After``.  The pod watch, which lives in a thread of its own, backs
-off with the same :class:`Backoff`.
+(:func:`asyncio.to_thread`), except the status writes' apply PATCH, a coroutine on
+the loop (:mod:`scraper.kube.apply_request`).  :func:`call` adds, per call site's
+needs, a client-side token bucket (:class:`aiolimiter.AsyncLimiter`), retries of
+transient answers with capped exponential backoff and jitter (:class:`Backoff`,
+driven by tenacity) and honours ``Retry-After``.  The pod watch, which lives in a
+thread of its own, backs off with the same :class:`Backoff`.
 
 Every try has a **deadline** (:func:`deadline_of`): the caller's wait ends then,
 whatever the worker thread still waits for, so no decision waits longer than it
@@ -19,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import urllib3
 from aiolimiter import AsyncLimiter
@@ -111,8 +113,22 @@ class Retries:
 ONCE = Retries()
 
 
+@overload
+async def call(  # a coroutine function's result is awaited
+    func: Callable[..., Awaitable[T]], *args: Any, limiter: AsyncLimiter | None = None,
+    retries: Retries = ..., before_try: Callable[[], None] | None = None,
+    deadline: float | None = None, executor: Executor | None = None, **kwargs: Any) -> T: ...
+
+
+@overload
 async def call(
-    func: Callable[..., T],
+    func: Callable[..., T], *args: Any, limiter: AsyncLimiter | None = None,
+    retries: Retries = ..., before_try: Callable[[], None] | None = None,
+    deadline: float | None = None, executor: Executor | None = None, **kwargs: Any) -> T: ...
+
+
+async def call(
+    func: Callable[..., Any],
     *args: Any,
     limiter: AsyncLimiter | None = None,
     retries: Retries = ONCE,
@@ -120,8 +136,12 @@ async def call(
     deadline: float | None = None,
     executor: Executor | None = None,
     **kwargs: Any,
-) -> T:
+) -> Any:
     """``func(*args, **kwargs)`` in a worker thread; the result of the first try that returns.
+
+    A coroutine function (the status writes' aiohttp PATCH,
+    :mod:`scraper.kube.apply_request`) is awaited on the loop instead, with the same
+    token, fence, deadline and retries.
 
     Args:
         limiter: a token taken before every try (None: not rate limited).
@@ -139,9 +159,12 @@ async def call(
     """
     limit = deadline if deadline is not None else deadline_of(kwargs.get("_request_timeout"))
     loop = asyncio.get_running_loop()
+    on_loop = inspect.iscoroutinefunction(func)
 
-    async def once() -> T:
-        job = loop.run_in_executor(executor, functools.partial(func, *args, **kwargs))
+    async def once() -> Any:
+        job: Awaitable[Any] = (func(*args, **kwargs) if on_loop else
+                               loop.run_in_executor(executor, functools.partial(func, *args,
+                                                                                **kwargs)))
         if limit is None:
             return await job
         # asyncio.timeout, not wait_for: 3.11's wait_for returns the result and drops a
@@ -149,7 +172,7 @@ async def call(
         async with asyncio.timeout(limit):
             return await job
 
-    async def guarded() -> T:
+    async def guarded() -> Any:
         if limiter is None:
             if before_try is not None:
                 before_try()

@@ -149,9 +149,10 @@ def test_benchmark_pods_belong_to_their_trainjobs(
 
 @pytest.mark.timeout(180)
 def test_write_cost_harness_writes_through_every_path() -> None:
-    """breakdown.status_writes drives three real writers against its own API server; a
+    """breakdown.status_writes drives every write path against its own API server; a
     writer whose request signature drifted from StatusWriter's raised on every write."""
     import asyncio
 
     costs = asyncio.run(breakdown.status_writes(4))
-    assert len(costs) == 3 and all(c > 0 for c in costs), costs
+    assert set(costs) == set(breakdown.WRITE_PATHS) and all(c > 0 for c in costs.values()), \
+        costs

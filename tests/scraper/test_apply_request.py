@@ -1,11 +1,13 @@
-"""The apply PATCH straight through the client's pool (scraper/kube/apply_request.py),
-against the real kube-apiserver: the answer, the client's error type, and credentials
-read per request (a refreshed token is the one sent)."""
+"""The apply PATCH on the event loop (scraper/kube/apply_request.py), against the real
+kube-apiserver: the answer, the client's error type, credentials read per request (a
+refreshed token is the one sent), and TLS as the client's configuration sets it."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
+import certifi
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -13,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from localdev.cluster import objects
 from scraper.kube.apply_body import encode_apply_body
-from scraper.kube.apply_request import apply_patch
+from scraper.kube.apply_request import ApplyClient
 from scraper.kube.client import REQUEST_TIMEOUT, without_retries
 from scraper.status_writer import FIELD_MANAGER
 
@@ -34,27 +36,34 @@ def _body(namespace: str, name: str, progress: int) -> bytes:
                                      "lastUpdatedTime": "2026-01-01T00:00:00Z"}}})
 
 
-def test_the_answer_is_the_applied_object(kube_api: client.ApiClient, namespace: str) -> None:
+async def _patch(api: client.ApiClient, path: str, body: bytes) -> dict[str, Any]:
+    applier = ApplyClient(api, connections=1)
+    try:
+        return await applier.patch(path, QUERY, body, request_timeout=REQUEST_TIMEOUT)
+    finally:
+        await applier.close()
+
+
+async def test_the_answer_is_the_applied_object(kube_api: client.ApiClient,
+                                                namespace: str) -> None:
     created = objects.create_trainjob(kube_api, namespace, "a")
-    obj = apply_patch(kube_api, _path(namespace, "a"), QUERY, _body(namespace, "a", 42),
-                      timeout=REQUEST_TIMEOUT)
+    obj = await _patch(kube_api, _path(namespace, "a"), _body(namespace, "a", 42))
     assert obj["metadata"]["uid"] == created["metadata"]["uid"]
     assert obj["status"]["trainerStatus"]["progressPercentage"] == 42
     managers = {m["manager"] for m in obj["metadata"]["managedFields"]}
     assert FIELD_MANAGER in managers
 
 
-def test_an_error_answer_is_the_clients_api_exception(kube_api: client.ApiClient,
-                                                      namespace: str) -> None:
+async def test_an_error_answer_is_the_clients_api_exception(kube_api: client.ApiClient,
+                                                            namespace: str) -> None:
     with pytest.raises(ApiException) as err:
-        apply_patch(kube_api, _path(namespace, "missing"), QUERY,
-                    _body(namespace, "missing", 1), timeout=REQUEST_TIMEOUT)
+        await _patch(kube_api, _path(namespace, "missing"), _body(namespace, "missing", 1))
     assert err.value.status == 404
     assert b"not found" in err.value.body
     assert err.value.headers is not None and "Content-Type" in err.value.headers
 
 
-def test_the_token_is_read_at_every_request(control_plane: Any, kube_api: client.ApiClient,
+async def test_the_token_is_read_at_every_request(control_plane: Any, kube_api: client.ApiClient,
                                             namespace: str) -> None:
     """A refresh hook (as the in-cluster configuration installs) runs before each request,
     so a renewed token is used; a token the API server rejects gives 401."""
@@ -71,12 +80,54 @@ def test_the_token_is_read_at_every_request(control_plane: Any, kube_api: client
         configuration.api_key = {"authorization": token}
 
     api.configuration.refresh_api_key_hook = refresh
+    applier = ApplyClient(api, connections=1)
     try:
         for expected in (401, 403):
             with pytest.raises(ApiException) as err:
-                apply_patch(api, _path(namespace, "t"), QUERY, _body(namespace, "t", 3),
-                            timeout=REQUEST_TIMEOUT)
+                await applier.patch(_path(namespace, "t"), QUERY, _body(namespace, "t", 3),
+                                    request_timeout=REQUEST_TIMEOUT)
             assert err.value.status == expected
     finally:
+        await applier.close()
         api.close()
     assert calls == ["not-a-token", good]
+
+
+async def test_tls_follows_the_clients_configuration(control_plane: Any,
+                                                     namespace: str) -> None:
+    """The server's certificate is checked against ``ssl_ca_cert`` (a CA that did not sign
+    it: a ConnectionError, nothing sent); ``verify_ssl`` false skips the check, as the
+    client's own requests do; no client certificate and no token: the anonymous user,
+    whom RBAC refuses."""
+    api = control_plane.api_client()
+    objects.create_trainjob(api, namespace, "tls")
+    anonymous = without_retries(control_plane.api_client_for_token(""))
+    anonymous.configuration.api_key = {}
+    try:
+        api.configuration.ssl_ca_cert = certifi.where()
+        with pytest.raises(ConnectionError, match="certificate"):
+            await _patch(api, _path(namespace, "tls"), _body(namespace, "tls", 5))
+        api.configuration.verify_ssl = False
+        obj = await _patch(api, _path(namespace, "tls"), _body(namespace, "tls", 6))
+        assert obj["status"]["trainerStatus"]["progressPercentage"] == 6
+        with pytest.raises(ApiException) as err:
+            await _patch(anonymous, _path(namespace, "tls"), _body(namespace, "tls", 7))
+        assert err.value.status == 403 and b"system:anonymous" in err.value.body
+    finally:
+        api.close()
+        anonymous.close()
+
+
+async def test_a_refused_connection_is_a_connection_error(kube_api: client.ApiClient,
+                                                          namespace: str) -> None:
+    with socket.socket() as sock:  # a loopback port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cfg = client.Configuration()
+    cfg.host = f"https://127.0.0.1:{port}"
+    api = client.ApiClient(cfg)
+    try:
+        with pytest.raises(ConnectionError, match=r"127\.0\.0\.1"):
+            await _patch(api, _path(namespace, "x"), _body(namespace, "x", 1))
+    finally:
+        api.close()

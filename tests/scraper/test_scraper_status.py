@@ -72,6 +72,10 @@ def test_status_written_readable_and_unchanged_means_no_write(
     time.sleep(5)
     assert resource_version(kube_api, namespace, "job-a") == rv
     assert scraper.value("trainjob_scraper_status_writes_total", result="written") == 1
+    # The one request is timed; nothing waits in the write queue.
+    assert scraper.value("trainjob_scraper_status_write_duration_seconds_count") == 1
+    assert 0 < scraper.value("trainjob_scraper_status_write_duration_seconds_sum") < 25
+    assert scraper.value("trainjob_scraper_status_writes_pending") == 0
     assert scraper.value("trainjob_scraper_scrapes_total", result="not_modified") >= 3
     # A repeated report with the same values (new lastUpdatedTime) is no news either.
     state.update(progress_percentage=25)
