@@ -6,8 +6,10 @@ server-side apply, only on change.
   :mod:`scraper.trainjobs`) and queues it (:mod:`scraper.write_queue`: one pending
   status per TrainJob, newest wins; finals, then first statuses, then progress, then
   metrics-only changes; aging so none starves).  So a scrape never waits for a write.
-* :data:`WRITERS` worker tasks take items from the queue; each write takes a token of
-  the bucket shared with Events (``--write-qps``, ``--write-burst``).
+* :func:`writers_for` worker tasks (10 at the default QPS 20) take items from the
+  queue; each write takes a token of the writes' bucket (``--write-qps``,
+  ``--write-burst``; Events have a bucket of their own) and is one aiohttp request on
+  the loop (:mod:`scraper.kube.apply_request`).
 * Writes are server-side apply patches on the ``status`` subresource with the
   field manager :data:`FIELD_MANAGER` and ``force=true`` (``trainerStatus`` belongs to
   the scraper by contract; fields outside it are never sent).  Before each write the
@@ -42,6 +44,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,8 +90,18 @@ __all__ = ["FIELD_MANAGER", "NotLeader", "StatusWriter", "TrainJobGone", "WriteO
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "trainjob-scraper"
-#: Concurrent writes (worker tasks); the token bucket sets the rate.
+#: Concurrent writes (worker tasks) at least; the token bucket sets the rate.
 WRITERS = 4
+#: Request time the writers allow for at a full budget: ``qps * this`` writers, so the
+#: budget, not the writer count, caps the rate while a request takes up to this long
+#: (4 writers capped 20 writes/s once requests took over 200 ms on a loaded API server).
+REQUEST_ALLOWANCE_SECONDS = 0.5
+
+
+def writers_for(qps: float) -> int:
+    """Writer tasks (and API connections) for a budget of ``qps`` writes per second:
+    ``max(WRITERS, ceil(qps * REQUEST_ALLOWANCE_SECONDS))``, e.g. 10 at QPS 20."""
+    return max(WRITERS, math.ceil(qps * REQUEST_ALLOWANCE_SECONDS))
 #: Between two tries of a queued write: 0.2 s doubling up to 30 s, +50 % jitter.
 QUEUE_BACKOFF = Backoff(initial=0.2, cap=30.0)
 
@@ -219,7 +232,8 @@ class StatusWriter:
         self._unsupported_told: set[TrainJobKey] = set()
         self._failing_told: set[TrainJobKey] = set()
         self._workers: list[asyncio.Task[None]] = []
-        self._apply = ApplyClient(api_client, connections=WRITERS)
+        self.writers = writers_for(limiter.max_rate / limiter.time_period)
+        self._apply = ApplyClient(api_client, connections=self.writers)
         self._waiters: dict[TrainJobKey, list[asyncio.Future[WriteOutcome]]] = {}
         store.on_change = self.on_trainjob_change
 
@@ -378,15 +392,15 @@ class StatusWriter:
 
     # ------------------------------------------------------------ the worker side
 
-    def start(self, workers: int = WRITERS) -> None:
-        """Start the worker tasks (on the running loop).
+    def start(self, workers: int | None = None) -> None:
+        """Start ``workers`` worker tasks (default :attr:`writers`) on the running loop.
 
         Each makes its apply request on the loop (:mod:`scraper.kube.apply_request`),
         over connections of the writer's own, so a write never queues behind the
         official client's calls in the loop's default executor (informer lists, Events,
         CRD probes) and those never wait for a write.
         """
-        for i in range(workers):
+        for i in range(self.writers if workers is None else workers):
             self._workers.append(asyncio.create_task(self._work(), name=f"status-writer-{i}"))
 
     async def stop(self) -> None:

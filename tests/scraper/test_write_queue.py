@@ -234,3 +234,14 @@ def test_a_saturated_queue_is_round_robin_by_last_write(delays: list[int]) -> No
         q.done(item)
         requeue.append((clock.now + delay, item.key))
     assert longest == 20
+
+
+def test_writers_scale_with_the_budget() -> None:
+    """Enough writers that the budget caps the rate while a request takes 0.5 s."""
+    from scraper.status_writer import WRITERS, writers_for
+
+    assert writers_for(1) == WRITERS
+    assert writers_for(20) == 10
+    assert writers_for(20.5) == 11
+    for qps in (0.1, 5, 20, 100, 1000):
+        assert writers_for(qps) >= max(WRITERS, qps * 0.5)
