@@ -98,10 +98,15 @@ WRITERS = 4
 REQUEST_ALLOWANCE_SECONDS = 0.5
 
 
+#: Writer tasks at most: each holds an API connection open.
+WRITERS_MAX = 32
+
+
 def writers_for(qps: float) -> int:
     """Writer tasks (and API connections) for a budget of ``qps`` writes per second:
-    ``max(WRITERS, ceil(qps * REQUEST_ALLOWANCE_SECONDS))``, e.g. 10 at QPS 20."""
-    return max(WRITERS, math.ceil(qps * REQUEST_ALLOWANCE_SECONDS))
+    ``ceil(qps * REQUEST_ALLOWANCE_SECONDS)`` within ``[WRITERS, WRITERS_MAX]``, e.g. 10
+    at QPS 20."""
+    return min(WRITERS_MAX, max(WRITERS, math.ceil(qps * REQUEST_ALLOWANCE_SECONDS)))
 #: Between two tries of a queued write: 0.2 s doubling up to 30 s, +50 % jitter.
 QUEUE_BACKOFF = Backoff(initial=0.2, cap=30.0)
 

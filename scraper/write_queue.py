@@ -30,6 +30,7 @@ change joins.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import time
@@ -111,7 +112,8 @@ class WriteQueue:
         self._processing: set[TrainJobKey] = set()
         self._dirty: dict[TrainJobKey, Pending] = {}  # arrived while its key was being written
         self._written: dict[TrainJobKey, float] = {}  # when each key's last write ended
-        self._wake = asyncio.Event()
+        # One future per writer task waiting in get(); an added item wakes one of them.
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -148,7 +150,7 @@ class WriteQueue:
         old = table.get(key)
         table[key] = item if old is None else _coalesce(old, item)
         self._idle.clear()
-        self._wake.set()
+        self._wake_one()
 
     def forget(self, key: TrainJobKey) -> None:
         """Drop what is pending for ``key`` (the TrainJob is gone)."""
@@ -186,20 +188,41 @@ class WriteQueue:
         """Monotonic time the next queued item is due (None: nothing queued)."""
         return min((p.due() for p in self._pending.values()), default=None)
 
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
     async def get(self) -> Pending:
-        """Wait for the next due item (:meth:`take`)."""
+        """Wait for the next due item (:meth:`take`).
+
+        An added item wakes one waiting caller, not all of them (with 10 writer tasks a
+        wake-all woke nine for nothing on every put).
+        """
+        loop = asyncio.get_running_loop()
         while True:
             item = self.take()
             if item is not None:
                 return item
-            self._wake.clear()
             due = self.next_due()
             timeout = None if due is None else max(0.0, due - self._clock())
-            # asyncio.timeout, not wait_for: wait_for wraps the wait in a new task each
-            # time, and every put wakes every writer task.
-            with contextlib.suppress(TimeoutError):
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                # asyncio.timeout, not wait_for: wait_for wraps the wait in a new task.
                 async with asyncio.timeout(timeout):
-                    await self._wake.wait()
+                    await waiter
+            except TimeoutError:
+                pass
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # woken, then cancelled: the wake goes to another
+                raise
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
 
     def done(self, item: Pending, *, retry_in: float | None = None) -> None:
         """The write of ``item`` ended; ``retry_in`` seconds: try it again after that.
