@@ -293,7 +293,7 @@ def measure(n: int, window: float = WINDOW, writes: int = 0) -> list[str]:
         lines.append(f"aiohttp ClientSession GET -> 304, {max(1, n // PHASES)} at once x "
                      f"{PHASES}/s: "
                      f"{asyncio.run(aiohttp_304(farm.urls(n), window)):.0f} us")
-    lines.append(f"asyncio.to_thread(no-op), the status write's hop: "
+    lines.append(f"asyncio.to_thread(no-op), the hop of each official-client call: "
                  f"{asyncio.run(thread_hop()):.0f} us")
     if writes:
         paths = asyncio.run(status_writes(writes))
