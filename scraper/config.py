@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, FilePath, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -91,7 +91,7 @@ class ScraperSettings(BaseSettings):
         env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True
     )
 
-    kubeconfig: Path | None = Field(
+    kubeconfig: FilePath | None = Field(
         default=None,
         description="kubeconfig file; unset: in-cluster service account, then "
         "$KUBECONFIG / ~/.kube/config",

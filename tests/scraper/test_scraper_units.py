@@ -56,6 +56,11 @@ def test_flags_env_file_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         ({"listen_port": "99999"}, "listen-port='99999'"),
         ({"default_port": "0"}, "default-port='0'"),
         ({"namespaces": "ok,Bad_NS"}, "'Bad_NS' is not a namespace name"),
+        # Before, a missing file surfaced as "cannot reach Kubernetes: Invalid kube-config
+        # file. No configuration found." without its path.
+        ({"kubeconfig": "/nonexistent/kc"}, "kubeconfig='/nonexistent/kc': Path does not "
+                                            "point to a file"),
+        ({"kubeconfig": "/"}, "kubeconfig='/': Path does not point to a file"),
     ],
 )
 def test_bad_option_named_with_its_value(flags: dict[str, str], expected: str) -> None:
