@@ -230,6 +230,9 @@ start (scraper/config.py), so `helm install` refuses instead of a crash-looping 
 {{- end -}}
 {{- end -}}
 {{- $le := .Values.leaderElection -}}
+{{- if and (not $le.enabled) (gt (int .Values.replicaCount) 1) -}}
+{{- fail (printf "replicaCount=%v with leaderElection.enabled=false: every replica would scrape every exporter and write every status; set leaderElection.enabled=true (the default) or replicaCount=1" .Values.replicaCount) -}}
+{{- end -}}
 {{- if $le.enabled -}}
 {{- $retry := include "trainjob-scraper.seconds" $le.retryPeriod | float64 -}}
 {{- $renew := include "trainjob-scraper.seconds" $le.renewDeadline | float64 -}}
