@@ -4,8 +4,11 @@ refreshed token is the one sent), and TLS as the client's configuration sets it.
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import socket
 from typing import Any
+from urllib.parse import urlsplit
 
 import certifi
 import pytest
@@ -131,3 +134,55 @@ async def test_a_refused_connection_is_a_connection_error(kube_api: client.ApiCl
             await _patch(api, _path(namespace, "x"), _body(namespace, "x", 1))
     finally:
         api.close()
+
+
+async def _tunnel(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while True:
+        data = await reader.read(65536)
+        if not data:
+            break
+        writer.write(data)
+        await writer.drain()
+    writer.close()
+
+
+async def test_the_proxy_of_the_configuration_carries_the_patch(
+        kube_api: client.ApiClient, namespace: str) -> None:
+    """``proxy`` set: the PATCH goes through it (an HTTP CONNECT tunnel, TLS end to end
+    with the API server); ``no_proxy`` covering the API server's host: straight there.
+    The proxy is a minimal CONNECT tunnel on loopback written for this test."""
+    objects.create_trainjob(kube_api, namespace, "p")
+    asked: list[str] = []
+
+    async def connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        method, target = head.split(b" ")[:2]
+        asked.append(f"{method.decode()} {target.decode()}")
+        host, port = target.decode().rsplit(":", 1)
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await writer.drain()
+        await asyncio.gather(_tunnel(reader, up_writer), _tunnel(up_reader, writer))
+
+    server = await asyncio.start_server(connect, "127.0.0.1", 0)
+    proxy_port = server.sockets[0].getsockname()[1]
+    api_host = urlsplit(kube_api.configuration.host).netloc
+    cfg = copy.copy(kube_api.configuration)
+    cfg.proxy = f"http://127.0.0.1:{proxy_port}"
+    via_proxy = client.ApiClient(cfg)
+    try:
+        obj = await _patch(via_proxy, _path(namespace, "p"), _body(namespace, "p", 8))
+        assert obj["status"]["trainerStatus"]["progressPercentage"] == 8
+        assert asked == [f"CONNECT {api_host}"]
+        cfg.no_proxy = "127.0.0.1"
+        direct = client.ApiClient(cfg)
+        try:
+            obj = await _patch(direct, _path(namespace, "p"), _body(namespace, "p", 9))
+        finally:
+            direct.close()
+        assert obj["status"]["trainerStatus"]["progressPercentage"] == 9
+        assert asked == [f"CONNECT {api_host}"]  # no second tunnel
+    finally:
+        via_proxy.close()
+        server.close()
+        await server.wait_closed()
