@@ -130,11 +130,11 @@ class ScraperSettings(BaseSettings):
     )
     write_qps: float = Field(
         default=20.0, gt=0, le=1000,
-        description="status writes and Events per second (sustained; kube-controller-"
-        "manager's client default)",
+        description="status writes per second (sustained; kube-controller-manager's "
+        "client default; Events have a budget of their own)",
     )
     write_burst: int = Field(default=30, ge=1, le=10000,
-                             description="status writes and Events in a burst")
+                             description="status writes in a burst")
     write_attempts: int = Field(
         default=5, ge=1, le=20,
         description="ignored: a queued write is retried until it is applied, superseded "

@@ -138,9 +138,11 @@ def _not_in_schema(exc: BaseException) -> bool:
 
 
 def _retryable(exc: BaseException) -> bool:
-    """Worth another try (the item stays queued): transient, 403 (authorizer not ready
-    after an API server restart, RBAC being granted), not a refusal of the body."""
-    if isinstance(exc, ApiException) and exc.status == 403:
+    """Worth another try (the item stays queued): transient, 401 (a credential that
+    expired or was revoked, until its refresh brings a valid one: the next try reads
+    the credentials again), 403 (authorizer not ready after an API server restart,
+    RBAC being granted), not a refusal of the body."""
+    if isinstance(exc, ApiException) and exc.status in (401, 403):
         return True
     return is_transient(exc) and not _not_in_schema(exc)
 
@@ -401,9 +403,9 @@ class StatusWriter:
         """Start ``workers`` worker tasks (default :attr:`writers`) on the running loop.
 
         Each makes its apply request on the loop (:mod:`scraper.kube.apply_request`),
-        over connections of the writer's own, so a write never queues behind the
-        official client's calls in the loop's default executor (informer lists, Events,
-        CRD probes) and those never wait for a write.
+        over connections of the writer's own, so a request never waits for a thread of
+        the loop's default executor (informer lists, Events, CRD probes) and those never
+        wait for a write (a new connection's host-name lookup does; aiohttp caches it).
         """
         for i in range(self.writers if workers is None else workers):
             self._workers.append(asyncio.create_task(self._work(), name=f"status-writer-{i}"))

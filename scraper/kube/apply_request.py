@@ -15,9 +15,12 @@ What is taken from the client's :class:`kubernetes.client.Configuration`, as its
   ``assert_hostname`` false (no hostname check) or a name, and ``tls_server_name``
   (the name sent and checked; an ``assert_hostname`` name is also sent as SNI here);
 * ``proxy`` and ``proxy_headers`` unless ``no_proxy`` covers the host;
-* credentials from ``ApiClient.update_params_for_auth`` at every request (so a token
-  that ``refresh_api_key_hook`` renews, e.g. the in-cluster ServiceAccount token, is
-  the current one), the client's default headers and cookie.
+* credentials from ``ApiClient.update_params_for_auth``, read in a worker thread at
+  most every :data:`CREDENTIALS_SECONDS` and again after a 401 (the configuration's
+  ``refresh_api_key_hook`` may run an exec credential plugin, a blocking subprocess of
+  up to seconds, at every read in a token's last 5 minutes: on the loop it stalled
+  every scrape), so a token the hook renews (the in-cluster ServiceAccount token, an
+  exec plugin's) is used within that time; the client's default headers and cookie.
 
 Errors: a non-2xx answer raises :class:`kubernetes.client.exceptions.ApiException`
 with status, reason, headers and body as the client's would; a connection, TLS or
@@ -26,8 +29,10 @@ protocol error raises :class:`ConnectionError`, a timeout :class:`TimeoutError`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
+import time
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -42,6 +47,9 @@ from scraper.kube.apply_body import APPLY_CONTENT_TYPE
 __all__ = ["ApplyClient", "ssl_context"]
 
 _CONTENT_HEADERS = {"Content-Type": APPLY_CONTENT_TYPE, "Accept": "application/json"}
+#: Seconds the credentials read for a request are reused (the in-cluster loader of the
+#: official client re-reads its token file once a minute).
+CREDENTIALS_SECONDS = 10.0
 
 
 def ssl_context(api_client: ApiClient) -> ssl.SSLContext:
@@ -81,6 +89,9 @@ class ApplyClient:
         name = cfg.tls_server_name or (cfg.assert_hostname
                                        if isinstance(cfg.assert_hostname, str) else None)
         self._server_hostname: str | None = name or None
+        self._auth: tuple[dict[str, str], list[tuple[str, str]]] | None = None
+        self._auth_at = 0.0
+        self._auth_lock = asyncio.Lock()
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -110,12 +121,11 @@ class ApplyClient:
             ValueError: a 2xx answer that is not a JSON object.
         """
         cfg = self._api.configuration
-        headers = {**self._api.default_headers, **_CONTENT_HEADERS}
+        auth_headers, auth_query = await self._credentials()
+        headers = {**self._api.default_headers, **_CONTENT_HEADERS, **auth_headers}
         if self._api.cookie:
             headers["Cookie"] = self._api.cookie
-        params = list(query)
-        self._api.update_params_for_auth(headers, params, ["BearerToken"])
-        url = f"{cfg.host}{quote(path)}?{urlencode(params)}"
+        url = f"{cfg.host}{quote(path)}?{urlencode([*query, *auth_query])}"
         try:
             async with self._open().patch(
                     url, data=body, headers=headers, proxy=self._proxy,
@@ -130,6 +140,8 @@ class ApplyClient:
         except aiohttp.ClientError as exc:
             raise ConnectionError(f"apply PATCH {path}: {type(exc).__name__}: {exc}") from exc
         if not 200 <= status <= 299:
+            if status == 401:
+                self._auth = None  # read the credentials again for the next try
             err = ApiException(status=status, reason=reason)
             err.body, err.headers = data, answer_headers
             raise err
@@ -138,6 +150,21 @@ class ApplyClient:
             raise ValueError(f"apply answer of {path}: a JSON {type(result).__name__}, "
                              "expected an object")
         return result
+
+    async def _credentials(self) -> tuple[dict[str, str], list[tuple[str, str]]]:
+        """The auth headers and query parameters of the client's configuration (module
+        doc); read off the loop, shared by the writers while fresh."""
+        async with self._auth_lock:
+            if self._auth is None or time.monotonic() - self._auth_at >= CREDENTIALS_SECONDS:
+                self._auth = await asyncio.to_thread(self._read_credentials)
+                self._auth_at = time.monotonic()
+            return self._auth
+
+    def _read_credentials(self) -> tuple[dict[str, str], list[tuple[str, str]]]:
+        headers: dict[str, str] = {}
+        query: list[tuple[str, str]] = []
+        self._api.update_params_for_auth(headers, query, ["BearerToken"])
+        return headers, query
 
     async def close(self) -> None:
         """Close the connections (a later :meth:`patch` opens new ones)."""

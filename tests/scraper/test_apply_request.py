@@ -66,10 +66,11 @@ async def test_an_error_answer_is_the_clients_api_exception(kube_api: client.Api
     assert err.value.headers is not None and "Content-Type" in err.value.headers
 
 
-async def test_the_token_is_read_at_every_request(control_plane: Any, kube_api: client.ApiClient,
-                                            namespace: str) -> None:
-    """A refresh hook (as the in-cluster configuration installs) runs before each request,
-    so a renewed token is used; a token the API server rejects gives 401."""
+async def test_the_credentials_are_read_again_after_a_401(
+        control_plane: Any, kube_api: client.ApiClient, namespace: str) -> None:
+    """The refresh hook (as the in-cluster configuration installs) runs before the first
+    request and again after a 401, so a renewed token is used; a token the API server
+    rejects gives 401, the next one is accepted (403: the ServiceAccount may not write)."""
     objects.create_trainjob(kube_api, namespace, "t")
     good = control_plane.service_account_token("kube-system", "apply-request-test")
     # The ServiceAccount may not write: 403 proves the token was accepted.
