@@ -246,16 +246,17 @@ async def status_writes(count: int) -> dict[str, float]:
                 return [await writer.apply_and_wait("bench", f"w{k}", status(first + i))
                         for i in range(n)]
 
+            per_lane = max(1, count // LANES)
             try:
                 await asyncio.gather(*(lane(k, base, 5) for k in range(LANES)))
                 c0 = time.process_time()
-                lanes = await asyncio.gather(*(lane(k, base + 100, count // LANES)
+                lanes = await asyncio.gather(*(lane(k, base + 100, per_lane)
                                                for k in range(LANES)))
                 cpu = time.process_time() - c0
                 outcomes = {o for one in lanes for o in one}
                 if outcomes != {WriteOutcome.WRITTEN}:
                     raise RuntimeError(f"{cls.__name__}: outcomes {outcomes}, not written")
-                return 1e6 * cpu / (LANES * (count // LANES))
+                return 1e6 * cpu / (LANES * per_lane)
             finally:
                 await writer.stop()
 

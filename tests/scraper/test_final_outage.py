@@ -65,14 +65,18 @@ def test_final_statuses_land_after_the_api_server_comes_back(
         down = time.monotonic()
         control_plane.restart_apiserver(OUTAGE_SECONDS)
         up = time.monotonic()
-        at_restart = [i for i in range(ENDING) if _final_of(kube_api, namespace, i) == str(i)]
         wait_for(lambda: all(_final_of(kube_api, namespace, i) == str(i)
                              for i in range(ENDING)), 60, "every final status after the outage")
         all_in = time.monotonic()
+        # Which finals the outage hit, from the scraper's own log: reading the TrainJobs
+        # once the API server is back raced the retries, which land within a second.
+        log = scraper.log()
+        hit = [i for i in range(ENDING)
+               if f"final status write to TrainJob {namespace}/job-{i} failed" in log]
         print(f"outage {up - down:.1f}s (killed, {OUTAGE_SECONDS:.0f}s down, ready again); "
               f"finals landed {all_in - up:.1f}s after /readyz; "
-              f"{len(at_restart)} of {ENDING} landed before the API server was back")
-        assert len(at_restart) <= ENDING - 3  # the outage did hit queued finals
+              f"{len(hit)} of {ENDING} finals failed at least once during the outage")
+        assert len(hit) >= 3  # the outage did hit queued finals
         assert scraper.value("trainjob_scraper_status_writes_total", result="retried") > 0
         assert scraper.proc.poll() is None  # no restart needed
         for i in range(ENDING, JOBS):  # the others keep their status
