@@ -86,10 +86,9 @@ def test_training_progress_reaches_the_trainjob(
         message = terminated.message
         assert 0 < len(message.encode()) <= 4096
         final = TrainerStatus.from_json(message)
-        recorder.wait_for(lambda o: o.status == final, FINAL_TIMEOUT_SECONDS,
-                          "the final status applied by the scraper")
-        seen = recorder.statuses(created["metadata"]["uid"])
-        seen = seen[:seen.index(final) + 1]
+        seen = recorder.statuses_through(final, created["metadata"]["uid"],
+                                         FINAL_TIMEOUT_SECONDS,
+                                         "the final status applied by the scraper")
 
         # Progress only goes forward and ends at the final reported value, 100.
         progress = [s.progress_percentage for s in seen if s.progress_percentage is not None]

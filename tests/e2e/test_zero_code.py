@@ -121,10 +121,9 @@ def test_unmodified_transformers_training_reports_through_the_sidecar(
             final = TrainerStatus.from_json(ended.message)
             assert final.progress_percentage == 100
 
-            recorder.wait_for(lambda o: o.status == final, FINAL_TIMEOUT_SECONDS,
-                              "the sidecar's final status applied by the scraper")
-            seen = recorder.statuses(created["metadata"]["uid"])
-            seen = seen[:seen.index(final) + 1]
+            seen = recorder.statuses_through(
+                final, created["metadata"]["uid"], FINAL_TIMEOUT_SECONDS,
+                "the sidecar's final status applied by the scraper")
             progress = [s.progress_percentage for s in seen if s.progress_percentage is not None]
             assert progress == sorted(progress), progress
             # Live: values below 100 came from scrapes while the training ran.

@@ -91,6 +91,18 @@ class TrainJobRecorder:
                 result.append(o.status)
         return result
 
+    def statuses_through(self, final: TrainerStatus, uid: str, timeout: float,
+                         what: str) -> list[TrainerStatus]:
+        """Wait until the TrainJob holds ``final``; the distinct statuses of ``uid`` up to
+        and including it (:meth:`statuses`).
+
+        Raises:
+            AssertionError: ``final`` not seen within ``timeout`` seconds.
+        """
+        self.wait_for(lambda o: o.status == final, timeout, what)
+        seen = self.statuses(uid)
+        return seen[:seen.index(final) + 1]
+
     def wait_for(self, predicate: Any, timeout: float, what: str) -> Observation:
         """Wait until an observation satisfies ``predicate``; return it.
 
