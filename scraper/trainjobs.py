@@ -58,22 +58,21 @@ class Held:
 def held_from_object(obj: dict[str, Any]) -> Held:
     """The :class:`Held` of a TrainJob dict (an unreadable trainerStatus or annotation
     counts as None: a write then replaces it)."""
-    raw = (obj.get("status") or {}).get("trainerStatus")
-    status = None
-    if raw:
-        try:
-            status = TrainerStatus.from_api(raw)
-        except StatusError:
-            status = None
     meta = obj.get("metadata") or {}
-    value = (meta.get("annotations") or {}).get(TRAINER_STATUS_ANNOTATION)
-    annotated = None
-    if value:
-        try:
-            annotated = decode_annotation(value)
-        except StatusError:
-            annotated = None
+    status = _readable(TrainerStatus.from_api, (obj.get("status") or {}).get("trainerStatus"))
+    annotated = _readable(decode_annotation,
+                          (meta.get("annotations") or {}).get(TRAINER_STATUS_ANNOTATION))
     return Held(meta.get("uid", ""), status, meta.get("resourceVersion", ""), annotated)
+
+
+def _readable(parse: Callable[[Any], TrainerStatus], raw: Any) -> TrainerStatus | None:
+    """``parse(raw)``; None when ``raw`` is empty or not a valid status."""
+    if not raw:
+        return None
+    try:
+        return parse(raw)
+    except StatusError:
+        return None
 
 
 def older(a: str, b: str) -> bool:
