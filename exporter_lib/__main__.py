@@ -40,6 +40,7 @@ from exporter_lib.state import State
 
 #: Token file modes ``--token-mode`` accepts: never readable or writable by others.
 TOKEN_MODES = (0o400, 0o440, 0o600, 0o640)
+_TOKEN_MODES_TEXT = ", ".join(f"{m:04o}" for m in TOKEN_MODES)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                             "(on a volume the trainer container mounts)")
     serve.add_argument("--token-mode", default="0600",
                        help="with --push: the token file's permission bits, octal, one of "
-                            + ", ".join(f"{m:04o}" for m in TOKEN_MODES) + " (default 0600)")
+                            + _TOKEN_MODES_TEXT + " (default 0600)")
     serve.add_argument("--port", type=_port, default=os.environ.get(ENV_PORT) or DEFAULT_PORT,
                        help=f"TCP port, 0-65535 (0: any free one; default ${ENV_PORT} or "
                             f"{DEFAULT_PORT})")
@@ -149,9 +150,8 @@ def _token_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     except ValueError:
         mode = -1
     if mode not in TOKEN_MODES:
-        parser.error(f"--token-mode {args.token_mode!r}: must be one of "
-                     + ", ".join(f"{m:04o}" for m in TOKEN_MODES)
-                     + " (the token must never be readable by other users)")
+        parser.error(f"--token-mode {args.token_mode!r}: must be one of {_TOKEN_MODES_TEXT}"
+                     " (the token must never be readable by other users)")
     return mode
 
 

@@ -36,18 +36,22 @@ DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 TERMINATION_MESSAGE_MAX_BYTES = 4096
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically (temp file in the same directory + rename).
+def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` atomically (temp file in the same directory + rename),
+    with permission bits ``mode`` (default 0644: mkstemp's 0600 would hide a status file
+    from a sidecar user; a token file asks for less).
 
     Raises:
         OSError: the directory is not writable or the disk is full.
     """
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
+        # fchmod, not a umask-filtered create mode: the mode asked for is the mode set,
+        # before any byte is written.
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the file from a sidecar user
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

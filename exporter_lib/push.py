@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Protocol
 
+from exporter_lib.files import write_atomic
 from exporter_lib.identity import TrainJobRef, parse_status_path, status_path
 from exporter_lib.refusal import Refused
 from exporter_lib.status import (
@@ -227,7 +228,7 @@ class TokenFile:
                     if kept is not None:
                         token = kept
                     else:
-                        _write_private(self._path, token, self._mode)
+                        write_atomic(self._path, token.encode(), self._mode)
                 self._token = token
             assert self._path is not None
             return self._path
@@ -266,17 +267,3 @@ def _kept_token(path: str, mode: int) -> str | None:
             return None
         text = handle.read(64)
     return text if _OUR_TOKEN.fullmatch(text) else None
-
-
-def _write_private(path: str, token: str, mode: int) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".token-", dir=directory)
-    try:
-        # fchmod, not the umask-filtered create mode: the mode asked for is the mode set.
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(token)
-        os.replace(tmp, path)
-    except BaseException:
-        _remove_quietly(tmp)
-        raise

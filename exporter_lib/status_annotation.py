@@ -72,6 +72,14 @@ def largest_status_json_bytes() -> int:
 TRAINER_STATUS_ANNOTATION_MAX_BYTES = largest_status_json_bytes()
 
 
+def _check_size(size: int) -> None:
+    """Raise StatusError naming ``size`` (bytes) and the bound when it is over."""
+    if size > TRAINER_STATUS_ANNOTATION_MAX_BYTES:
+        raise StatusError([
+            f"annotation {TRAINER_STATUS_ANNOTATION}=<{size} bytes>: must be at most "
+            f"{TRAINER_STATUS_ANNOTATION_MAX_BYTES} bytes"])
+
+
 def encode_annotation(status: TrainerStatus) -> str:
     """The annotation value for ``status`` (compact JSON, see the module docstring).
 
@@ -81,10 +89,7 @@ def encode_annotation(status: TrainerStatus) -> str:
             the check guards a change of the status limits that forgot this bound.
     """
     body = status.to_json()
-    if len(body) > TRAINER_STATUS_ANNOTATION_MAX_BYTES:
-        raise StatusError([
-            f"annotation {TRAINER_STATUS_ANNOTATION}=<{len(body)} bytes>: must be at most "
-            f"{TRAINER_STATUS_ANNOTATION_MAX_BYTES} bytes"])
+    _check_size(len(body))
     return body.decode()
 
 
@@ -98,11 +103,7 @@ def decode_annotation(value: str) -> TrainerStatus:
         StatusError: too large, not a JSON object, or a field breaks a limit; the
             message starts with the annotation's name and names field, value and limit.
     """
-    size = len(value.encode())
-    if size > TRAINER_STATUS_ANNOTATION_MAX_BYTES:
-        raise StatusError([
-            f"annotation {TRAINER_STATUS_ANNOTATION}=<{size} bytes>: must be at most "
-            f"{TRAINER_STATUS_ANNOTATION_MAX_BYTES} bytes"])
+    _check_size(len(value.encode()))
     try:
         return TrainerStatus.from_json(value)
     except StatusError as exc:
