@@ -92,14 +92,13 @@ log = logging.getLogger(__name__)
 FIELD_MANAGER = "trainjob-scraper"
 #: Concurrent writes (worker tasks) at least; the token bucket sets the rate.
 WRITERS = 4
-#: Request time the writers allow for at a full budget: ``qps * this`` writers, so the
-#: budget, not the writer count, caps the rate while a request takes up to this long
-#: (4 writers capped 20 writes/s once requests took over 200 ms on a loaded API server).
-REQUEST_ALLOWANCE_SECONDS = 0.5
-
-
 #: Writer tasks at most: each holds an API connection open.
 WRITERS_MAX = 32
+#: Request time the writers allow for at a full budget: ``qps * this`` writers, so the
+#: budget, not the writer count, caps the rate while a request takes up to this long.
+REQUEST_ALLOWANCE_SECONDS = 0.5
+#: Between two tries of a queued write: 0.2 s doubling up to 30 s, +50 % jitter.
+QUEUE_BACKOFF = Backoff(initial=0.2, cap=30.0)
 
 
 def writers_for(qps: float) -> int:
@@ -107,8 +106,6 @@ def writers_for(qps: float) -> int:
     ``ceil(qps * REQUEST_ALLOWANCE_SECONDS)`` within ``[WRITERS, WRITERS_MAX]``, e.g. 10
     at QPS 20."""
     return min(WRITERS_MAX, max(WRITERS, math.ceil(qps * REQUEST_ALLOWANCE_SECONDS)))
-#: Between two tries of a queued write: 0.2 s doubling up to 30 s, +50 % jitter.
-QUEUE_BACKOFF = Backoff(initial=0.2, cap=30.0)
 
 
 class NotLeader(Exception):

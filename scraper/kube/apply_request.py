@@ -135,7 +135,7 @@ class ApplyClient:
                                                   sock_read=request_timeout[1])) as resp:
                 data = await resp.read()
                 status, reason, answer_headers = resp.status, resp.reason, resp.headers
-        except TimeoutError:
+        except TimeoutError:  # aiohttp's timeouts are ClientErrors too: they stay timeouts
             raise
         except aiohttp.ClientError as exc:
             raise ConnectionError(f"apply PATCH {path}: {type(exc).__name__}: {exc}") from exc
