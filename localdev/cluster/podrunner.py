@@ -158,6 +158,12 @@ class ContainerRun:
         """Running and past its startupProbe: the kubelet's ``started``."""
         return self.proc is not None and self.probed
 
+    def terminate_once(self) -> None:
+        """SIGTERM the running process, unless it already got one."""
+        if self.proc is not None and not self.term_sent:
+            processes.signal_group(self.proc, signal.SIGTERM)
+            self.term_sent = True
+
     @property
     def ended(self) -> bool:
         """Exited and not about to start again."""
@@ -385,7 +391,8 @@ class PodRunner:
                 mounts.append((mount["mountPath"].rstrip("/") or "/", str(host)))
         return mounts
 
-    def _env(self, run: PodRun, spec: dict[str, Any], message_file: Path) -> dict[str, str]:
+    def _env(self, run: PodRun, spec: dict[str, Any], message_file: Path,
+             mounts: list[tuple[str, str]]) -> dict[str, str]:
         pod = run.pod
         env = {k: v for k, v in os.environ.items() if k in HOST_ENV or k.startswith("LC_")}
         env["HOSTNAME"] = pod["metadata"]["name"]
@@ -393,7 +400,6 @@ class PodRunner:
             data = self._env_from(pod["metadata"]["namespace"], source)
             prefix = source.get("prefix", "")
             env.update({prefix + k: v for k, v in data.items()})
-        mounts = self._mounts(run, spec)
         for var in spec.get("env") or []:
             if "value" in var:
                 env[var["name"]] = expand(translate_mounts(var["value"], mounts), env)
@@ -452,8 +458,8 @@ class PodRunner:
 
     def _start_container(self, run: PodRun, container: ContainerRun) -> None:
         spec = container.spec
-        env = self._env(run, spec, container.message_file)
         mounts = self._mounts(run, spec)
+        env = self._env(run, spec, container.message_file, mounts)
         argv = [expand(translate_mounts(a, mounts), env)
                 for a in (spec.get("command") or []) + (spec.get("args") or [])]
         container.message_file.unlink(missing_ok=True)
@@ -503,10 +509,7 @@ class PodRunner:
         if run.kill_at is not None:
             if not [c for c in run.running() if c.kind != SIDECAR]:
                 for sidecar in run.running():
-                    if not sidecar.term_sent:
-                        assert sidecar.proc is not None
-                        processes.signal_group(sidecar.proc, signal.SIGTERM)
-                        sidecar.term_sent = True
+                    sidecar.terminate_once()
             if run.running() and time.monotonic() >= run.kill_at:
                 for container in run.running():
                     assert container.proc is not None
@@ -563,11 +566,7 @@ class PodRunner:
         if run.sidecar_kill_at is None:
             grace = run.pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
             run.sidecar_kill_at = time.monotonic() + float(grace)
-        last = running[-1]
-        assert last.proc is not None
-        if not last.term_sent:
-            processes.signal_group(last.proc, signal.SIGTERM)
-            last.term_sent = True
+        running[-1].terminate_once()
         if time.monotonic() >= run.sidecar_kill_at:
             for sidecar in running:
                 assert sidecar.proc is not None
@@ -621,7 +620,7 @@ class PodRunner:
             if "exec" in probe:
                 mounts = self._mounts(run, container.spec)
                 argv = [translate_mounts(a, mounts) for a in probe["exec"]["command"]]
-                env = self._env(run, container.spec, container.message_file)
+                env = self._env(run, container.spec, container.message_file, mounts)
                 return subprocess.run(argv, env=env, capture_output=True, timeout=timeout,
                                       check=False).returncode == 0
         except (OSError, ValueError, KeyError, subprocess.SubprocessError):
