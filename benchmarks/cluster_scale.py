@@ -51,17 +51,15 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
-from benchmarks.cp import _make_jobs, _metric_sum, _Watcher, percentile
+from benchmarks.cp import _make_jobs, _Scraper, _Watcher, percentile
 from benchmarks.farm import ExporterFarm, free_ports, wait_http
-from localdev.cluster import ControlPlane, install_trainjob_crds, processes
-from localdev.demo.processes import start_scraper
+from localdev.cluster import ControlPlane, install_trainjob_crds
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The scraper's defaults this benchmark is about (scraper/config.py).
@@ -159,34 +157,6 @@ class _Exporters:
 
 
 # ------------------------------------------------------------------ helpers
-
-
-class _Scraper:
-    def __init__(self, kubeconfig: Path, workdir: Path, namespaces: str,
-                 options: list[str]) -> None:
-        self.port = processes.free_port()
-        self.child = start_scraper(workdir, kubeconfig=kubeconfig, port=self.port,
-                                   options=["--namespaces", namespaces, "--log-level",
-                                            "WARNING", *options])
-
-    def metric(self, name: str, label: str | None = None) -> float:
-        url = f"http://127.0.0.1:{self.port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return _metric_sum(resp.read().decode(), name, label)
-
-    def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                self.metric("trainjob_scraper_scrapes_total")
-                return
-            if self.child.process.poll() is not None:
-                break
-            time.sleep(0.5)
-        raise RuntimeError("scraper did not serve /metrics")
-
-    def stop(self) -> None:
-        self.child.stop(grace=15.0)
 
 
 def _loadavg() -> str:

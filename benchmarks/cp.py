@@ -58,19 +58,24 @@ def _metric_sum(text: str, name: str, label: str | None = None) -> float:
 
 
 class _Scraper:
-    """``python -m scraper run`` as a child process (the demo's launcher)."""
+    """``python -m scraper run`` as a child process (the demo's launcher) on a free port,
+    watching ``namespaces`` with ``options``; its /metrics read on demand."""
 
-    def __init__(self, kubeconfig: Path, interval: float, workdir: Path) -> None:
+    def __init__(self, kubeconfig: Path, workdir: Path, namespaces: str,
+                 options: list[str]) -> None:
         self.port = processes.free_port()
-        self.child = start_scraper(
-            workdir, kubeconfig=kubeconfig, port=self.port,
-            options=["--interval", str(interval), "--namespaces", f"{STATIC_NS},{LIVE_NS}",
-                     "--write-qps", "500", "--write-burst", "500", "--log-level", "WARNING"])
+        self.child = start_scraper(workdir, kubeconfig=kubeconfig, port=self.port,
+                                   options=["--namespaces", namespaces, "--log-level",
+                                            "WARNING", *options])
         self.proc = self.child.process
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
             return str(r.read().decode())
+
+    def metric(self, name: str, label: str | None = None) -> float:
+        """The sum of the samples of ``name`` (with ``label`` when given)."""
+        return _metric_sum(self.metrics(), name, label)
 
     def counts(self) -> tuple[float, float]:
         """(scrapes, status writes) so far."""
@@ -86,6 +91,22 @@ class _Scraper:
                     return True
             time.sleep(0.5)
         return False
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Until /metrics answers.
+
+        Raises:
+            RuntimeError: the process exited or ``timeout`` seconds passed first.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                self.metric("trainjob_scraper_scrapes_total")
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        raise RuntimeError("scraper did not serve /metrics")
 
     def stop(self) -> None:
         self.child.stop(grace=15.0)
@@ -159,7 +180,9 @@ def measure(static_ports: list[int], interval: float, live: int, warmup: float,
             core.create_namespace({"metadata": {"name": ns}})
         _make_jobs(api, STATIC_NS, static_ports)
         out["setup_seconds"] = time.monotonic() - t
-        scraper = _Scraper(plane.kubeconfig_path, interval, plane.workdir)
+        scraper = _Scraper(plane.kubeconfig_path, plane.workdir, f"{STATIC_NS},{LIVE_NS}",
+                           ["--interval", str(interval), "--write-qps", "500",
+                            "--write-burst", "500"])
         n = len(static_ports)
         # Every static TrainJob gets its one initial status, then nothing changes.
         if not scraper.wait_for(lambda: scraper.counts()[1] >= n, 60 + n / 20):
