@@ -135,11 +135,6 @@ class ScraperSettings(BaseSettings):
     )
     write_burst: int = Field(default=30, ge=1, le=10000,
                              description="status writes in a burst")
-    write_attempts: int = Field(
-        default=5, ge=1, le=20,
-        description="ignored: a queued write is retried until it is applied, superseded "
-        "or its TrainJob is gone (kept so existing configurations load)",
-    )
     status_target: Literal["status", "annotation", "auto"] = Field(
         default="status",
         description="where the trainer status is written: 'status' (status.trainerStatus, "

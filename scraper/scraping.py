@@ -153,7 +153,7 @@ def close_idle(connector: aiohttp.BaseConnector | None, host: str, port: int) ->
     aiohttp has no public call for this: the pool is ``BaseConnector._conns`` (a dict of
     ``ConnectionKey`` to ``(protocol, last use)`` pairs, aiohttp 3.x, pinned in
     constraints.txt).  If a future aiohttp changes that table, this closes nothing and
-    the keep-alive cleanup still bounds the pool in time (tests/scraper/test_scraping.py
+    the keep-alive cleanup still bounds the pool in time (tests/scraper/test_target_forget.py
     checks the effect on a real server, so a change shows up there).
     """
     pool = getattr(connector, "_conns", None)

@@ -322,17 +322,6 @@ class ControlPlane:
         """The kubectl binary built from the pinned Kubernetes release."""
         return self._require()[2].kubectl
 
-    @property
-    def helm_path(self) -> Path:
-        """The helm binary.
-
-        Raises:
-            ControlPlaneError: the asset directory has no helm.
-        """
-        helm = self._require()[2].helm
-        if helm is None:
-            raise ControlPlaneError(f"no helm in {self._require()[2].directory}")
-        return helm
 
     def _configuration(self) -> client.Configuration:
         config = client.Configuration()

@@ -63,43 +63,6 @@ def spawn(name: str, argv: Sequence[str], log_path: Path,
     return Child(name, process, log_path)
 
 
-def start_training(workdir: Path, *, port: int, framework: str = "numpy",
-                   args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Child:
-    """Start a demo training process whose exporter serves ``127.0.0.1:port``.
-
-    ``framework`` is ``numpy`` (:mod:`localdev.demo.train_numpy`) or ``transformers``
-    (:mod:`localdev.demo.train_transformers`, needs torch and transformers).  The
-    process writes its final status to ``workdir/termination-log`` (the
-    container's termination message) and its logged metrics to
-    ``workdir/training-log.jsonl``; ``extra`` of the returned child names both.
-
-    Raises:
-        ValueError: unknown ``framework``.
-    """
-    modules = {"numpy": "localdev.demo.train_numpy",
-               "transformers": "localdev.demo.train_transformers"}
-    if framework not in modules:
-        raise ValueError(f"framework={framework!r}: must be one of {sorted(modules)}")
-    termination = workdir / "termination-log"
-    metrics_log = workdir / "training-log.jsonl"
-    termination.unlink(missing_ok=True)
-    metrics_log.unlink(missing_ok=True)
-    child = spawn(
-        f"training ({framework})",
-        [sys.executable, "-m", modules[framework], "--log-file", str(metrics_log), *args],
-        workdir / "training.log",
-        env={
-            "TRAINJOB_EXPORTER_PORT": str(port),
-            "TRAINJOB_EXPORTER_HOST": "127.0.0.1",
-            "TRAINJOB_EXPORTER_TERMINATION_MESSAGE_PATH": str(termination),
-            "PYTHONUNBUFFERED": "1",
-            **(env or {}),
-        },
-    )
-    child.extra.update(termination_log=termination, metrics_log=metrics_log, port=port)
-    return child
-
-
 def start_scraper(workdir: Path, *, kubeconfig: Path | str | None, port: int,
                   options: Sequence[str] = (), env: Mapping[str, str] | None = None,
                   name: str = "scraper") -> Child:

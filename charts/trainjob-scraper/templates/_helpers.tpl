@@ -73,7 +73,6 @@ would print 1048576 as 1.048576e+06.
   "backoff_max" $c.backoffMax
   "write_qps" $c.writeQps
   "write_burst" (int $c.writeBurst)
-  "write_attempts" (int $c.writeAttempts)
   "resync_interval" $c.resyncInterval
   "metrics_write_interval" $c.metricsWriteInterval
   "status_target" $c.statusTarget
