@@ -22,6 +22,7 @@ from typing import Any
 from kubernetes import client, watch
 
 from benchmarks.farm import ExporterFarm
+from benchmarks.pinning import Pinning, affinity, pinned
 from benchmarks.procstat import cpu_seconds, rss_bytes
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from localdev.cluster import ControlPlane, install_trainjob_crds, objects, processes
@@ -162,8 +163,12 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def measure(static_ports: list[int], interval: float, live: int, warmup: float,
-            window: float) -> dict[str, Any]:
-    """Run both control-plane scenarios; returns their figures."""
+            window: float, pin: Pinning | None = None) -> dict[str, Any]:
+    """Run both control-plane scenarios; returns their figures.
+
+    ``pin``: the control plane (API server, etcd) and the live exporters start on its farm
+    core, the scraper on its scraper core; ``None``: nothing pinned.
+    """
     out: dict[str, Any] = {"targets": len(static_ports), "live_targets": live,
                            "interval": interval}
     plane = ControlPlane()
@@ -172,7 +177,8 @@ def measure(static_ports: list[int], interval: float, live: int, warmup: float,
     farm: ExporterFarm | None = None
     try:
         t = time.monotonic()
-        plane.start()
+        with pinned(pin.farm if pin else None):
+            plane.start()
         api = plane.api_client()
         install_trainjob_crds(api)
         core = client.CoreV1Api(api)
@@ -180,9 +186,11 @@ def measure(static_ports: list[int], interval: float, live: int, warmup: float,
             core.create_namespace({"metadata": {"name": ns}})
         _make_jobs(api, STATIC_NS, static_ports)
         out["setup_seconds"] = time.monotonic() - t
-        scraper = _Scraper(plane.kubeconfig_path, plane.workdir, f"{STATIC_NS},{LIVE_NS}",
-                           ["--interval", str(interval), "--write-qps", "500",
-                            "--write-burst", "500"])
+        with pinned(pin.scraper if pin else None):
+            scraper = _Scraper(plane.kubeconfig_path, plane.workdir, f"{STATIC_NS},{LIVE_NS}",
+                               ["--interval", str(interval), "--write-qps", "500",
+                                "--write-burst", "500"])
+        out["cores"] = sorted(affinity(scraper.proc.pid))
         n = len(static_ports)
         # Every static TrainJob gets its one initial status, then nothing changes.
         if not scraper.wait_for(lambda: scraper.counts()[1] >= n, 60 + n / 20):
@@ -198,7 +206,8 @@ def measure(static_ports: list[int], interval: float, live: int, warmup: float,
         # Live exporters: each changes every ~2.5 intervals at its own phase.
         live_window = max(window, 8 * interval)
         farm = ExporterFarm(live, period=2.5 * interval, jitter=True,
-                            duration=warmup + live_window + 60 + 4 * interval)
+                            duration=warmup + live_window + 60 + 4 * interval,
+                            cores=pin.farm if pin else None)
         farm.__enter__()
         watcher = _Watcher(api, LIVE_NS)
         _make_jobs(api, LIVE_NS, farm.ports)

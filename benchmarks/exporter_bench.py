@@ -1,6 +1,8 @@
 """Exporter benchmark (not a test): prints update() latency, /metrics render time at 256
 metrics, and a training loop's per-step overhead with ``exporter_lib.update()`` versus the
-Kubeflow SDK's synchronous ``update_trainjob_status`` posting to a local server.
+Kubeflow SDK's ``update_trainjob_status`` as shipped (throttled to one POST per 5 s) and,
+labelled as a variant, with its throttle defeated (one POST per step), both posting to
+exporter_lib's push-compat endpoint on loopback.
 
 Run: ``.venv/bin/python benchmarks/exporter_bench.py``.  Targets: update() median <= 2 us,
 render <= 1 ms.  The SDK comparison needs the ``kubeflow`` package (the e2e extra).
@@ -108,20 +110,28 @@ def bench_loop(steps: int = 2000) -> None:
         print("kubeflow SDK not installed: SDK comparison skipped (pip install kubeflow)")
         exporter.stop()
         return
+    # The SDK posts to the URL its environment names; enable_push_compat() points it at
+    # this process's exporter (loopback), not at a Trainer controller.
     exporter_lib.enable_push_compat()
+    throttled = loop(steps, work, lambda i: update_trainjob_status(
+        progress_percent=i * 100 // steps, metrics={"loss": 1.0 / (i + 1)}))
+    print(f"Kubeflow SDK update_trainjob_status as shipped (it drops calls within "
+          f"{sdk_utils._MIN_UPDATE_INTERVAL_SECONDS:g} s of its last POST): "
+          f"{throttled * 1e6:.2f} us/step median ({throttled / ours:.2f}x ours), plus one "
+          f"blocking POST at most every {sdk_utils._MIN_UPDATE_INTERVAL_SECONDS:g} s "
+          "(to exporter_lib's push-compat endpoint on 127.0.0.1 here, not a Trainer "
+          "controller); its status up to that long stale")
 
     def sdk_unthrottled(i: int) -> object:
-        sdk_utils._last_update_time = 0.0  # defeat the SDK's 5 s throttle: every step posts
+        sdk_utils._last_update_time = 0.0  # a variant: the SDK's private throttle state reset
         return update_trainjob_status(progress_percent=i * 100 // steps,
                                       metrics={"loss": 1.0 / (i + 1)})
 
     posting = loop(steps // 4, work, sdk_unthrottled)
-    throttled = loop(steps, work, lambda i: update_trainjob_status(
-        progress_percent=i * 100 // steps, metrics={"loss": 1.0 / (i + 1)}))
-    print(f"Kubeflow SDK update_trainjob_status, synchronous POST to a local server each step: "
-          f"{posting * 1e6:.0f} us/step (median, {posting / ours:.0f}x ours)")
-    print(f"Kubeflow SDK as shipped (throttled, one POST per 5 s): {throttled * 1e6:.2f} us/step "
-          f"median, plus a blocking POST every 5 s; status up to 5 s stale")
+    print(f"variant, not as shipped: the SDK with its throttle defeated (private "
+          f"_last_update_time reset each step), one synchronous POST per step to the same "
+          f"loopback endpoint: {posting * 1e6:.0f} us/step median, the cost of each "
+          f"throttled POST ({posting / ours:.0f}x ours per step)")
     exporter.stop()
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from benchmarks.payload import render_payloads
+from benchmarks.pinning import pinned
 from localdev.cluster import processes
 
 NGINX = "/usr/sbin/nginx"
@@ -101,10 +102,12 @@ class NginxFarm:
     """nginx serving the payload on ``count`` ports: N distinct targets like N pods.
 
     Static files get an ``ETag`` from nginx, and ``If-None-Match`` gets ``304``.
+    ``cores``: the CPUs nginx is started on (see :mod:`benchmarks.pinning`); ``None``: all.
     """
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, cores: frozenset[int] | None = None) -> None:
         self.count = count
+        self.cores = cores
         self.ports: list[int] = []
         self._dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -137,9 +140,10 @@ class NginxFarm:
             nofile = 65536 if hard == resource.RLIM_INFINITY else min(65536, hard)
             conf.write_text(NGINX_CONF.format(root=self._dir, listens=listens, nofile=nofile))
             # Own process group, killed with this process even when it dies abruptly.
-            self._proc = processes.spawn(
-                [NGINX, "-p", str(self._dir), "-c", str(conf), "-e", str(self._dir / "error.log")],
-                self._dir / "stderr.log")
+            with pinned(self.cores):
+                self._proc = processes.spawn(
+                    [NGINX, "-p", str(self._dir), "-c", str(conf), "-e",
+                     str(self._dir / "error.log")], self._dir / "stderr.log")
             wait_http(self.urls(1)[0], 15)
             wait_http(self.urls()[-1], 15)
         except BaseException:
@@ -168,6 +172,7 @@ class ExporterFarm:
     ``duration`` seconds, then exits by itself.  Each update carries a ``stamp`` metric
     (wall-clock time of the update) so a reader can tell updates apart and time them.
     ``log_dir`` receives one JSON file per child with every (port, stamp) it set.
+    ``cores``: the CPUs the children are started on (see :mod:`benchmarks.pinning`).
     """
 
     #: Exporters per child process at most.  Each exporter is a stdlib threading server,
@@ -178,7 +183,8 @@ class ExporterFarm:
 
     def __init__(self, count: int, *, period: float, duration: float,
                  processes: int | None = None,
-                 jitter: bool = False) -> None:
+                 jitter: bool = False, cores: frozenset[int] | None = None) -> None:
+        self.cores = cores
         self.count = count
         self.period = period
         self.duration = duration
@@ -193,6 +199,11 @@ class ExporterFarm:
     def urls(self) -> list[str]:
         return [f"http://127.0.0.1:{p}/metrics" for p in self.ports]
 
+    @property
+    def pids(self) -> list[int]:
+        """The child processes serving the exporters."""
+        return [proc.pid for proc in self._procs]
+
     def __enter__(self) -> ExporterFarm:
         self._dir = Path(tempfile.mkdtemp(prefix="bench-exporters-"))
         try:
@@ -204,7 +215,8 @@ class ExporterFarm:
                        "--duration", str(self.duration), "--log", str(self._dir / f"{i}.json")]
                 if self.jitter:
                     cmd.append("--jitter")
-                self._procs.append(processes.spawn(cmd, self._dir / f"{i}.log"))
+                with pinned(self.cores):
+                    self._procs.append(processes.spawn(cmd, self._dir / f"{i}.log"))
             for url in (self.urls()[0], self.urls()[-1]):
                 wait_http(url, 30, {"Accept": "application/json"})
         except BaseException:

@@ -7,10 +7,14 @@ scrape runs the production path (``TargetManager.run`` -> ``ScrapeLoop.run``: AP
 job, aiohttp GET with ``If-None-Match``, JSON validation, telemetry, ``StatusWriter.apply``
 with its same-report check, write queue and token bucket).  Only the Kubernetes API is
 left out: the writer holds TrainJob statuses in memory and its server-side apply
-returns the object it would have written (see :class:`OfflineWriter`); the control-plane
-phase of the benchmark measures real writes.  By default every change is written (a
-budget that never binds); ``--default-budget`` writes under the scraper's defaults
-(QPS 20, burst 30), where a TrainJob's changes coalesce while it waits its turn.
+returns the object it would have written (see :class:`OfflineWriter`), so **no request
+is sent for a write**: the figures include the write queue, the token bucket and the
+same-report check, not the HTTP request, TLS or the API server's answer.  Every report
+row built on this child says so; the control-plane phase of the benchmark
+(:mod:`benchmarks.cp`) measures real writes to the local API server.  By default every
+change goes through the write path (a budget that never binds); ``--default-budget``
+writes under the scraper's defaults (QPS 20, burst 30), where a TrainJob's changes
+coalesce while it waits its turn.
 
 Prints one JSON object: scrapes by result, CPU seconds (utime+stime of this process
 from ``/proc/self/stat``), RSS before and after scheduling the targets, writes.
@@ -54,7 +58,11 @@ class OfflineStore(TrainJobStore):
 
 
 class OfflineWriter(StatusWriter):
-    """A :class:`StatusWriter` whose apply returns what it would have written."""
+    """A :class:`StatusWriter` whose apply returns what it would have written.
+
+    No request leaves the process: a row measured with it leaves out the write's HTTP
+    request and must say so.
+    """
 
     writes = 0
 
@@ -155,6 +163,7 @@ async def run(urls: list[str], interval: float, warmup: float, window: float,
         "rss_before": rss_before,
         "rss_after": rss_after,
         "held": held,  # waiting scrapes open at the end of the window
+        "cores": sorted(os.sched_getaffinity(0)),
     }
 
 

@@ -6,6 +6,7 @@ import time
 import urllib.request
 from typing import Any
 
+from benchmarks.pinning import affinity, pinned
 from benchmarks.procstat import cpu_seconds, rss_bytes
 from localdev.cluster.prometheus import PrometheusServer, _duration
 
@@ -23,8 +24,10 @@ class FarmPrometheus(PrometheusServer):
             "global": {"scrape_interval": interval,
                        "scrape_timeout": _duration(self.scrape_interval * 0.9),
                        "evaluation_interval": "1h"},
+            # No targets: the same server with nothing to scrape (the RSS baseline).
             "scrape_configs": [{"job_name": "farm", "metrics_path": "/metrics",
-                                "static_configs": [{"targets": self.addresses}]}],
+                                "static_configs": [{"targets": self.addresses}]}]
+            if self.addresses else [],
         }
 
     @property
@@ -44,18 +47,27 @@ class FarmPrometheus(PrometheusServer):
         return total
 
 
-def measure(urls: list[str], interval: float, warmup: float, window: float) -> dict[str, Any]:
-    """Run Prometheus on ``urls`` (``http://host:port/metrics``) and measure one window."""
+def measure(urls: list[str], interval: float, warmup: float, window: float,
+            cores: frozenset[int] | None = None) -> dict[str, Any]:
+    """Run Prometheus on ``urls`` (``http://host:port/metrics``) and measure one window.
+
+    ``cores``: the CPUs Prometheus is started on (see :mod:`benchmarks.pinning`).  Returns
+    CPU seconds and scrapes in the window, the scrapes the schedule called for
+    (``expected``), resident memory at the end in bytes, targets up, and the cores the
+    process was allowed (read back from it).
+    """
     addresses = [u.split("//", 1)[1].split("/", 1)[0] for u in urls]
     prom = FarmPrometheus(addresses, scrape_interval=interval)
-    prom.start()
+    with pinned(cores):
+        prom.start()
     try:
+        allowed = sorted(affinity(prom.pid))
         time.sleep(warmup)
         c0, s0, t0 = cpu_seconds(prom.pid), prom.scrapes_total(), time.monotonic()
         time.sleep(window)
         c1, s1, t1 = cpu_seconds(prom.pid), prom.scrapes_total(), time.monotonic()
         rss = rss_bytes(prom.pid)
-        ups = prom.query("sum(up)").get("result") or []
+        ups = (prom.query("sum(up)").get("result") or []) if urls else []
     finally:
         prom.stop()
     return {
@@ -67,4 +79,5 @@ def measure(urls: list[str], interval: float, warmup: float, window: float) -> d
         "expected": len(urls) * (t1 - t0) / interval,
         "rss": rss,
         "up": float(ups[0]["value"][1]) if ups else None,
+        "cores": allowed,
     }
