@@ -305,7 +305,8 @@ def table(res: dict[str, Any]) -> str:
     lines = [
         f"N = {n} targets, interval {interval:g} s, payload {res['series']} series "
         f"({res['payload_bytes']['text']} B text / {res['payload_bytes']['json']} B JSON); "
-        f"{res['machine']}; started {res['started']} UTC, {res.get('seconds', 0):.0f} s.",
+        f"{res['machine']}; started {res.get('started', 'n/a')} UTC, "
+        f"{res.get('seconds', 0):.0f} s.",
         "",
         f"Machine load (`uptime` load average, 1/5/15 min) at start {res['loadavg_start']}, at "
         f"end {res.get('loadavg_end', 'n/a')}: the cores are shared with other work, so "
@@ -419,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = sorted({max(1, s) for s in steps})
     text, js = render_payloads()
     res: dict[str, Any] = {
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "targets": n, "interval": interval,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()), "targets": n,
+        "interval": interval,
         "window": window, "quick": quick, "series": series_count(text),
         "payload_bytes": {"text": len(text), "json": len(js)},
         "machine": f"{os.cpu_count()} cores, {platform.python_implementation()} "

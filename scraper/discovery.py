@@ -283,7 +283,7 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:200]}"
 
 
-async def probe_selector(core: CoreV1Api, selector: str, namespace: str | None) -> None:
+async def probe_selector(core: CoreV1Api, selector: str, namespace: str | None) -> bool:
     """Ask the API server whether ``selector`` is a valid label selector.
 
     One pod list with ``limit=1`` in ``namespace`` (None: all namespaces): the API
@@ -291,6 +291,10 @@ async def probe_selector(core: CoreV1Api, selector: str, namespace: str | None) 
     ``!canary``), and a wrong one is a configuration error at start, not a watch that
     fails forever.  Answers other than 400 (no access yet, API server down) are left to
     the watch, which reports and retries them.
+
+    Returns:
+        True when the API server answered the list (it accepts the selector); False
+        when it could not be asked (any answer but 400, or no answer): left to the watch.
 
     Raises:
         ConfigError: ``selector='...': <the API server's reason>`` on HTTP 400.
@@ -305,10 +309,12 @@ async def probe_selector(core: CoreV1Api, selector: str, namespace: str | None) 
     except ApiException as exc:
         if exc.status != 400:
             log.debug("selector probe: HTTP %s (left to the watch)", exc.status)
-            return
+            return False
         raise ConfigError([f"selector={selector!r}: {_status_message(exc)}"]) from None
     except Exception as exc:
         log.debug("selector probe failed (left to the watch): %s", _short(exc))
+        return False
+    return True
 
 
 def _status_message(exc: ApiException) -> str:

@@ -4,6 +4,7 @@ exporter's wire contract, and the bypassed scraper harness reports scrapes and C
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from typing import Any
@@ -156,3 +157,53 @@ def test_write_cost_harness_writes_through_every_path() -> None:
     costs = asyncio.run(breakdown.status_writes(4))
     assert set(costs) == set(breakdown.WRITE_PATHS) and all(c > 0 for c in costs.values()), \
         costs
+
+
+def test_pinned_children_run_on_the_core_given_and_the_mask_comes_back() -> None:
+    """A child started inside ``pinned`` is allowed that core only, read back from the
+    child itself; the parent's mask is what it was before."""
+    from benchmarks import pinning
+
+    before = os.sched_getaffinity(0)
+    core = frozenset({max(before)})
+    with pinning.pinned(core), NginxFarm(2, cores=core) as farm:
+        assert pinning.affinity(farm.pid) == set(core)
+    assert os.sched_getaffinity(0) == before
+    result = run_ours(["http://127.0.0.1:9/metrics"], 1.0, 0.5, 0.5, cores=core)
+    assert result["cores"] == sorted(core)
+
+
+def test_choose_splits_farm_and_scraper_or_pins_nothing() -> None:
+    from benchmarks import pinning
+
+    pin = pinning.choose({0, 1, 5})
+    assert pin is not None and (pin.farm, pin.scraper) == ({0}, {5})
+    assert "core 0" in pin.text() and "core 5" in pin.text()
+    assert pinning.choose({3}) is None
+
+
+def test_rss_per_target_is_computed_the_same_way_for_both_sides() -> None:
+    mib = 1 << 20
+    res: dict[str, object] = {
+        "targets": 100, "interval": 1.0, "series": 15, "machine": "test",
+        "loadavg_start": "0", "payload_bytes": {"text": 1, "json": 1},
+        # Prometheus: 60 MiB with no targets, 80 MiB with 100; ours: 40 -> 50 MiB.
+        "prom_baseline": {"targets": 0, "cpu_seconds": 1.0, "scrapes": 0.0, "rss": 60 * mib},
+        "prom_static": {"targets": 100, "cpu_seconds": 1.0, "scrapes": 10000.0,
+                        "expected": 10000.0, "rss": 80 * mib, "up": 100.0},
+        "ours_static": {"targets": 100, "cpu_seconds": 1.0, "scrapes": 10000.0,
+                        "results": {"not_modified": 10000.0}, "writes": 0,
+                        "rss_before": 40 * mib, "rss_after": 50 * mib, "skipped": 0.0,
+                        "expected": 10000.0},
+    }
+    report = table(res)
+    assert "| 819.2 KiB | 512.0 KiB | 0.62x |" in report  # total / N, both sides
+    assert "| 204.8 KiB | 102.4 KiB | 0.50x |" in report  # growth / N, both sides
+
+
+def test_rows_without_an_api_request_say_so() -> None:
+    res: dict[str, object] = {"targets": 1, "interval": 1.0, "series": 15, "machine": "t",
+                              "loadavg_start": "0", "payload_bytes": {"text": 1, "json": 1}}
+    rows = [line for line in table(res).splitlines() if "changing payload" in line]
+    offline = [row for row in rows if "write path left out" not in row]
+    assert len(offline) == 2 and all("no API request sent" in row for row in offline)

@@ -1,9 +1,9 @@
-"""Scenarios on the real stack that show what the scraper still gets wrong (issue 13).
+"""Scenarios on the real stack where the scraper once went wrong (issue 13).
 
-These tests assert the right behaviour and are expected to FAIL until the
-scraper is fixed; they are neither skipped nor marked xfail so the failure
-stays visible.  Why each fails is in its docstring.  Everything runs on the
-real chain (Trainer -> JobSet -> Job -> pods, scheduler, kwok, pod runner).
+Each test asserts the right behaviour and now guards the fix: its docstring says what
+went wrong and what in the scraper handles it.  They are neither skipped nor marked
+xfail, so a regression fails them.  Everything runs on the real chain (Trainer ->
+JobSet -> Job -> pods, scheduler, kwok, pod runner).
 """
 
 from __future__ import annotations
@@ -62,10 +62,12 @@ class TargetSampler:
 def test_final_status_survives_the_trainer_completing_the_trainjob(
         kube_stack: Cluster, stack_api: client.ApiClient, stack_namespace: str,
         tmp_path: Path) -> None:
-    """Fails today: Trainer v2.0.0 writes TrainJob status with ``Status().Update()`` of
-    its own Go types (no trainerStatus field), so its write of the Complete condition
-    removes the trainerStatus the scraper applied moments before; the scraper's
-    target is gone by then and nothing restores the final status."""
+    """Trainer v2.0.0 writes TrainJob status with ``Status().Update()`` of its own Go
+    types (no trainerStatus field), so its write of the Complete condition removed the
+    trainerStatus the scraper had applied moments before, and nothing restored it.  The
+    scraper now restores its held status when the TrainJob informer shows another
+    writer removed it (scraper/status_writer.py, Drift).  On a Trainer that keeps
+    trainerStatus (v2.2 and later) nothing is removed and the test asserts the same."""
     ns = stack_namespace
     with scraper(kube_stack, ns, tmp_path), recording(stack_api, ns, "done") as rec:
         trainjobs.create(stack_api, trainjobs.trainjob_body(
@@ -111,8 +113,9 @@ def test_jobset_restart_resumes_one_target_no_regression_no_flapping(
     """A rank-0 failure restarts the JobSet (restart-attempt=1 pods) while the old rank-1
     pod still terminates; training resumes from its checkpoint.  Right behaviour: one
     target at a time, progress never goes back, no attempt-0 status after an attempt-1
-    one.  Expected to fail today where the scraper picks targets by labels alone and
-    keeps the failed attempt's pod (or both) as targets."""
+    one.  A scraper that picked targets by labels alone kept the failed attempt's pod
+    (or both) as targets; the scraper now picks one pod per TrainJob, the highest
+    restart attempt first (scraper/identity.py)."""
     _ensure_restart_runtime(stack_api)
     ns = stack_namespace
     with scraper(kube_stack, ns, tmp_path) as child, recording(stack_api, ns, "rs") as rec:
@@ -146,8 +149,9 @@ def test_trainjob_recreated_with_same_name_never_gets_the_old_pods_status(
     """Delete a TrainJob (garbage collection removes JobSet, Jobs, pods) while its pod
     lingers on SIGTERM and still answers, then create one of the same name.  Right
     behaviour: the old pod's status never lands on the new TrainJob (same name, other
-    UID); the old target goes.  Expected to fail today where identity is checked by
-    name (jobset-name label) rather than by the owner chain's UIDs."""
+    UID); the old target goes.  A scraper that checked identity by name (jobset-name
+    label) wrote the old pod's status to the new TrainJob; the scraper now follows the
+    owner chain by UID (scraper/identity.py)."""
     ns = stack_namespace
     custom = client.CustomObjectsApi(stack_api)
     with scraper(kube_stack, ns, tmp_path) as child, recording(stack_api, ns, "same") as rec:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from kubernetes import client
 
-from localdev.cluster import objects
+from localdev.cluster import ControlPlane, objects
 from scraper.config import ConfigError
 from scraper.discovery import probe_selector
 from tests.helpers.scraper import (
@@ -40,8 +40,21 @@ async def test_selectors_the_api_server_accepts_pass(
     kube_api: client.ApiClient, namespace: str, selector: str,
 ) -> None:
     core = client.CoreV1Api(kube_api)
-    await probe_selector(core, selector, namespace)
-    await probe_selector(core, selector, None)  # all namespaces
+    # True only when the API server answered the list: a probe that could not ask it
+    # (refused, 403, timeout) returns False and fails here.
+    assert await probe_selector(core, selector, namespace) is True
+    assert await probe_selector(core, selector, None) is True  # all namespaces
+
+
+async def test_a_probe_that_cannot_ask_the_api_server_says_so(
+    control_plane: ControlPlane, namespace: str,
+) -> None:
+    """No access (403 from the real API server: a ServiceAccount with no RoleBinding) is
+    not an accepted selector: the probe says it could not check (the watch reports and
+    retries), and raises nothing."""
+    token = control_plane.service_account_token(namespace, "no-grants")
+    with control_plane.api_client_for_token(token) as api:
+        assert await probe_selector(client.CoreV1Api(api), "app=x", namespace) is False
 
 
 def test_scraper_exits_2_naming_a_rejected_selector(
