@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import resource
 import shutil
 import signal
@@ -28,11 +29,48 @@ from localdev.cluster import processes
 NGINX = "/usr/sbin/nginx"
 
 
+#: Lowest port a farm takes: above the well-known and registered ports most services use.
+FARM_PORT_LOW = 10000
+
+
+def _ephemeral_low() -> int:
+    """Lowest port of the kernel's ephemeral range (``ip_local_port_range``)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+            return int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1 (all bound at once, then released)."""
+    """``count`` distinct free TCP ports on 127.0.0.1 (all bound at once, then released).
+
+    Taken below the kernel's ephemeral range, from a random start: between this call and
+    the farm's own bind, other processes on a shared machine that bind port 0 (or
+    connect out) get ephemeral ports, and took a farm port often enough at 4000 ports
+    to stop nginx from starting.  Falls back to ephemeral ports when the range below is
+    too small.
+
+    Raises:
+        OSError: fewer than ``count`` ports could be bound.
+    """
+    high = _ephemeral_low()
+    span = high - FARM_PORT_LOW
     socks: list[socket.socket] = []
     try:
-        for _ in range(count):
+        if span >= 2 * count:
+            start = random.randrange(span)
+            for i in range(span):
+                if len(socks) == count:
+                    break
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    sock.bind(("127.0.0.1", FARM_PORT_LOW + (start + i) % span))
+                except OSError:
+                    sock.close()
+                    continue
+                socks.append(sock)
+        while len(socks) < count:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.bind(("127.0.0.1", 0))
             socks.append(sock)
@@ -105,6 +143,9 @@ class NginxFarm:
     ``cores``: the CPUs nginx is started on (see :mod:`benchmarks.pinning`); ``None``: all.
     """
 
+    #: Starts with fresh ports when nginx exits because a port was taken meanwhile.
+    START_ATTEMPTS = 3
+
     def __init__(self, count: int, cores: frozenset[int] | None = None) -> None:
         self.count = count
         self.cores = cores
@@ -133,19 +174,28 @@ class NginxFarm:
             text, js = render_payloads()
             (self._dir / "www" / "payload.prom").write_bytes(text)
             (self._dir / "www" / "payload.json").write_bytes(js)
-            self.ports = free_ports(self.count)
-            listens = "\n".join(f"        listen 127.0.0.1:{p};" for p in self.ports)
             conf = self._dir / "nginx.conf"
             hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
             nofile = 65536 if hard == resource.RLIM_INFINITY else min(65536, hard)
-            conf.write_text(NGINX_CONF.format(root=self._dir, listens=listens, nofile=nofile))
-            # Own process group, killed with this process even when it dies abruptly.
-            with pinned(self.cores):
-                self._proc = processes.spawn(
-                    [NGINX, "-p", str(self._dir), "-c", str(conf), "-e",
-                     str(self._dir / "error.log")], self._dir / "stderr.log")
-            wait_http(self.urls(1)[0], 15)
-            wait_http(self.urls()[-1], 15)
+            for attempt in range(self.START_ATTEMPTS):
+                self.ports = free_ports(self.count)
+                listens = "\n".join(f"        listen 127.0.0.1:{p};" for p in self.ports)
+                conf.write_text(NGINX_CONF.format(root=self._dir, listens=listens,
+                                                  nofile=nofile))
+                # Own process group, killed with this process even when it dies abruptly.
+                with pinned(self.cores):
+                    self._proc = processes.spawn(
+                        [NGINX, "-p", str(self._dir), "-c", str(conf), "-e",
+                         str(self._dir / "error.log")], self._dir / "stderr.log")
+                try:
+                    wait_http(self.urls(1)[0], 15)
+                    wait_http(self.urls()[-1], 15)
+                    break
+                except RuntimeError:
+                    # nginx exits when one listen fails: another process took a port.
+                    if self._proc.poll() is None or attempt == self.START_ATTEMPTS - 1:
+                        raise
+                    processes.stop(self._proc)
         except BaseException:
             self.__exit__(None, None, None)
             raise
