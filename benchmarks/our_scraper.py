@@ -174,7 +174,6 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--cpu", type=int, default=None, help="pin this process to one core")
     parser.add_argument("--no-writes", action="store_true",
                         help="detect changes but leave out the status write path")
     parser.add_argument("--no-wait-scrapes", action="store_true",
@@ -183,8 +182,6 @@ def main() -> None:
                         help="the scraper's default write budget (QPS 20, burst 30: changes "
                         "coalesce per TrainJob) instead of one write per change")
     args = parser.parse_args()
-    if args.cpu is not None:
-        os.sched_setaffinity(0, {args.cpu})
     with open(args.urls_file) as handle:
         urls = json.load(handle)
     defaults = ScraperSettings()
