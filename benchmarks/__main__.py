@@ -361,6 +361,10 @@ def table(res: dict[str, Any]) -> str:
         f"{fmt(None if not grow_prom or grow_ours is None else grow_ours / grow_prom, '.2f', 'x')}"
         " | | |",
     ]
+    if res.get("exporter_farm_unready"):
+        lines += ["", f"{res['exporter_farm_unready']} of {n} exporter_lib exporters did not "
+                  "answer within 30 s of the farm's start (a port taken by another "
+                  "process, or a child starved of CPU)."]
     if bad:
         lines += ["", "**Not a valid comparison**, so no ratio:", ""]
         lines += [f"- {why}" for _, why in bad]
@@ -476,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
                           cores=farm_cores) as live:
             res["farm_cores"]["exporter_lib farm"] = sorted(
                 set().union(*(pinning.affinity(pid) for pid in live.pids)))
+            res["exporter_farm_unready"] = len(live.unready)
+            if live.unready:
+                log(f"  {len(live.unready)} of {n} exporters did not answer within 30 s")
             res["prom_changing"] = prom.measure(live.urls(), interval, warmup + 5, window,
                                                 cores=ours_cores)
             log(f"  Prometheus {per_scrape_us(res['prom_changing']):.0f} us/scrape")

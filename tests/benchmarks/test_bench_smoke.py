@@ -207,3 +207,12 @@ def test_rows_without_an_api_request_say_so() -> None:
     rows = [line for line in table(res).splitlines() if "changing payload" in line]
     offline = [row for row in rows if "write path left out" not in row]
     assert len(offline) == 2 and all("no API request sent" in row for row in offline)
+
+
+def test_unready_names_the_exporters_that_do_not_answer() -> None:
+    from benchmarks.farm import unready
+
+    with NginxFarm(2) as farm:
+        closed = "http://127.0.0.1:9/metrics"  # discard port: nothing listens here
+        assert unready([*farm.urls(), closed], 1.0) == [closed]
+        assert unready(farm.urls(), 1.0) == []
