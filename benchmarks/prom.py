@@ -8,7 +8,7 @@ from typing import Any
 
 from benchmarks.pinning import affinity, pinned
 from benchmarks.procstat import cpu_seconds, rss_bytes
-from localdev.cluster.prometheus import PrometheusServer, _duration
+from localdev.cluster.prometheus import PrometheusError, PrometheusServer, _duration
 
 
 class FarmPrometheus(PrometheusServer):
@@ -67,7 +67,12 @@ def measure(urls: list[str], interval: float, warmup: float, window: float,
         time.sleep(window)
         c1, s1, t1 = cpu_seconds(prom.pid), prom.scrapes_total(), time.monotonic()
         rss = rss_bytes(prom.pid)
-        ups = (prom.query("sum(up)").get("result") or []) if urls else []
+        try:
+            ups = (prom.query("sum(up)").get("result") or []) if urls else []
+        except PrometheusError:
+            # Too loaded to answer in time: targets up unknown, so the run gets no
+            # ratio (benchmarks.__main__.problems), and the rest of the run goes on.
+            ups = []
     finally:
         prom.stop()
     return {
