@@ -29,7 +29,7 @@ from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from scraper.annotation_target import StatusTarget
 from scraper.config import ScraperSettings
 from scraper.discovery import PodEvent, PodWatcher, Synced, WatchItem, probe_selector
-from scraper.identity import LABEL_JOBSET_NAME, Identity, OwnerIndex
+from scraper.identity import LABEL_JOBSET_NAME, Identity, Link, OwnerIndex
 from scraper.kube.client import load_client, without_retries
 from scraper.kube.informer import ListWatch, ScopesListed
 from scraper.leader import LeaseElector
@@ -41,7 +41,7 @@ from scraper.scraping import ExporterScraper, ScrapeLimits
 from scraper.status_writer import StatusWriter
 from scraper.supervisor import Supervisor
 from scraper.telemetry import Telemetry
-from scraper.trainjobs import Held, TrainJobStore
+from scraper.trainjobs import TrainJobStore
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,8 @@ class ScraperApp:
         )
         self.telemetry.held_scrapes.set_function(lambda: self.scraper.held)
         # --- identity: Jobs and JobSets by UID (scraper/identity.py)
-        self.jobs = OwnerIndex(self.scopes)
-        self.jobsets = OwnerIndex(self.scopes)
+        self.jobs = OwnerIndex(self.scopes, "Job")
+        self.jobsets = OwnerIndex(self.scopes, "JobSet")
         self.identity = Identity(self.jobs, self.jobsets, self.trainjobs)
         # --- end identity
         self.manager = TargetManager(
@@ -138,13 +138,11 @@ class ScraperApp:
             default_interval=s.interval, leading=not s.leader_election,
             identify=self.identity.verify, on_dropped=self.scraper.forget,
         )
+        # Any change to a link of an owner chain, and every list, re-checks the pods
+        # waiting on it (scraper/identity.py, "Convergence").
         self.jobs.on_change = self.jobsets.on_change = self._owners_changed
-        on_trainjob_change = self.trainjobs.on_change
-
-        def trainjob_changed(namespace: str, name: str, held: Held) -> None:
-            on_trainjob_change(namespace, name, held)
-            self._owners_changed()
-        self.trainjobs.on_change = trainjob_changed
+        self.trainjobs.on_seen = lambda key: self._owners_changed(
+            None if key is None else ("TrainJob", f"{key[0]}/{key[1]}"))
         self._pods_listed = ScopesListed(self.scopes)
 
     # ------------------------------------------------------------ lifecycle
@@ -326,8 +324,8 @@ class ScraperApp:
                     relist_interval=self.settings.resync_interval))
         return watches
 
-    def _owners_changed(self) -> None:
-        self.manager.recheck()
+    def _owners_changed(self, link: Link | None) -> None:
+        self.manager.recheck(link)
         self._targets_changed()
 
     def _trainjob_gone(self, namespace: str, name: str, uid: str) -> None:
