@@ -31,6 +31,7 @@ from scraper.config import ScraperSettings
 from scraper.discovery import PodEvent, PodWatcher, Synced, WatchItem, probe_selector
 from scraper.identity import LABEL_JOBSET_NAME, Identity, Link, OwnerIndex
 from scraper.kube.client import load_client, without_retries
+from scraper.kube.health import ApiHealth
 from scraper.kube.informer import ListWatch, ScopesListed
 from scraper.leader import LeaseElector
 from scraper.loop import ScrapeLoop
@@ -53,6 +54,7 @@ JOBSET_VERSION = "v1alpha2"
 ROOT_CONSUMER = "pod-watch-consumer"
 ROOT_LEADER = "leader-election"
 ROOT_CRD = "crd-recheck"
+ROOT_HEALTH = "api-health-probe"
 
 
 class ScraperApp:
@@ -91,15 +93,20 @@ class ScraperApp:
         # --- write side: TrainJob informer store + write queue (status_writer.py)
         self.scopes: list[str | None] = list(s.namespaces) or [None]
         self.trainjobs = TrainJobStore(self.scopes)
+        # Recovery (issue 21, input 6): writes and watches retry once the API answers.
+        self.health = ApiHealth.for_client(self.api)
         self.writer = writer or StatusWriter.for_client(
             self.api, identity=s.identity, qps=s.write_qps, burst=s.write_burst,
             store=self.trainjobs, may_write=self._may_write,
             on_write=lambda outcome: self.telemetry.writes.labels(outcome.value).inc(),
             on_request=self.telemetry.write_duration.observe,
             metrics_interval=s.metrics_write_interval,
-            target=StatusTarget(s.status_target),
+            target=StatusTarget(s.status_target), health=self.health,
         )
-        self.telemetry.writes_pending.set_function(lambda: len(self.writer.queue))
+        if writer is not None:  # brought by the caller: still resumed after an outage
+            self.health.on_recovered(writer.queue.resume)
+        # Everything not applied yet, also what a writer took and waits on the budget for.
+        self.telemetry.writes_pending.set_function(lambda: self.writer.queue.unapplied())
         self.trainjobs = self.writer.store
         self.trainjobs.on_gone = self._trainjob_gone
         self.writer.on_gone = self._drop_trainjob
@@ -187,7 +194,7 @@ class ScraperApp:
         queue: asyncio.Queue[WatchItem] = asyncio.Queue(maxsize=1000)
         watchers = [
             PodWatcher(core, namespace=ns, selector=s.selector, queue=queue, loop=loop,
-                       on_restart=self._watch_restarted)
+                       on_restart=self._watch_restarted, health=self.health)
             for ns in scopes
         ]
         trainjob_watches = self._trainjob_watches(loop)  # write side
@@ -198,6 +205,7 @@ class ScraperApp:
         for w in watchers:
             w.start()
         supervisor.root(ROOT_CONSUMER, self._consume(queue))
+        supervisor.root(ROOT_HEALTH, self.health.run())
         supervisor.root(ROOT_CRD, self._recheck_crd())
         if self._elector is not None:
             supervisor.root(ROOT_LEADER, self._elector.run())
@@ -221,7 +229,7 @@ class ScraperApp:
             self.scheduler.shutdown()
             await supervisor.cancel_background()
             await self.writer.stop()
-            await supervisor.cancel(ROOT_CONSUMER, ROOT_CRD)
+            await supervisor.cancel(ROOT_CONSUMER, ROOT_CRD, ROOT_HEALTH)
             await supervisor.cancel(ROOT_LEADER)  # last: it releases the Lease
             # All at once: each may wait up to 1 s for its blocked read.
             stops: list[Callable[[float], None]] = [w.stop for w in watchers]
@@ -321,7 +329,7 @@ class ScraperApp:
                     lister, name=f"{kind}/{ns or 'all'}", loop=loop,
                     on_list=functools.partial(sink.on_list, ns),
                     on_event=sink.on_event, on_restart=self._watch_restarted,
-                    relist_interval=self.settings.resync_interval))
+                    relist_interval=self.settings.resync_interval, health=self.health))
         return watches
 
     def _owners_changed(self, link: Link | None) -> None:

@@ -23,8 +23,11 @@ Order of :meth:`WriteQueue.get` (the rule, tested in ``tests/scraper/test_write_
 
 Coalescing: a pending final status is never replaced by a non-final one (the final
 status wins); otherwise the newest status wins and the item takes the more urgent
-class of the two.  A retry's backoff stays; a metrics-only hold ends when a more urgent
-change joins.
+class of the two.  A retry's backoff stays, except that a final status joining a
+non-final item starts afresh, due at once (issue 21, input 6: a final inherited the
+backoff of its TrainJob's failed progress writes, up to 30 s); a metrics-only hold ends
+when a more urgent change joins.  :meth:`WriteQueue.resume` (the API server answers
+again after an outage) makes every retry due at once, its backoff started over.
 """
 
 from __future__ import annotations
@@ -89,6 +92,9 @@ class Pending:
 def _coalesce(old: Pending, new: Pending) -> Pending:
     if old.priority is Priority.FINAL and new.priority is not Priority.FINAL:
         return old
+    if new.priority is Priority.FINAL and old.priority is not Priority.FINAL:
+        # A final never inherits a progress write's backoff (module doc).
+        return replace(new, queued_at=old.queued_at, since=old.since)
     priority = min(old.priority, new.priority)
     hold = new.hold_until if priority is Priority.METRICS else 0.0
     return replace(new, priority=priority, queued_at=old.queued_at,
@@ -119,6 +125,26 @@ class WriteQueue:
 
     def __len__(self) -> int:
         return len(self._pending) + len(self._dirty)
+
+    def unapplied(self) -> int:
+        """TrainJobs with a status not applied yet: queued, or taken by a writer that is
+        waiting on the budget or on the API (the pending-writes gauge; a key being
+        written with a newer status queued behind it counts once)."""
+        return len(self._pending.keys() | self._processing)
+
+    def resume(self) -> int:
+        """Make every queued retry due now, its backoff started over (the API server
+        answers again after an outage); returns how many were."""
+        now = self._clock()
+        resumed = 0
+        for table in (self._pending, self._dirty):
+            for key, item in table.items():
+                if item.attempts or item.not_before > now:
+                    table[key] = replace(item, attempts=0, not_before=0.0)
+                    resumed += 1
+        for _ in range(resumed):
+            self._wake_one()
+        return resumed
 
     def pending(self, key: TrainJobKey) -> Pending | None:
         """The item queued (or waiting for its key's write to end) for ``key``."""
