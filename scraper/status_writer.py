@@ -77,7 +77,7 @@ from scraper.kube.calls import Backoff, call, deadline_of, is_transient, retry_a
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.crd import CRD_NAME, REASON_UNSUPPORTED, CrdSupport
 from scraper.kube.events import EventRecorder
-from scraper.kube.health import ApiHealth, unreachable
+from scraper.kube.health import ApiHealth, answering, unreachable
 from scraper.kube.informer import slim
 from scraper.trainjobs import (
     Held,
@@ -559,11 +559,10 @@ class StatusWriter:
                         namespace, name, detail)
             return WriteOutcome.FAILED, None
         delay = QUEUE_BACKOFF.delay(item.attempts, retry_after(exc))
-        if self._health is not None:
-            if unreachable(exc):
-                self._health.lost()
-            else:
-                self._health.answered()  # an error answer: the server is there
+        if self._health is not None and unreachable(exc):
+            self._health.lost()
+        elif self._health is not None and answering(exc):
+            self._health.answered()  # a refusal: the server is back
         if item.key not in self._failing_told or item.priority is Priority.FINAL:
             self._failing_told.add(item.key)
             log.warning("%sstatus write to TrainJob %s/%s failed: %s; kept queued, next try "

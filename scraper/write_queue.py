@@ -118,6 +118,7 @@ class WriteQueue:
         self._processing: set[TrainJobKey] = set()
         self._dirty: dict[TrainJobKey, Pending] = {}  # arrived while its key was being written
         self._written: dict[TrainJobKey, float] = {}  # when each key's last write ended
+        self._resumed: set[TrainJobKey] = set()  # being written when the API came back
         # One future per writer task waiting in get(); an added item wakes one of them.
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._idle = asyncio.Event()
@@ -134,8 +135,12 @@ class WriteQueue:
 
     def resume(self) -> int:
         """Make every queued retry due now, its backoff started over (the API server
-        answers again after an outage); returns how many were."""
+        answers again after an outage); returns how many were.  A write out at this
+        moment (e.g. held by the restarting API server, then refused with 403 while
+        its authorizer warms up) is retried at once when it fails, its backoff started
+        over too."""
         now = self._clock()
+        self._resumed |= self._processing
         resumed = 0
         for table in (self._pending, self._dirty):
             for key, item in table.items():
@@ -183,6 +188,7 @@ class WriteQueue:
         self._pending.pop(key, None)
         self._dirty.pop(key, None)
         self._written.pop(key, None)
+        self._resumed.discard(key)
         self._check_idle()
 
     def clear(self) -> None:
@@ -190,6 +196,7 @@ class WriteQueue:
         self._pending.clear()
         self._dirty.clear()
         self._written.clear()
+        self._resumed.clear()
         self._check_idle()
 
     def _rank(self, item: Pending,
@@ -256,19 +263,23 @@ class WriteQueue:
         A newer status that arrived during the write replaces the retry.
         """
         self._processing.discard(item.key)
+        resumed = item.key in self._resumed
+        self._resumed.discard(item.key)
         if retry_in is None:
             self._written[item.key] = self._clock()
         newer = self._dirty.pop(item.key, None)
         if newer is not None and retry_in is None:
             newer = replace(newer, since=self._written[item.key])
+        retry = None
+        if retry_in is not None:
+            # The API came back while this try was out: the retry is the first after it.
+            retry = (replace(item, attempts=0, not_before=0.0) if resumed else
+                     replace(item, attempts=item.attempts + 1,
+                             not_before=self._clock() + retry_in))
         if newer is not None:
-            if retry_in is not None:
-                newer = _coalesce(replace(item, attempts=item.attempts + 1,
-                                          not_before=self._clock() + retry_in), newer)
-            self._add(newer)
-        elif retry_in is not None:
-            self._add(replace(item, attempts=item.attempts + 1,
-                              not_before=self._clock() + retry_in))
+            self._add(newer if retry is None else _coalesce(retry, newer))
+        elif retry is not None:
+            self._add(retry)
         self._check_idle()
 
     def _check_idle(self) -> None:

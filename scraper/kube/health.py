@@ -19,8 +19,10 @@ the API server's state instead:
   :meth:`ApiHealth.wait_recovered` retry at once.
 
 An answer that is an error (403 while the authorizer warms up, 429, 5xx) is not an
-outage: those keep their own backoff, so a request the server refuses is never retried
-in a tight loop.  Thread-safe: watch threads and the loop report.
+outage: those keep their own backoff, started over at the first such answer after an
+outage, so a request the server refuses is never retried in a tight loop.  A refusal
+(:func:`answering`: 401, 403, 404, 409, 429) also ends an outage; a 5xx does not.
+Thread-safe: watch threads and the loop report.
 """
 
 from __future__ import annotations
@@ -52,6 +54,13 @@ def unreachable(exc: BaseException) -> bool:
     try past its deadline.  An HTTP answer, even an error, is not."""
     return (not isinstance(exc, ApiException)
             and isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError))
+
+
+def answering(exc: BaseException) -> bool:
+    """True when ``exc`` is an answer of a working API server, if a refusal (401, 403,
+    404, 409, 429...): the server is back.  A 5xx (e.g. etcd unreachable behind it) is
+    not: the probe decides then."""
+    return isinstance(exc, ApiException) and 0 < (exc.status or 0) < 500
 
 
 class ApiHealth:

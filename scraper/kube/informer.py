@@ -31,7 +31,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from scraper.kube.calls import Backoff
 from scraper.kube.client import REQUEST_TIMEOUT
-from scraper.kube.health import ApiHealth, unreachable
+from scraper.kube.health import ApiHealth, answering, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,7 @@ class ListWatch:
 
     def _run(self) -> None:
         failures = 0
+        was_unreachable = False  # the last failure's kind: each kind has its own backoff
         while not self._stop.is_set():
             try:
                 items, resource_version = self._list()
@@ -222,11 +223,19 @@ class ListWatch:
                 self._on_restart("gone")
             except Exception as exc:
                 self._on_restart("error")
+                lost = self._health is not None and unreachable(exc)
+                if was_unreachable and not lost:
+                    # The first answer after an outage (e.g. 403 while the restarted API
+                    # server's authorizer warms up): not the outage's grown backoff.
+                    failures = 0
+                was_unreachable = lost
                 delay = self._backoff.delay(failures)
                 failures += 1
                 detail = (f"HTTP {exc.status} {exc.reason}" if isinstance(exc, ApiException)
                           else f"{type(exc).__name__}: {str(exc)[:200]}")
-                if self._health is None or not unreachable(exc):
+                if self._health is not None and answering(exc):
+                    self._health.answered()  # a refusal: the server is back
+                if self._health is None or not lost:
                     log.warning("watch %s failed: %s; retrying in %.1fs", self.name, detail,
                                 delay)
                     self._stop.wait(delay)
