@@ -29,8 +29,9 @@ from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from scraper.annotation_target import StatusTarget
 from scraper.config import ScraperSettings
 from scraper.discovery import PodEvent, PodWatcher, Synced, WatchItem, probe_selector
-from scraper.identity import LABEL_JOBSET_NAME, Identity, OwnerIndex
+from scraper.identity import LABEL_JOBSET_NAME, Identity, Link, OwnerIndex
 from scraper.kube.client import load_client, without_retries
+from scraper.kube.health import ApiHealth
 from scraper.kube.informer import ListWatch, ScopesListed
 from scraper.leader import LeaseElector
 from scraper.loop import ScrapeLoop
@@ -41,7 +42,7 @@ from scraper.scraping import ExporterScraper, ScrapeLimits
 from scraper.status_writer import StatusWriter
 from scraper.supervisor import Supervisor
 from scraper.telemetry import Telemetry
-from scraper.trainjobs import Held, TrainJobStore
+from scraper.trainjobs import TrainJobStore
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ JOBSET_VERSION = "v1alpha2"
 ROOT_CONSUMER = "pod-watch-consumer"
 ROOT_LEADER = "leader-election"
 ROOT_CRD = "crd-recheck"
+ROOT_HEALTH = "api-health-probe"
 
 
 class ScraperApp:
@@ -91,15 +93,20 @@ class ScraperApp:
         # --- write side: TrainJob informer store + write queue (status_writer.py)
         self.scopes: list[str | None] = list(s.namespaces) or [None]
         self.trainjobs = TrainJobStore(self.scopes)
+        # Recovery (issue 21, input 6): writes and watches retry once the API answers.
+        self.health = ApiHealth.for_client(self.api)
         self.writer = writer or StatusWriter.for_client(
             self.api, identity=s.identity, qps=s.write_qps, burst=s.write_burst,
             store=self.trainjobs, may_write=self._may_write,
             on_write=lambda outcome: self.telemetry.writes.labels(outcome.value).inc(),
             on_request=self.telemetry.write_duration.observe,
             metrics_interval=s.metrics_write_interval,
-            target=StatusTarget(s.status_target),
+            target=StatusTarget(s.status_target), health=self.health,
         )
-        self.telemetry.writes_pending.set_function(lambda: len(self.writer.queue))
+        if writer is not None:  # brought by the caller: still resumed after an outage
+            self.health.on_recovered(writer.queue.resume)
+        # Everything not applied yet, also what a writer took and waits on the budget for.
+        self.telemetry.writes_pending.set_function(lambda: self.writer.queue.unapplied())
         self.trainjobs = self.writer.store
         self.trainjobs.on_gone = self._trainjob_gone
         self.writer.on_gone = self._drop_trainjob
@@ -128,8 +135,8 @@ class ScraperApp:
         )
         self.telemetry.held_scrapes.set_function(lambda: self.scraper.held)
         # --- identity: Jobs and JobSets by UID (scraper/identity.py)
-        self.jobs = OwnerIndex(self.scopes)
-        self.jobsets = OwnerIndex(self.scopes)
+        self.jobs = OwnerIndex(self.scopes, "Job")
+        self.jobsets = OwnerIndex(self.scopes, "JobSet")
         self.identity = Identity(self.jobs, self.jobsets, self.trainjobs)
         # --- end identity
         self.manager = TargetManager(
@@ -138,13 +145,11 @@ class ScraperApp:
             default_interval=s.interval, leading=not s.leader_election,
             identify=self.identity.verify, on_dropped=self.scraper.forget,
         )
+        # Any change to a link of an owner chain, and every list, re-checks the pods
+        # waiting on it (scraper/identity.py, "Convergence").
         self.jobs.on_change = self.jobsets.on_change = self._owners_changed
-        on_trainjob_change = self.trainjobs.on_change
-
-        def trainjob_changed(namespace: str, name: str, held: Held) -> None:
-            on_trainjob_change(namespace, name, held)
-            self._owners_changed()
-        self.trainjobs.on_change = trainjob_changed
+        self.trainjobs.on_seen = lambda key: self._owners_changed(
+            None if key is None else ("TrainJob", f"{key[0]}/{key[1]}"))
         self._pods_listed = ScopesListed(self.scopes)
 
     # ------------------------------------------------------------ lifecycle
@@ -189,7 +194,7 @@ class ScraperApp:
         queue: asyncio.Queue[WatchItem] = asyncio.Queue(maxsize=1000)
         watchers = [
             PodWatcher(core, namespace=ns, selector=s.selector, queue=queue, loop=loop,
-                       on_restart=self._watch_restarted)
+                       on_restart=self._watch_restarted, health=self.health)
             for ns in scopes
         ]
         trainjob_watches = self._trainjob_watches(loop)  # write side
@@ -200,6 +205,7 @@ class ScraperApp:
         for w in watchers:
             w.start()
         supervisor.root(ROOT_CONSUMER, self._consume(queue))
+        supervisor.root(ROOT_HEALTH, self.health.run())
         supervisor.root(ROOT_CRD, self._recheck_crd())
         if self._elector is not None:
             supervisor.root(ROOT_LEADER, self._elector.run())
@@ -223,7 +229,7 @@ class ScraperApp:
             self.scheduler.shutdown()
             await supervisor.cancel_background()
             await self.writer.stop()
-            await supervisor.cancel(ROOT_CONSUMER, ROOT_CRD)
+            await supervisor.cancel(ROOT_CONSUMER, ROOT_CRD, ROOT_HEALTH)
             await supervisor.cancel(ROOT_LEADER)  # last: it releases the Lease
             # All at once: each may wait up to 1 s for its blocked read.
             stops: list[Callable[[float], None]] = [w.stop for w in watchers]
@@ -323,11 +329,11 @@ class ScraperApp:
                     lister, name=f"{kind}/{ns or 'all'}", loop=loop,
                     on_list=functools.partial(sink.on_list, ns),
                     on_event=sink.on_event, on_restart=self._watch_restarted,
-                    relist_interval=self.settings.resync_interval))
+                    relist_interval=self.settings.resync_interval, health=self.health))
         return watches
 
-    def _owners_changed(self) -> None:
-        self.manager.recheck()
+    def _owners_changed(self, link: Link | None) -> None:
+        self.manager.recheck(link)
         self._targets_changed()
 
     def _trainjob_gone(self, namespace: str, name: str, uid: str) -> None:

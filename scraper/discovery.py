@@ -26,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from scraper.config import ConfigError
 from scraper.kube.calls import Backoff, call
 from scraper.kube.client import REQUEST_TIMEOUT
+from scraper.kube.health import ApiHealth
 from scraper.kube.informer import WATCH_BACKOFF, ListWatch
 from scraper.syntax import IntervalOutOfRange, parse_interval
 from scraper.targets import Target
@@ -229,8 +230,9 @@ class PodWatcher:
     Each list is forwarded to ``queue`` as :class:`Synced`, then every change as
     :class:`PodEvent`; a full queue holds the watch thread back (backpressure) until
     there is room or :meth:`stop` is called.  Relists on 410 Gone, backs off with
-    jitter (:data:`WATCH_BACKOFF`) on other errors; ``on_restart`` is called (from the
-    thread) every time the watch has to start over.
+    jitter (:data:`WATCH_BACKOFF`) on other errors, or until ``health`` sees the API server
+    answer again after it was unreachable; ``on_restart`` is called (from the thread)
+    every time the watch has to start over.
     """
 
     def __init__(
@@ -243,6 +245,7 @@ class PodWatcher:
         loop: asyncio.AbstractEventLoop,
         on_restart: Callable[[str], None] = lambda reason: None,
         backoff: Backoff = WATCH_BACKOFF,
+        health: ApiHealth | None = None,
     ) -> None:
         self._queue = queue
         self._loop = loop
@@ -253,7 +256,7 @@ class PodWatcher:
             lister, name=f"pods/{namespace or 'all'}", loop=loop,
             on_list=lambda pods: self._put(Synced(namespace, tuple(pods))),
             on_event=lambda kind, pod: self._put(PodEvent(cast(EventKind, kind), pod)),
-            on_restart=on_restart, backoff=backoff,
+            on_restart=on_restart, backoff=backoff, health=health,
             handoff=lambda func, args: func(*args))  # on the thread: _put blocks there
 
     def start(self) -> None:

@@ -13,6 +13,17 @@ label): three lists at start whatever the number of TrainJobs, no GET per pod.  
 stale pod of a deleted TrainJob whose name was reused, or a hand-made pod naming
 another object, fails the check and is never a target.
 
+**Convergence** (issue 21, input 1): the four kinds are listed and watched
+independently, so a pod may be seen before its Job, JobSet or TrainJob, and a TrainJob
+list may come seconds after the pod list.  Every verdict short of :class:`Belongs`
+names the chain :data:`Link` s it looked at; :class:`ChainWaits` keeps such a pod under
+each of them, and the pod is checked again when any of those objects is added,
+changed or deleted (any change: a label is enough) and after every list and relist of
+any kind (a list replaces what was known without an event per object).  A pod that
+failed the check (:class:`Foreign`) is kept too: an owner chain can become valid later,
+e.g. when the TrainJob watch is behind and still holds the UID of a TrainJob that was
+re-created.  So the targets end the same whatever order the lists and events came in.
+
 **One target per TrainJob** (issue 13, input 3): among the verified Running pods of a
 TrainJob the target is the one with the highest :func:`rank`: a live pod beats a
 terminating one (``deletionTimestamp`` set), then the highest
@@ -25,14 +36,19 @@ overwrites the new attempt's progress).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from scraper.kube.informer import ScopesListed
 from scraper.trainjobs import TrainJobStore
 
 LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 LABEL_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+
+#: One link of an owner chain: ``("Job", uid)``, ``("JobSet", uid)`` or
+#: ``("TrainJob", "namespace/name")`` (a TrainJob is looked up by name, then its UID
+#: compared).
+Link = tuple[Literal["Job", "JobSet", "TrainJob"], str]
 
 
 @dataclass(frozen=True)
@@ -55,17 +71,23 @@ def controller_of(meta: Mapping[str, Any]) -> tuple[str, str, str]:
 
 
 class OwnerIndex:
-    """Jobs (or JobSets) by UID, fed by list+watch; ``on_change`` after each change.
+    """Jobs (or JobSets) by UID, fed by list+watch.
+
+    ``on_change(link)`` runs after each watch event with the object's :data:`Link`, and
+    after each list with None (anything in the scope may have changed).
 
     Args:
         scopes: the namespaces listed (None: all); :attr:`synced` once each was.
+        kind: ``"Job"`` or ``"JobSet"``, the kind of the links reported.
     """
 
-    def __init__(self, scopes: list[str | None]) -> None:
+    def __init__(self, scopes: list[str | None],
+                 kind: Literal["Job", "JobSet"] = "Job") -> None:
         self._by_uid: dict[str, Owned] = {}
         self._listed = ScopesListed(scopes)
+        self._kind: Literal["Job", "JobSet"] = kind
         self.synced = self._listed.event
-        self.on_change: Callable[[], None] = lambda: None
+        self.on_change: Callable[[Link | None], None] = lambda link: None
 
     def __len__(self) -> int:
         return len(self._by_uid)
@@ -90,7 +112,7 @@ class OwnerIndex:
             uid, owned = self._owned(obj)
             self._by_uid[uid] = owned
         self._listed.listed(scope)
-        self.on_change()
+        self.on_change(None)
 
     def on_event(self, kind: str, obj: dict[str, Any]) -> None:
         """One watch event."""
@@ -99,7 +121,7 @@ class OwnerIndex:
             self._by_uid.pop(uid, None)
         else:
             self._by_uid[uid] = owned
-        self.on_change()
+        self.on_change((self._kind, uid))
 
 
 @dataclass(frozen=True)
@@ -111,16 +133,28 @@ class Belongs:
 
 @dataclass(frozen=True)
 class NotYet:
-    """A link is not known yet (informers still listing, or an object not delivered)."""
+    """A link is not known yet (informers still listing, or an object not delivered).
+
+    Attributes:
+        links: the chain links looked at (empty while still listing: every list counts).
+        listing: True when some kind was not listed yet in every scope.
+    """
 
     reason: str
+    links: tuple[Link, ...] = ()
+    listing: bool = False
 
 
 @dataclass(frozen=True)
 class Foreign:
-    """The chain does not lead to the TrainJob the pod names: never a target."""
+    """The chain does not lead to the TrainJob the pod names: not a target while so.
+
+    Attributes:
+        links: the chain links looked at (a change to one of them may make it valid).
+    """
 
     reason: str
+    links: tuple[Link, ...] = ()
 
 
 Verdict = Belongs | NotYet | Foreign
@@ -147,33 +181,78 @@ class Identity:
     def verify(self, pod: Mapping[str, Any]) -> Verdict:
         """The :data:`Verdict` for a pod (API JSON dict)."""
         if not self.synced():
-            return NotYet("Jobs, JobSets and TrainJobs not listed yet")
+            return NotYet("Jobs, JobSets and TrainJobs not listed yet", listing=True)
         meta = pod.get("metadata") or {}
         namespace = meta.get("namespace", "")
         trainjob = (meta.get("labels") or {}).get(LABEL_JOBSET_NAME, "")
         kind, name, job_uid = controller_of(meta)
         if kind != "Job":
             return Foreign("the pod has no controller Job (not created by a JobSet's Job)")
+        links: tuple[Link, ...] = (("Job", job_uid),)
         job = self.jobs.get(job_uid)
         if job is None:
-            return NotYet(f"Job {name} (UID {job_uid}) not known")
+            return NotYet(f"Job {name} (UID {job_uid}) not known", links)
         if job.namespace != namespace or job.owner_kind != "JobSet":
-            return Foreign(f"Job {name} is not controlled by a JobSet in {namespace}")
+            return Foreign(f"Job {name} is not controlled by a JobSet in {namespace}", links)
+        links += (("JobSet", job.owner_uid),)
         jobset = self.jobsets.get(job.owner_uid)
         if jobset is None:
-            return NotYet(f"JobSet {job.owner_name} (UID {job.owner_uid}) not known")
+            return NotYet(f"JobSet {job.owner_name} (UID {job.owner_uid}) not known", links)
         if jobset.namespace != namespace or jobset.owner_kind != "TrainJob":
-            return Foreign(f"JobSet {jobset.name} is not controlled by a TrainJob")
+            return Foreign(f"JobSet {jobset.name} is not controlled by a TrainJob", links)
         if jobset.owner_name != trainjob:
             return Foreign(f"its JobSet {jobset.name} belongs to TrainJob {jobset.owner_name}, "
-                           f"not to {trainjob} named by its {LABEL_JOBSET_NAME} label")
+                           f"not to {trainjob} named by its {LABEL_JOBSET_NAME} label", links)
+        links += (("TrainJob", f"{namespace}/{trainjob}"),)
         held = self.trainjobs.get(namespace, trainjob)
         if held is None:
-            return NotYet(f"TrainJob {trainjob} not known")
+            return NotYet(f"TrainJob {trainjob} not known", links)
         if held.uid != jobset.owner_uid:
             return Foreign(f"its owner chain leads to TrainJob UID {jobset.owner_uid}, but "
-                           f"TrainJob {trainjob} is now UID {held.uid} (re-created)")
+                           f"TrainJob {trainjob} is now UID {held.uid} (re-created)", links)
         return Belongs(held.uid)
+
+
+@dataclass
+class ChainWaits:
+    """Pods whose owner chain did not verify yet, by the :data:`Link` s they wait on.
+
+    Keyed by any string the caller chooses (the target manager: ``namespace/pod``).
+    :meth:`due` says which pods to check again after a change (module doc).
+    """
+
+    _pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _links: dict[str, tuple[Link, ...]] = field(default_factory=dict)
+    _by_link: dict[Link, set[str]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._pods
+
+    def park(self, key: str, pod: dict[str, Any], links: tuple[Link, ...]) -> None:
+        """Keep ``pod`` under ``key`` until one of ``links`` (or any list) changes."""
+        self.release(key)
+        self._pods[key] = pod
+        self._links[key] = links
+        for link in links:
+            self._by_link.setdefault(link, set()).add(key)
+
+    def release(self, key: str) -> None:
+        """Forget the pod under ``key`` (verified, deleted, or no longer a candidate)."""
+        self._pods.pop(key, None)
+        for link in self._links.pop(key, ()):
+            keys = self._by_link.get(link)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._by_link[link]
+
+    def due(self, link: Link | None) -> list[tuple[str, dict[str, Any]]]:
+        """``(key, pod)`` of every pod waiting on ``link``; all of them for None (a list)."""
+        keys = list(self._pods) if link is None else sorted(self._by_link.get(link, ()))
+        return [(k, self._pods[k]) for k in keys]
 
 
 def restart_attempt(pod: Mapping[str, Any]) -> int:

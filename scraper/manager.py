@@ -24,7 +24,16 @@ from scraper.discovery import (
     final_from_deleted,
     pod_key,
 )
-from scraper.identity import Belongs, Foreign, NotYet, Verdict, rank, restart_attempt
+from scraper.identity import (
+    Belongs,
+    ChainWaits,
+    Foreign,
+    Link,
+    NotYet,
+    Verdict,
+    rank,
+    restart_attempt,
+)
 from scraper.loop import ScrapeLoop, TargetState
 from scraper.targets import Target
 from scraper.telemetry import JobView
@@ -53,8 +62,8 @@ class TargetManager:
         default_port, default_path, default_interval: for pods without annotations.
         leading: whether this replica scrapes now (set through :meth:`set_leading`).
         identify: the owner-chain check of a pod (:class:`scraper.identity.Identity`);
-            a pod that fails it is never a target, one that is not verified yet waits
-            until :meth:`recheck`.
+            a pod that fails it is not a target; one that is not verified (yet) is
+            checked again by :meth:`recheck` when a link of its chain changes.
         on_dropped: called with a target no longer scraped (pod deleted or ended, URL
             changed), so the scraper lets go of what it keeps for it (its pooled
             connections: :meth:`scraper.scraping.ExporterScraper.forget`).
@@ -88,7 +97,9 @@ class TargetManager:
         self._identify = identify
         self._on_dropped = on_dropped
         self._ranks: dict[str, tuple[int, int, str, str]] = {}  # key -> rank of its pod
-        self._unverified: dict[str, dict[str, Any]] = {}  # key -> pod awaiting its chain
+        # Pods whose chain did not verify (yet), by the links they wait on; deleted pods
+        # with a final status under "deleted:<uid>" while the informers still list.
+        self._unverified = ChainWaits()
         self._foreign: set[str] = set()  # uids of pods logged as failing the check
         self._chosen: dict[tuple[str, str], str] = {}  # TrainJob -> key of its target
         # --- end identity
@@ -150,15 +161,16 @@ class TargetManager:
                                    state.ended.trainjob_uid if state.ended else "")
                 # Verified while it ran (its Job may be gone with it), else check now.
                 verdict = Belongs(known) if known else self._verified(key, pod)
-                if isinstance(verdict, Belongs) and not self._superseded(key, pod, final.trainjob):
-                    self._spawn(self._loop.finalize(
-                        dataclasses.replace(final, trainjob_uid=verdict.trainjob_uid), None))
+                self.drop(key)
+                self._final_of_deleted(key, pod, verdict)
+                return
             self.drop(key)
             return
         decision = classify(pod, default_port=self._default_port,
                             default_path=self._default_path,
                             default_interval=self._default_interval)
         if isinstance(decision, Ignore | Wait):
+            self._unverified.release(key)  # a watch event brings it back when it changes
             if state is not None:
                 self.drop(key)
             if isinstance(decision, Ignore) and decision.misconfigured:
@@ -173,10 +185,10 @@ class TargetManager:
         if not isinstance(verdict, Belongs):
             if state is not None:
                 self.drop(key)
-            if isinstance(verdict, NotYet):
-                self._unverified[key] = pod
+            # Foreign too: a chain can become valid (the TrainJob watch behind a re-creation).
+            self._unverified.park(key, pod, verdict.links)
             return
-        self._unverified.pop(key, None)
+        self._unverified.release(key)
         if isinstance(decision, Scrape):
             decision = Scrape(dataclasses.replace(decision.target,
                                                   trainjob_uid=verdict.trainjob_uid))
@@ -218,7 +230,6 @@ class TargetManager:
         verdict = self._identify(pod)
         uid = (pod.get("metadata") or {}).get("uid", "")
         if isinstance(verdict, Foreign):
-            self._unverified.pop(key, None)
             if uid not in self._foreign:  # one line per pod, not one per watch event
                 self._foreign.add(uid)
                 log.warning("pod %s is not a target: %s", key, verdict.reason)
@@ -226,11 +237,39 @@ class TargetManager:
             log.debug("pod %s waits for its owner chain: %s", key, verdict.reason)
         return verdict
 
-    def recheck(self) -> None:
-        """Re-check the pods whose owner chain was not known yet (Jobs, JobSets or
-        TrainJobs changed)."""
-        for pod in list(self._unverified.values()):
-            self.on_pod(pod, deleted=False)
+    def recheck(self, link: Link | None = None) -> None:
+        """Check again the pods whose owner chain did not verify and that wait on ``link``
+        (a Job, JobSet or TrainJob added, changed or deleted); every such pod for None
+        (after a list or relist of any kind)."""
+        for key, pod in self._unverified.due(link):
+            if key.startswith("deleted:"):
+                self._unverified.release(key)
+                self._final_of_deleted(key, pod, self._verified(key, pod))
+            else:
+                self.on_pod(pod, deleted=False)
+
+    def _final_of_deleted(self, key: str, pod: dict[str, Any], verdict: Verdict) -> None:
+        """Write the final status of a deleted pod once its chain verifies.
+
+        While the informers still list, the pod is kept (under ``deleted:<uid>``) and
+        checked again after each list: a pod that ended and was deleted before a slow
+        TrainJob list came must not lose its final status.  Once everything was listed,
+        an unknown Job means the chain cannot be verified any more (it went with the
+        pod): nothing is written to a TrainJob the pod may not belong to.
+        """
+        final = final_from_deleted(pod)
+        if final is None or not self.leading:
+            return
+        uid = (pod.get("metadata") or {}).get("uid", "")
+        if isinstance(verdict, NotYet) and verdict.listing:
+            self._unverified.park(f"deleted:{uid}", pod, ())
+        elif isinstance(verdict, NotYet):
+            log.info("final status of deleted pod %s not written: %s (its owner chain "
+                     "cannot be verified)", pod_key(pod), verdict.reason)
+        elif isinstance(verdict, Belongs) and not self._superseded(pod_key(pod), pod,
+                                                                   final.trainjob):
+            self._spawn(self._loop.finalize(
+                dataclasses.replace(final, trainjob_uid=verdict.trainjob_uid), None))
 
     def _choose(self, trainjob: tuple[str, str]) -> None:
         """Schedule only the best-ranked live target of ``trainjob`` (identity.rank)."""
@@ -269,7 +308,7 @@ class TargetManager:
         self._scheduler.unschedule(key)
         state = self.states.pop(key, None)
         self._ranks.pop(key, None)
-        self._unverified.pop(key, None)
+        self._unverified.release(key)
         if state is not None:
             state.dropped = True
             state.stop_holding()

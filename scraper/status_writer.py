@@ -22,7 +22,11 @@ server-side apply, only on change.
   leading (the next leader re-derives final statuses from the pods).  So a final
   status survives an API outage of any length; 403 (e.g. an authorizer warming up
   after an API server restart) is retried the same way.  400/422 (the API refuses
-  the body) are not retried.
+  the body) are not retried.  A write that found the API server unreachable tells
+  :class:`scraper.kube.health.ApiHealth`, and a write that lands tells it the API
+  answers; when an outage ends every queued retry is due at once
+  (:meth:`scraper.write_queue.WriteQueue.resume`), so finals land within about a
+  second of the API server's return, not when a backoff grown during the outage ends.
 * Drift: when the informer shows that another writer changed or removed the status
   this scraper applied last, the scraper's status is applied again if it is the
   newer one (its ``lastUpdatedTime`` is not older); a newer status of another writer
@@ -73,6 +77,7 @@ from scraper.kube.calls import Backoff, call, deadline_of, is_transient, retry_a
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.crd import CRD_NAME, REASON_UNSUPPORTED, CrdSupport
 from scraper.kube.events import EventRecorder
+from scraper.kube.health import ApiHealth, answering, unreachable
 from scraper.kube.informer import slim
 from scraper.trainjobs import (
     Held,
@@ -200,6 +205,8 @@ class StatusWriter:
             TrainJob (seconds; 0: as soon as the budget allows).
         target: where statuses go (``--status-target``, :mod:`scraper.annotation_target`).
         clock: monotonic seconds.
+        health: told when a write finds the API server unreachable or gets an answer;
+            its recoveries make the queued retries due (module doc).
     """
 
     def __init__(
@@ -217,8 +224,10 @@ class StatusWriter:
         metrics_interval: float = 0.0,
         target: StatusTarget = StatusTarget.STATUS,
         clock: Callable[[], float] = time.monotonic,
+        health: ApiHealth | None = None,
     ) -> None:
         self._api = api_client
+        self._health = health
         self._custom = CustomObjectsApi(api_client)
         self.store = store
         self.crd = crd
@@ -240,6 +249,8 @@ class StatusWriter:
         self._apply = ApplyClient(api_client, connections=self.writers)
         self._waiters: dict[TrainJobKey, list[asyncio.Future[WriteOutcome]]] = {}
         store.on_change = self.on_trainjob_change
+        if health is not None:
+            health.on_recovered(self.queue.resume)
 
     @classmethod
     def for_client(
@@ -255,6 +266,7 @@ class StatusWriter:
         on_request: Callable[[float], None] = lambda seconds: None,
         metrics_interval: float = 0.0,
         target: StatusTarget = StatusTarget.STATUS,
+        health: ApiHealth | None = None,
     ) -> Self:
         """A writer with its own CRD knowledge and Event recorder; writes take tokens of a
         bucket of ``qps`` sustained, ``burst`` at once (Events have a bucket of their own:
@@ -267,7 +279,7 @@ class StatusWriter:
         writer = cls(api_client, store=store, crd=crd, events=events, limiter=limiter,
                      may_write=may_write, on_write=on_write, on_request=on_request,
                      metrics_interval=metrics_interval,
-                     target=target)
+                     target=target, health=health)
         crd.on_supported = writer.supported_again
         return writer
 
@@ -474,6 +486,8 @@ class StatusWriter:
                 TimeoutError) as exc:  # TimeoutError: the try passed its deadline
             return await self._failed(item, held, exc, place)
         self._failing_told.discard(item.key)
+        if self._health is not None:
+            self._health.answered()
         if not stored(obj, place) and place is Place.ANNOTATION:
             # Annotations are never pruned: something in admission removed it.
             log.warning("annotation write to TrainJob %s/%s came back without %s (removed "
@@ -545,6 +559,10 @@ class StatusWriter:
                         namespace, name, detail)
             return WriteOutcome.FAILED, None
         delay = QUEUE_BACKOFF.delay(item.attempts, retry_after(exc))
+        if self._health is not None and unreachable(exc):
+            self._health.lost()
+        elif self._health is not None and answering(exc):
+            self._health.answered()  # a refusal: the server is back
         if item.key not in self._failing_told or item.priority is Priority.FINAL:
             self._failing_told.add(item.key)
             log.warning("%sstatus write to TrainJob %s/%s failed: %s; kept queued, next try "

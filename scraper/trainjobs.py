@@ -13,7 +13,13 @@ Callbacks (on the event loop):
 * ``on_gone(namespace, name, uid)``: a TrainJob was deleted, or is absent from a
   relist, or came back with another UID (re-created: the old object is gone);
 * ``on_change(namespace, name, held)``: its status or annotation changed (the drift check,
-  :meth:`scraper.status_writer.StatusWriter.on_trainjob_change`).
+  :meth:`scraper.status_writer.StatusWriter.on_trainjob_change`);
+* ``on_seen(key)``: after every watch event of a TrainJob, whatever changed (a label is
+  enough), with its ``(namespace, name)``, and after every list and relist with None, once
+  the store holds what it brought: the owner-chain checks waiting on a TrainJob run again
+  (:class:`scraper.identity.ChainWaits`, issue 21 input 1: a TrainJob list answering after
+  the pod list left pods waiting forever, because the checks that ran during the list
+  still saw the store unlisted).
 
 resourceVersions are compared as integers to skip a watch event older than an apply
 answer already stored: kube-apiserver's resourceVersions are etcd revisions, which
@@ -101,6 +107,7 @@ class TrainJobStore:
         self.synced = self._listed.event
         self.on_gone: Callable[[str, str, str], None] = lambda namespace, name, uid: None
         self.on_change: Callable[[str, str, Held], None] = lambda namespace, name, held: None
+        self.on_seen: Callable[[TrainJobKey | None], None] = lambda key: None
 
     def __len__(self) -> int:
         return len(self._held)
@@ -154,6 +161,7 @@ class TrainJobStore:
         for key, new in listed.items():
             self._update(key, new)
         self._listed.listed(scope)
+        self.on_seen(None)
 
     def on_event(self, kind: str, obj: dict[str, Any]) -> None:
         """One watch event."""
@@ -164,11 +172,12 @@ class TrainJobStore:
             if old is not None and old.uid == new.uid:
                 del self._held[key]
                 self.on_gone(key[0], key[1], old.uid)
-            return
-        if old is not None and old.uid != new.uid:
-            del self._held[key]
-            self.on_gone(key[0], key[1], old.uid)
-        self._update(key, new)
+        else:
+            if old is not None and old.uid != new.uid:
+                del self._held[key]
+                self.on_gone(key[0], key[1], old.uid)
+            self._update(key, new)
+        self.on_seen(key)
 
     def _update(self, key: TrainJobKey, new: Held) -> None:
         old = self._held.get(key)

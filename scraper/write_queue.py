@@ -23,8 +23,11 @@ Order of :meth:`WriteQueue.get` (the rule, tested in ``tests/scraper/test_write_
 
 Coalescing: a pending final status is never replaced by a non-final one (the final
 status wins); otherwise the newest status wins and the item takes the more urgent
-class of the two.  A retry's backoff stays; a metrics-only hold ends when a more urgent
-change joins.
+class of the two.  A retry's backoff stays, except that a final status joining a
+non-final item starts afresh, due at once (issue 21, input 6: a final inherited the
+backoff of its TrainJob's failed progress writes, up to 30 s); a metrics-only hold ends
+when a more urgent change joins.  :meth:`WriteQueue.resume` (the API server answers
+again after an outage) makes every retry due at once, its backoff started over.
 """
 
 from __future__ import annotations
@@ -89,6 +92,9 @@ class Pending:
 def _coalesce(old: Pending, new: Pending) -> Pending:
     if old.priority is Priority.FINAL and new.priority is not Priority.FINAL:
         return old
+    if new.priority is Priority.FINAL and old.priority is not Priority.FINAL:
+        # A final never inherits a progress write's backoff (module doc).
+        return replace(new, queued_at=old.queued_at, since=old.since)
     priority = min(old.priority, new.priority)
     hold = new.hold_until if priority is Priority.METRICS else 0.0
     return replace(new, priority=priority, queued_at=old.queued_at,
@@ -112,6 +118,7 @@ class WriteQueue:
         self._processing: set[TrainJobKey] = set()
         self._dirty: dict[TrainJobKey, Pending] = {}  # arrived while its key was being written
         self._written: dict[TrainJobKey, float] = {}  # when each key's last write ended
+        self._resumed: set[TrainJobKey] = set()  # being written when the API came back
         # One future per writer task waiting in get(); an added item wakes one of them.
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._idle = asyncio.Event()
@@ -119,6 +126,30 @@ class WriteQueue:
 
     def __len__(self) -> int:
         return len(self._pending) + len(self._dirty)
+
+    def unapplied(self) -> int:
+        """TrainJobs with a status not applied yet: queued, or taken by a writer that is
+        waiting on the budget or on the API (the pending-writes gauge; a key being
+        written with a newer status queued behind it counts once)."""
+        return len(self._pending.keys() | self._processing)
+
+    def resume(self) -> int:
+        """Make every queued retry due now, its backoff started over (the API server
+        answers again after an outage); returns how many were.  A write out at this
+        moment (e.g. held by the restarting API server, then refused with 403 while
+        its authorizer warms up) is retried at once when it fails, its backoff started
+        over too."""
+        now = self._clock()
+        self._resumed |= self._processing
+        resumed = 0
+        for table in (self._pending, self._dirty):
+            for key, item in table.items():
+                if item.attempts or item.not_before > now:
+                    table[key] = replace(item, attempts=0, not_before=0.0)
+                    resumed += 1
+        for _ in range(resumed):
+            self._wake_one()
+        return resumed
 
     def pending(self, key: TrainJobKey) -> Pending | None:
         """The item queued (or waiting for its key's write to end) for ``key``."""
@@ -157,6 +188,7 @@ class WriteQueue:
         self._pending.pop(key, None)
         self._dirty.pop(key, None)
         self._written.pop(key, None)
+        self._resumed.discard(key)
         self._check_idle()
 
     def clear(self) -> None:
@@ -164,6 +196,7 @@ class WriteQueue:
         self._pending.clear()
         self._dirty.clear()
         self._written.clear()
+        self._resumed.clear()
         self._check_idle()
 
     def _rank(self, item: Pending,
@@ -230,19 +263,23 @@ class WriteQueue:
         A newer status that arrived during the write replaces the retry.
         """
         self._processing.discard(item.key)
+        resumed = item.key in self._resumed
+        self._resumed.discard(item.key)
         if retry_in is None:
             self._written[item.key] = self._clock()
         newer = self._dirty.pop(item.key, None)
         if newer is not None and retry_in is None:
             newer = replace(newer, since=self._written[item.key])
+        retry = None
+        if retry_in is not None:
+            # The API came back while this try was out: the retry is the first after it.
+            retry = (replace(item, attempts=0, not_before=0.0) if resumed else
+                     replace(item, attempts=item.attempts + 1,
+                             not_before=self._clock() + retry_in))
         if newer is not None:
-            if retry_in is not None:
-                newer = _coalesce(replace(item, attempts=item.attempts + 1,
-                                          not_before=self._clock() + retry_in), newer)
-            self._add(newer)
-        elif retry_in is not None:
-            self._add(replace(item, attempts=item.attempts + 1,
-                              not_before=self._clock() + retry_in))
+            self._add(newer if retry is None else _coalesce(retry, newer))
+        elif retry is not None:
+            self._add(retry)
         self._check_idle()
 
     def _check_idle(self) -> None:

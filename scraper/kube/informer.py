@@ -4,8 +4,11 @@ One :class:`ListWatch` lists (paged), hands the whole list to ``on_list``, then 
 from the list's resourceVersion (with bookmarks) and hands every change to
 ``on_event``; both are called on the asyncio loop (``call_soon_threadsafe``), in order.
 410 Gone relists at once; any other error backs off (:class:`~scraper.kube.calls.Backoff`)
-and relists.  ``relist_interval`` > 0 relists that often besides (a safety net; the
-watch alone sees every change).  Objects are plain dicts (the API's JSON) with
+and relists.  With an :class:`~scraper.kube.health.ApiHealth`, a watch that found the API
+server unreachable relists as soon as it answers again (a probe or any call saw it),
+whatever its backoff had grown to during the outage, and starts its backoff over.
+``relist_interval`` > 0 relists that often besides (a safety net; the watch alone sees
+every change).  Objects are plain dicts (the API's JSON) with
 ``metadata.managedFields`` dropped before anything keeps them.
 
 Knows nothing of TrainJobs: the caller passes the list function (e.g.
@@ -28,6 +31,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from scraper.kube.calls import Backoff
 from scraper.kube.client import REQUEST_TIMEOUT
+from scraper.kube.health import ApiHealth, answering, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +89,8 @@ class ListWatch:
         handoff: how the thread hands a callback and its arguments over; default: run it
             on ``loop`` (``call_soon_threadsafe``).  A handoff may block the thread
             (backpressure); it should give up once :attr:`stopping` is set.
+        health: told of unreachable and answering API servers; a retry after an
+            unreachable one waits for its recovery, at most the backoff (module doc).
     """
 
     def __init__(
@@ -99,8 +105,10 @@ class ListWatch:
         relist_interval: float = 0.0,
         backoff: Backoff = WATCH_BACKOFF,
         handoff: Callable[[Callable[..., None], tuple[Any, ...]], None] | None = None,
+        health: ApiHealth | None = None,
     ) -> None:
         self._lister = lister
+        self._health = health
         self._handoff = handoff
         self.name = name
         self._loop = loop
@@ -197,9 +205,12 @@ class ListWatch:
 
     def _run(self) -> None:
         failures = 0
+        was_unreachable = False  # the last failure's kind: each kind has its own backoff
         while not self._stop.is_set():
             try:
                 items, resource_version = self._list()
+                if self._health is not None:
+                    self._health.answered()
                 self.lists += 1
                 self._deliver(self._on_list, items)
                 failures = 0
@@ -212,9 +223,25 @@ class ListWatch:
                 self._on_restart("gone")
             except Exception as exc:
                 self._on_restart("error")
+                lost = self._health is not None and unreachable(exc)
+                if was_unreachable and not lost:
+                    # The first answer after an outage (e.g. 403 while the restarted API
+                    # server's authorizer warms up): not the outage's grown backoff.
+                    failures = 0
+                was_unreachable = lost
                 delay = self._backoff.delay(failures)
                 failures += 1
                 detail = (f"HTTP {exc.status} {exc.reason}" if isinstance(exc, ApiException)
                           else f"{type(exc).__name__}: {str(exc)[:200]}")
-                log.warning("watch %s failed: %s; retrying in %.1fs", self.name, detail, delay)
-                self._stop.wait(delay)
+                if self._health is not None and answering(exc):
+                    self._health.answered()  # a refusal: the server is back
+                if self._health is None or not lost:
+                    log.warning("watch %s failed: %s; retrying in %.1fs", self.name, detail,
+                                delay)
+                    self._stop.wait(delay)
+                    continue
+                since = self._health.lost()
+                log.warning("watch %s failed: %s; retrying in %.1fs, or once the API server "
+                            "answers again", self.name, detail, delay)
+                if self._health.wait_recovered(since, delay, self._stop):
+                    failures = 0  # a new start: the backoff of the outage is over

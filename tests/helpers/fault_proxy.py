@@ -110,12 +110,14 @@ class _Fault:
     status: int = 0
     message: str = ""
     seconds: float = 0.0
+    query: re.Pattern[str] | None = None  # searched in the raw query string
 
-    def matches(self, method: str, path: str, watch: bool) -> bool:
+    def matches(self, method: str, path: str, watch: bool, query: str = "") -> bool:
         return (self.remaining > 0
                 and (self.method is None or self.method == method)
                 and (self.watch is None or self.watch == watch)
-                and self.path.search(path) is not None)
+                and self.path.search(path) is not None
+                and (self.query is None or self.query.search(query) is not None))
 
 
 class FaultProxy:
@@ -214,11 +216,15 @@ class FaultProxy:
                 "fail", method, re.compile(path), times, watch, status=status,
                 message=message or f"injected by the test's fault proxy: HTTP {status}"))
 
-    def delay(self, method: str | None, path: str, seconds: float, *, times: int = 1) -> None:
-        """Hold the next ``times`` matching requests ``seconds`` before forwarding them."""
+    def delay(self, method: str | None, path: str, seconds: float, *, times: int = 1,
+              watch: bool | None = None, query: str | None = None) -> None:
+        """Hold the next ``times`` matching requests ``seconds`` before forwarding them
+        (``watch``: only watch requests, only others, or None for both; ``query``: a
+        regex the raw query string must contain, e.g. ``limit=500``)."""
         with self._lock:
-            self._faults.append(_Fault("delay", method, re.compile(path), times, None,
-                                       seconds=seconds))
+            self._faults.append(_Fault("delay", method, re.compile(path), times, watch,
+                                       seconds=seconds,
+                                       query=re.compile(query) if query else None))
 
     def expire_next_watch(self, path: str = r".*") -> None:
         """Answer the next watch matching ``path`` as for an expired resourceVersion:
@@ -269,10 +275,10 @@ class FaultProxy:
 
     # ------------------------------------------------------------ forwarding
 
-    def _take(self, method: str, path: str, watch: bool) -> _Fault | None:
+    def _take(self, method: str, path: str, watch: bool, query: str = "") -> _Fault | None:
         with self._lock:
             for fault in self._faults:
-                if fault.matches(method, path, watch):
+                if fault.matches(method, path, watch, query):
                     fault.remaining -= 1
                     return fault
         return None
@@ -285,7 +291,7 @@ class FaultProxy:
         with self._lock:
             self._seen.append(seen)
         target = URL(str(self.upstream).rstrip("/") + request.raw_path, encoded=True)
-        fault = self._take(request.method, request.path, watch)
+        fault = self._take(request.method, request.path, watch, request.query_string)
         if fault is not None and fault.kind == "delay":
             seen.injected = True
             await asyncio.sleep(fault.seconds)
