@@ -1,7 +1,8 @@
 """A tiny LightningModule trained with Lightning's default progress bar (TQDMProgressBar).
 
 Environment: ``EPOCHS`` (default 2), ``STEPS`` batches per epoch (default 6),
-``SLEEP`` seconds per batch (default 0).
+``SLEEP`` seconds per batch (default 0), ``LIGHTNING_BAR=tqdm`` picks the TQDMProgressBar
+(the default is the RichProgressBar when ``rich`` is installed, as here).
 """
 
 import os
@@ -9,6 +10,7 @@ import time
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 from torch.utils.data import DataLoader, TensorDataset
 
 epochs = int(os.environ.get("EPOCHS", "2"))
@@ -40,8 +42,9 @@ class Tiny(L.LightningModule):
 generator = torch.Generator().manual_seed(0)
 x = torch.randn(steps * 4, 4, generator=generator)
 data = TensorDataset(x, x.sum(dim=1))
+bars = [TQDMProgressBar()] if os.environ.get("LIGHTNING_BAR") == "tqdm" else []
 trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False,
                     enable_checkpointing=False, enable_model_summary=False,
-                    num_sanity_val_steps=0)
+                    num_sanity_val_steps=0, callbacks=bars)
 trainer.fit(Tiny(), DataLoader(data, batch_size=4), DataLoader(data, batch_size=4))
 print("done")
