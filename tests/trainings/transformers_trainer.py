@@ -1,9 +1,12 @@
 """The Transformers ``Trainer`` on a tiny torch model: its tqdm bar, logged dicts, eval bar.
 
 Environment: ``STEPS`` (max_steps, default 12), ``SLEEP`` seconds per step (default 0),
-``EVAL_STEPS`` (default 6), ``OUTPUT_DIR`` (default a temporary directory).
+``EVAL_STEPS`` (default 6), ``OUTPUT_DIR`` (default a temporary directory), ``PRINT_LOG``
+a file that gets ``{"t": unix time, "progress": percent}`` per logged dict (the freshness
+benchmark's reference; the Trainer prints the dict and ends the bar's line then).
 """
 
+import json
 import os
 import tempfile
 import time
@@ -46,12 +49,21 @@ class Slow(TrainerCallback):
         time.sleep(pause)
 
 
+class PrintLog(TrainerCallback):
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        with open(os.environ["PRINT_LOG"], "a") as handle:
+            handle.write(json.dumps({"t": time.time(),
+                                     "progress": 100 * state.global_step // state.max_steps})
+                         + "\n")
+
+
 args = TrainingArguments(
     output_dir=os.environ.get("OUTPUT_DIR") or tempfile.mkdtemp(), max_steps=steps,
     per_device_train_batch_size=4, per_device_eval_batch_size=4, logging_steps=1,
     eval_strategy="steps", eval_steps=eval_steps, save_strategy="no", report_to=[],
     use_cpu=True, disable_tqdm=False, dataloader_num_workers=0)
 trainer = Trainer(model=Tiny(), args=args, train_dataset=Pairs(64), eval_dataset=Pairs(16),
-                  callbacks=[Slow()] if pause else [])
+                  callbacks=([Slow()] if pause else [])
+                  + ([PrintLog()] if "PRINT_LOG" in os.environ else []))
 trainer.train()
 print("done")
