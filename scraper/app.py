@@ -147,6 +147,7 @@ class ScraperApp:
             default_port=s.default_port, default_path=s.default_path,
             default_interval=s.interval, leading=not s.leader_election,
             identify=self.identity.verify, on_dropped=self.scraper.forget,
+            trainjob_source=self._trainjob_source,
         )
         self.jobs.on_change = self.jobsets.on_change = self._owners_changed
         on_trainjob_change = self.trainjobs.on_change
@@ -239,6 +240,10 @@ class ScraperApp:
             stops: list[Callable[[float], None]] = [w.stop for w in watchers]
             stops += [w.stop for w in trainjob_watches]
             await asyncio.gather(*(asyncio.to_thread(stop, 1.0) for stop in stops))
+
+    def _trainjob_source(self, namespace: str, name: str) -> str | None:
+        held = self.trainjobs.get(namespace, name)
+        return held.source if held is not None else None
 
     async def _final_from_log(self, final: Final) -> TrainerStatus | None:
         assert self.logs is not None

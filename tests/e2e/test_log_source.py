@@ -103,3 +103,26 @@ def test_unmodified_training_reports_from_its_log(
         assert 'result="ok"' in reads, reads
         assert "trainjob_scraper_log_parse_failures_total 0.0" in scraper_metric(
             child, "trainjob_scraper_log_parse_failures_total")
+
+
+def test_trainjob_annotation_selects_the_log_for_its_pods(
+    kube_stack: Cluster, stack_api: client.ApiClient, stack_namespace: str, tmp_path: Path,
+) -> None:
+    """The shipped runtime as is; the TrainJob itself carries the source annotation."""
+    namespace, name = stack_namespace, "annotated-trainjob"
+    body = trainjobs.trainjob_body(
+        namespace, name, command=[sys.executable, str(REPO / "tests" / "trainings" /
+                                                      "tqdm_loop.py")],
+        env={"PYTHONUNBUFFERED": "1", "STEPS": "30", "SLEEP": "0.05"})
+    body["metadata"]["annotations"] = dict(LOG_SOURCE)
+    with scraper(kube_stack, namespace, tmp_path, ["--log-source"]), \
+            recording(stack_api, namespace, name) as recorder:
+        trainjobs.create(stack_api, body)
+        finished = trainjobs.wait_finished(stack_api, namespace, name, TIMEOUT_SECONDS)
+        assert trainjobs.condition(finished, "Complete"), finished.get("status")
+        [pod] = trainjobs.pods(stack_api, namespace, name)
+        assert "trainjob-progress.dev/source" not in (pod.metadata.annotations or {})
+        final = recorder.wait_for(
+            lambda o: o.status is not None and o.status.progress_percentage == 100,
+            FINAL_TIMEOUT_SECONDS, "the final status from the log").status
+        assert final is not None and "loss" in final.metrics_dict()
