@@ -46,12 +46,25 @@ class LogProgress:
     metrics: dict[str, str] = field(default_factory=dict)
     updated: datetime | None = None
     readings: int = 0
+    lines_read_to: str = ""  # the newest ended line applied (kubelet timestamp)
     _after_rich_row: bool = False
 
     def feed(self, segments: list[Segment]) -> int:
-        """Apply ``segments`` (oldest first); returns how many gave a reading."""
+        """Apply ``segments`` (oldest first); returns how many gave a reading.
+
+        A line that has ended is applied once: a later read that starts in the same
+        second (``sinceTime`` has whole seconds) brings it again, and applying it after
+        the lines that followed it would mix old readings with newer context (Keras'
+        ``Epoch e/E``).  The kubelet's timestamps have a fixed width, so they compare
+        as text.
+        """
         used = 0
+        newest_line = self.lines_read_to
         for segment in segments:
+            if segment.line_done_at:
+                if segment.line_done_at <= self.lines_read_to:
+                    continue
+                newest_line = max(newest_line, segment.line_done_at)
             if not segment.complete or segment.nested:
                 continue
             reading = self._parse(segment.text)
@@ -62,6 +75,7 @@ class LogProgress:
             stamp = parse_time(segment.timestamp)
             if stamp is not None and (self.updated is None or stamp >= self.updated):
                 self.updated = stamp
+        self.lines_read_to = newest_line
         self.readings += used
         return used
 

@@ -44,6 +44,9 @@ class Segment:
     complete: bool
     nested: bool
     line_end: bool  # a "\n" follows (else a "\r", or nothing yet)
+    #: The timestamp of the newest entry of its line, when the line has ended ("" while
+    #: the runtime has not ended it): a line is read once (see LogProgress.feed).
+    line_done_at: str = ""
 
 
 def parse_time(text: str) -> datetime | None:
@@ -83,8 +86,11 @@ def split(body: bytes, *, ended: bool, trust_first: bool = False) -> list[Segmen
         stamp = match.group(1) if match else ""
         content = line[match.end():] if match else line
         # The timestamps of the partial entries after the first (16 KiB cuts).
+        inner = _INNER_TS.findall(content)
+        newest = inner[-1].strip() if inner else stamp
         content = _INNER_TS.sub("", content)
         terminated = index < last
+        done_at = newest if terminated else ""
         pieces = content.split("\r")
         for number, piece in enumerate(pieces):
             final_piece = number == len(pieces) - 1
@@ -98,5 +104,5 @@ def split(body: bytes, *, ended: bool, trust_first: bool = False) -> list[Segmen
                 continue
             out.append(Segment(text=cleaned, timestamp=stamp, complete=complete,
                                nested=piece.rstrip().endswith(_CURSOR_UP),
-                               line_end=final_piece and terminated))
+                               line_end=final_piece and terminated, line_done_at=done_at))
     return out

@@ -95,3 +95,28 @@ def test_lightning_tqdm_bar_gives_progress_only_when_fit_stops(
     assert all(s.progress_percentage == 100 for s in mid)
     assert statuses[-1] is not None and statuses[-1].progress_percentage == 100
     assert any(s and "train_loss" in s.metrics_dict() for s in statuses[:-1])
+
+
+@pytest.mark.parametrize("name", ["keras2", "keras1", "tqdm", "transformers", "katib"])
+def test_overlapping_reads_give_what_one_read_gives(captures: dict[str, Captured],
+                                                    name: str) -> None:
+    """Each scrape re-reads the last second (``sinceTime`` has whole seconds): lines
+    already applied come again and must not be applied after newer ones."""
+    captured = captures[name]
+    count = len(captured.entries)
+    once = LogProgress()
+    progress = LogProgress()
+    for end in range(1, count + 1):
+        # Up to three entries read again, as a read starting a second back would.
+        start = max(0, end - 4)
+        progress.feed(split(render_slice(captured, start, end), ended=end == count,
+                            trust_first=start == 0))
+        once = LogProgress()
+        once.feed(split(captured.pods_log(end), ended=end == count, trust_first=True))
+        assert progress.fraction == once.fraction, (end, progress, once)
+    assert progress.status() == once.status()
+
+
+def render_slice(captured: Captured, start: int, end: int) -> bytes:
+    from tests.logsource.conftest import render
+    return render(captured.entries[start:end])
