@@ -63,7 +63,8 @@ TIMEOUT = 300.0
 FRESHNESS = [
     ("Keras verbose=2 (\\n per epoch)", "keras_fit.py",
      {"VERBOSE": "2", "EPOCHS": "15", "STEPS": "4", "SLEEP": "0.5"}),
-    ("Transformers Trainer (\\n logged dict per step)", "transformers_trainer.py",
+    ("Transformers Trainer (its \\r bar on stderr, a \\n logged dict per step on stdout)",
+     "transformers_trainer.py",
      {"STEPS": "30", "SLEEP": "1", "EVAL_STEPS": "1000"}),
     ("tqdm \\r bar, 100 steps of 0.4 s", "tqdm_loop.py", {"STEPS": "100", "SLEEP": "0.4"}),
     ("tqdm \\r bar, 1000 steps of 0.04 s", "tqdm_loop.py",
@@ -88,6 +89,7 @@ class FirstSeen(threading.Thread):
         super().__init__(daemon=True)
         self.api, self.name = api, name
         self.seen: dict[int, float] = {}
+        self.losses: dict[str, float] = {}
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -104,6 +106,9 @@ class FirstSeen(threading.Thread):
                     progress = status.get("progressPercentage")
                     if progress is not None:
                         self.seen.setdefault(int(progress), now)
+                    for metric in status.get("metrics") or []:
+                        if metric.get("name") == "loss":
+                            self.losses.setdefault(metric["value"], now)
                     if self.stop.is_set():
                         return
 
@@ -119,8 +124,15 @@ def run_training(api: client.ApiClient, name: str, script: str, env: dict[str, s
         raise RuntimeError(f"{name} did not complete: {finished.get('status')}")
 
 
+def lag_row(printed: dict[Any, float], seen: dict[Any, float]) -> dict[str, Any]:
+    lags = [seen[k] - printed[k] for k in printed if k in seen]
+    return {"printed_values": len(printed), "seen_values": len(lags),
+            "p50_s": percentile(lags, 0.5), "p99_s": percentile(lags, 0.99),
+            "max_s": max(lags) if lags else None}
+
+
 def freshness(api: client.ApiClient, work: Path, index: int, script: str,
-              env: dict[str, str]) -> dict[str, Any]:
+              env: dict[str, str]) -> dict[str, dict[str, Any]]:
     name = f"fresh-{index}"
     print_log = work / f"{name}.jsonl"
     seen = FirstSeen(api, name)
@@ -132,13 +144,16 @@ def freshness(api: client.ApiClient, work: Path, index: int, script: str,
         seen.stop.set()
         seen.join(timeout=10)
     printed: dict[int, float] = {}
+    losses: dict[str, float] = {}
     for line in print_log.read_text().splitlines():
         entry = json.loads(line)
         printed.setdefault(int(entry["progress"]), float(entry["t"]))
-    lags = [seen.seen[p] - printed[p] for p in printed if p in seen.seen]
-    return {"printed_values": len(printed), "seen_values": len(lags),
-            "p50_s": percentile(lags, 0.5), "p99_s": percentile(lags, 0.99),
-            "max_s": max(lags) if lags else None}
+        if "loss" in entry:
+            losses.setdefault(entry["loss"], float(entry["t"]))
+    rows = {"progress": lag_row(printed, seen.seen)}
+    if losses:
+        rows["metric loss"] = lag_row(losses, seen.losses)
+    return rows
 
 
 def cpu_window(pid: int, metrics: str, seconds: float) -> dict[str, float]:
@@ -201,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
             metrics, pid = scraper.extra["metrics_url"], scraper.process.pid
             out["freshness"] = {}
             for index, (label, script, env) in enumerate(FRESHNESS):
-                out["freshness"][label] = row = freshness(api, work, index, script, env)
-                print(f"freshness {label}: {row}", flush=True)
+                for what, row in freshness(api, work, index, script, env).items():
+                    out["freshness"][f"{label}: {what}"] = row
+                    print(f"freshness {label}, {what}: {row}", flush=True)
             out["idle"] = cpu_window(pid, metrics, args.window)
             print(f"idle: {out['idle']}", flush=True)
             quiet = in_background(api, "quiet", "tqdm_loop.py",

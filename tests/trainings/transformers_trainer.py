@@ -52,9 +52,11 @@ class Slow(TrainerCallback):
 class PrintLog(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         with open(os.environ["PRINT_LOG"], "a") as handle:
-            handle.write(json.dumps({"t": time.time(),
-                                     "progress": 100 * state.global_step // state.max_steps})
-                         + "\n")
+            entry = {"t": time.time(), "progress": 100 * state.global_step // state.max_steps}
+            if logs and isinstance(logs.get("loss"), float):
+                # As ProgressCallback prints it (f"{v:.4g}", transformers/trainer_callback.py).
+                entry["loss"] = f"{logs['loss']:.4g}"
+            handle.write(json.dumps(entry) + "\n")
 
 
 args = TrainingArguments(
