@@ -57,8 +57,8 @@ class LogLimits:
 
     limit_bytes: int = 64 * 1024
     tail_lines: int = 200
-    qps: float = 5.0
-    burst: int = 10
+    qps: float = 10.0
+    burst: int = 20
     timeout: float = 10.0
 
     @property
