@@ -256,6 +256,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in ("tqdm", "keras", "torch", "transformers", "lightning"):
+        with contextlib.suppress(PackageNotFoundError):
+            out.append(f"{name} {version(name)}")
+    return ", ".join(out)
+
+
 def write_report(out: dict[str, Any]) -> None:
     def per_read(row: dict[str, float], key: str) -> float:
         return row[key] / row["reads"] if row["reads"] else float("nan")
@@ -272,6 +282,7 @@ def write_report(out: dict[str, Any]) -> None:
         "CRI files; the scraper as shipped with `--log-source`, interval 1 s for (a), (b).",
         f"Load average before {out['load_before']}, after {out['load_after']} "
         "(2 cores shared with six other engineers' work).",
+        f"Frameworks: {versions()}.",
         "",
         "## a. Freshness, print -> TrainJob (scrape interval 1 s)",
         "",
