@@ -248,7 +248,7 @@ class ScraperApp:
     async def _final_from_log(self, final: Final) -> TrainerStatus | None:
         assert self.logs is not None
         return await self.logs.final(final.namespace, final.pod_name, final.pod_uid,
-                                     final.log_container)
+                                     final.log_container, only_if_read=final.source == "auto")
 
     async def _run_target(self, key: str) -> None:
         # A coroutine function (not a lambda returning a coroutine): APScheduler runs
