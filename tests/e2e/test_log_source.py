@@ -105,16 +105,19 @@ def test_unmodified_training_reports_from_its_log(
             child, "trainjob_scraper_log_parse_failures_total")
 
 
+@pytest.mark.parametrize("source", ["logs", "auto"])
 def test_trainjob_annotation_selects_the_log_for_its_pods(
     kube_stack: Cluster, stack_api: client.ApiClient, stack_namespace: str, tmp_path: Path,
+    source: str,
 ) -> None:
-    """The shipped runtime as is; the TrainJob itself carries the source annotation."""
-    namespace, name = stack_namespace, "annotated-trainjob"
+    """The shipped runtime as is; the TrainJob itself carries the source annotation
+    (``auto``: nothing listens on the exporter port, so the log is read)."""
+    namespace, name = stack_namespace, f"annotated-{source}"
     body = trainjobs.trainjob_body(
         namespace, name, command=[sys.executable, str(REPO / "tests" / "trainings" /
                                                       "tqdm_loop.py")],
         env={"PYTHONUNBUFFERED": "1", "STEPS": "30", "SLEEP": "0.05"})
-    body["metadata"]["annotations"] = dict(LOG_SOURCE)
+    body["metadata"]["annotations"] = {**LOG_SOURCE, "trainjob-progress.dev/source": source}
     with scraper(kube_stack, namespace, tmp_path, ["--log-source"]), \
             recording(stack_api, namespace, name) as recorder:
         trainjobs.create(stack_api, body)
