@@ -344,10 +344,14 @@ def write_report(out: dict[str, Any]) -> None:
         f"{cpu_scrape * 120 * 200:.0f} | 0 |",
         "",
         "Measured on one TrainJob at a time and scaled (x120 reads per hour, x200 "
-        "TrainJobs): 200 pods at once do not fit this machine.  Status writes are the "
-        "same for both paths and left out.  The per-read CPU of the log path is the "
-        "scraper's CPU over the window minus its idle CPU, over the reads; the exporter "
-        "row the same over its scrapes.  API bytes: the pods/log answers' bodies.",
+        "TrainJobs): 200 pods at once do not fit this machine (the row leaves out 200 "
+        "concurrent pods, and the kubelet of a real node).  The per-read CPU of the log "
+        "path is the scraper's CPU over the window minus its idle CPU, over the reads; "
+        "the exporter row the same over its answered scrapes (waiting scrapes on).  Both "
+        "include the status writes the readings caused (each training changed its status "
+        "every interval), computed the same way.  API bytes: the pods/log answers' "
+        "bodies; the exporter path reads nothing through the API server.  Noisy: the "
+        "load average above.",
         "",
     ]
     path = REPO / "benchmarks" / "reports" / "log-source.md"
