@@ -247,8 +247,12 @@ class ScraperApp:
 
     async def _final_from_log(self, final: Final) -> TrainerStatus | None:
         assert self.logs is not None
+        answered = final.pod_uid in self.scraper.exporter_answered
+        self.scraper.exporter_answered.discard(final.pod_uid)
+        if final.source == "auto" and answered:
+            return None  # its exporter answered: the exporter's last status stands
         return await self.logs.final(final.namespace, final.pod_name, final.pod_uid,
-                                     final.log_container, only_if_read=final.source == "auto")
+                                     final.log_container)
 
     async def _run_target(self, key: str) -> None:
         # A coroutine function (not a lambda returning a coroutine): APScheduler runs

@@ -25,6 +25,9 @@ class SourceScraper:
     def __init__(self, exporter: ExporterScraper, logs: LogScraper | None) -> None:
         self.exporter = exporter
         self.logs = logs
+        #: Pods (UIDs) of ``auto`` targets whose exporter answered: their final status
+        #: is the exporter's, never the log's.
+        self.exporter_answered: set[str] = set()
 
     @property
     def held(self) -> int:
@@ -34,9 +37,10 @@ class SourceScraper:
         if target.source == SOURCE_LOGS and self.logs is not None:
             return await self.logs.scrape(target, etag)
         result = await self.exporter.scrape(target, etag)
-        if (target.source == SOURCE_AUTO and self.logs is not None
-                and isinstance(result, Failure) and result.kind.not_instrumented):
-            return await self.logs.scrape(target, etag)
+        if target.source == SOURCE_AUTO and self.logs is not None:
+            if isinstance(result, Failure) and result.kind.not_instrumented:
+                return await self.logs.scrape(target, etag)
+            self.exporter_answered.add(target.pod_uid)
         return result
 
     async def wait_for_change(self, target: Target, etag: str | None,
@@ -44,6 +48,7 @@ class SourceScraper:
         return await self.exporter.wait_for_change(target, etag, max_wait)
 
     def forget(self, target: Target) -> None:
+        # exporter_answered is kept: the pod's final status is decided after the drop.
         self.exporter.forget(target)
         if self.logs is not None:
             self.logs.forget(target)

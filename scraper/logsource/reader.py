@@ -105,17 +105,10 @@ class LogScraper:
         return await self._read(state, target.namespace, target.pod_name,
                                 target.log_container, ended=False)
 
-    async def final(self, namespace: str, pod: str, pod_uid: str, container: str, *,
-                    only_if_read: bool = False) -> TrainerStatus | None:
-        """The status the last lines of a terminated container give, or None.
-
-        ``only_if_read``: None unless this pod's log was read while it ran (``auto``:
-        a pod whose exporter answered keeps the exporter's last status).
-        """
-        state = self._states.pop(pod_uid, None)
-        if state is None and only_if_read:
-            return None
-        state = state or _LogState()
+    async def final(self, namespace: str, pod: str, pod_uid: str,
+                    container: str) -> TrainerStatus | None:
+        """The status the last lines of a terminated container give, or None."""
+        state = self._states.pop(pod_uid, None) or _LogState()
         result = await self._read(state, namespace, pod, container, ended=True)
         return result.status if isinstance(result, Fresh) else None
 
