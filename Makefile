@@ -28,6 +28,7 @@ bench:
 	.venv/bin/python -m benchmarks.churn
 	.venv/bin/python -m benchmarks.churn --api
 	.venv/bin/python -m benchmarks.cluster_scale
+	.venv/bin/python -m benchmarks.log_source --report
 
 image:
 	scripts/bootstrap test

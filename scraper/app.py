@@ -25,20 +25,22 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
 from scraper.annotation_target import StatusTarget
 from scraper.config import ScraperSettings
-from scraper.discovery import PodEvent, PodWatcher, Synced, WatchItem, probe_selector
+from scraper.discovery import Final, PodEvent, PodWatcher, Synced, WatchItem, probe_selector
 from scraper.identity import LABEL_JOBSET_NAME, Identity, Link, OwnerIndex
 from scraper.kube.client import load_client, without_retries
 from scraper.kube.health import ApiHealth
 from scraper.kube.informer import ListWatch, ScopesListed
 from scraper.leader import LeaseElector
+from scraper.logsource.reader import LogLimits, LogScraper
 from scraper.loop import ScrapeLoop
 from scraper.manager import TargetManager
 from scraper.metrics_auth import MetricsAuth, metrics_auth_for
 from scraper.scheduling import TargetScheduler
 from scraper.scraping import ExporterScraper, ScrapeLimits
+from scraper.sources import SourceScraper
 from scraper.status_writer import StatusWriter
 from scraper.supervisor import Supervisor
 from scraper.telemetry import Telemetry
@@ -113,10 +115,17 @@ class ScraperApp:
         # --- end write side
         self.crd = self.writer.crd
         self.events = self.writer.events
-        self.scraper = ExporterScraper(
+        self.logs: LogScraper | None = None
+        if s.log_source:
+            self.logs = LogScraper(
+                self.api, LogLimits(s.log_limit_bytes, s.log_tail_lines, s.log_qps,
+                                    s.log_burst, s.scrape_timeout),
+                on_read=self.telemetry.count_log_read,
+                on_parse_failure=self.telemetry.log_parse_failures.inc)
+        self.scraper = SourceScraper(ExporterScraper(
             ScrapeLimits(s.scrape_timeout, s.max_body_bytes, s.concurrency),
             observe=self.telemetry.scrape_duration.observe,
-        )
+        ), self.logs)
         self.scheduler = TargetScheduler(
             self._run_target,
             on_skipped=lambda key: self.telemetry.skipped_runs.inc())
@@ -132,6 +141,7 @@ class ScraperApp:
             waiting=s.wait_scrapes,
             on_hold=lambda key, holding: (self.scheduler.pause(key) if holding
                                           else self.scheduler.resume(key)),
+            final_from_log=self._final_from_log if self.logs is not None else None,
         )
         self.telemetry.held_scrapes.set_function(lambda: self.scraper.held)
         # --- identity: Jobs and JobSets by UID (scraper/identity.py)
@@ -144,6 +154,7 @@ class ScraperApp:
             default_port=s.default_port, default_path=s.default_path,
             default_interval=s.interval, leading=not s.leader_election,
             identify=self.identity.verify, on_dropped=self.scraper.forget,
+            trainjob_source=self._trainjob_source,
         )
         # Any change to a link of an owner chain, and every list, re-checks the pods
         # waiting on it (scraper/identity.py, "Convergence").
@@ -235,6 +246,19 @@ class ScraperApp:
             stops: list[Callable[[float], None]] = [w.stop for w in watchers]
             stops += [w.stop for w in trainjob_watches]
             await asyncio.gather(*(asyncio.to_thread(stop, 1.0) for stop in stops))
+
+    def _trainjob_source(self, namespace: str, name: str) -> str | None:
+        held = self.trainjobs.get(namespace, name)
+        return held.source if held is not None else None
+
+    async def _final_from_log(self, final: Final) -> TrainerStatus | None:
+        assert self.logs is not None
+        answered = final.pod_uid in self.scraper.exporter_answered
+        self.scraper.exporter_answered.discard(final.pod_uid)
+        if final.source == "auto" and answered:
+            return None  # its exporter answered: the exporter's last status stands
+        return await self.logs.final(final.namespace, final.pod_name, final.pod_uid,
+                                     final.log_container)
 
     async def _run_target(self, key: str) -> None:
         # A coroutine function (not a lambda returning a coroutine): APScheduler runs

@@ -203,6 +203,17 @@ class ScraperSettings(BaseSettings):
     shutdown_timeout: float = Field(
         default=10.0, description="on SIGTERM, how long in-flight writes may take"
     )
+    log_source: bool = Field(
+        default=False, description="read progress from the trainer container's log for pods "
+        "annotated trainjob-progress.dev/source: logs or auto (needs get on pods/log)")
+    log_qps: float = Field(default=10.0, gt=0, le=10000,
+                           description="log reads per second at most (own token bucket)")
+    log_burst: int = Field(default=20, ge=1, le=10000, description="log reads in a burst")
+    log_limit_bytes: int = Field(
+        default=64 * 1024, ge=17 * 1024, le=16 * 1024 * 1024,
+        description="bytes one log read returns at most (limitBytes; >= one 16 KiB entry)")
+    log_tail_lines: int = Field(default=200, ge=1, le=100000,
+                                description="log entries one read returns at most (tailLines)")
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
 
     @field_validator("namespaces", mode="before")

@@ -29,7 +29,7 @@ from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.health import ApiHealth
 from scraper.kube.informer import WATCH_BACKOFF, ListWatch
 from scraper.syntax import IntervalOutOfRange, parse_interval
-from scraper.targets import Target
+from scraper.targets import SOURCE_EXPORTER, SOURCES, Target
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,9 @@ ANNOTATION_PREFIX = "trainjob-progress.dev/"
 ANNOTATION_SCRAPE = ANNOTATION_PREFIX + "scrape"
 ANNOTATION_PORT = ANNOTATION_PREFIX + "port"
 ANNOTATION_PATH = ANNOTATION_PREFIX + "path"
+ANNOTATION_SOURCE = ANNOTATION_PREFIX + "source"
+#: The trainer container of the Kubeflow Trainer's runtimes (its log is read by default).
+TRAINER_CONTAINER = "node"
 ANNOTATION_INTERVAL = ANNOTATION_PREFIX + "interval"
 ANNOTATION_CONTAINER = ANNOTATION_PREFIX + "container"
 PROMETHEUS_PORT = "prometheus.io/port"
@@ -72,6 +75,8 @@ class Final:
     pod_uid: str
     messages: tuple[tuple[str, str], ...]
     trainjob_uid: str = ""
+    source: str = SOURCE_EXPORTER
+    log_container: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,9 +128,15 @@ def classify(
         return Ignore(f"no {LABEL_JOBSET_NAME} label: no TrainJob to report to")
     if str(annotations.get(ANNOTATION_SCRAPE, "true")).lower() == "false":
         return Ignore(f"{ANNOTATION_SCRAPE}=false")
+    source = str(annotations.get(ANNOTATION_SOURCE, SOURCE_EXPORTER)).lower()
+    if source not in SOURCES:
+        return Ignore(f"{ANNOTATION_SOURCE}={annotations[ANNOTATION_SOURCE]!r}: not one of "
+                      f"{', '.join(SOURCES)}", misconfigured=True)
+    container = log_container(pod)
     phase = status.get("phase", "")
     if phase in ("Succeeded", "Failed"):
-        return Final(namespace, trainjob, name, uid, _termination_messages(pod))
+        return Final(namespace, trainjob, name, uid, _termination_messages(pod),
+                     source=source, log_container=container)
     if phase != "Running":
         return Wait(f"phase {phase or 'unknown'}")
     ip = status.get("podIP")
@@ -153,7 +164,19 @@ def classify(
             return Ignore(f"{ANNOTATION_INTERVAL}: {exc}", misconfigured=True)
     host = f"[{ip}]" if ":" in ip else ip
     url = f"http://{host}:{port}{path}"
-    return Scrape(Target(namespace, trainjob, name, uid, url, interval))
+    return Scrape(Target(namespace, trainjob, name, uid, url, interval, source=source,
+                         log_container=container))
+
+
+def log_container(pod: Mapping[str, Any]) -> str:
+    """The container whose log is the status source: ``trainjob-progress.dev/container``,
+    else the Trainer's ``node`` container, else the first container (``""``: none)."""
+    meta = pod.get("metadata") or {}
+    wanted = (meta.get("annotations") or {}).get(ANNOTATION_CONTAINER)
+    if wanted:
+        return str(wanted)
+    names = [c.get("name", "") for c in (pod.get("spec") or {}).get("containers") or []]
+    return TRAINER_CONTAINER if TRAINER_CONTAINER in names else (names[0] if names else "")
 
 
 def final_from_deleted(pod: Mapping[str, Any]) -> Final | None:

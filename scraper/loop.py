@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -178,6 +178,8 @@ class ScrapeLoop:
         waiting: use waiting scrapes where the exporter offers them (``--wait-scrapes``).
         on_hold: called with ``(target key, True)`` when a target's waiting scrapes
             start and ``(key, False)`` when they end (the scheduler pauses its job meanwhile).
+        final_from_log: reads the final status from a terminated pod's log, for pods
+            whose source is the log (scraper/sources.py); None: never.
     """
 
     def __init__(
@@ -195,7 +197,9 @@ class ScrapeLoop:
         clock: Callable[[], float] = time.monotonic,
         waiting: bool = True,
         on_hold: Callable[[str, bool], None] = lambda key, holding: None,
+        final_from_log: Callable[[Final], Awaitable[TrainerStatus | None]] | None = None,
     ) -> None:
+        self._final_from_log = final_from_log
         self._waiting = waiting
         self._on_hold = on_hold
         self._scraper = scraper
@@ -352,6 +356,17 @@ class ScrapeLoop:
                      final.namespace, final.trainjob, final.pod_name, container,
                      outcome.value if outcome else "TrainJob gone")
             return
+        if final.source != "exporter" and self._final_from_log is not None:
+            from_log = await self._final_from_log(final)
+            if from_log is not None:
+                if state is not None:
+                    state.view.status = from_log
+                outcome = await self.write(final.namespace, final.trainjob, from_log,
+                                           final=True, uid=final.trainjob_uid)
+                log.info("final status of TrainJob %s/%s from the log of pod %s (container "
+                         "%s): %s", final.namespace, final.trainjob, final.pod_name,
+                         final.log_container, outcome.value if outcome else "TrainJob gone")
+                return
         if problems:
             await self._events.event(
                 final.namespace, final.trainjob, REASON_FINAL_INVALID,

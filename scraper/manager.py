@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
 from scraper.discovery import (
+    ANNOTATION_SOURCE,
     Final,
     Ignore,
     Scrape,
@@ -35,7 +36,7 @@ from scraper.identity import (
     restart_attempt,
 )
 from scraper.loop import ScrapeLoop, TargetState
-from scraper.targets import Target
+from scraper.targets import SOURCES, Target
 from scraper.telemetry import JobView
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,9 @@ class TargetManager:
         leading: bool,
         identify: Callable[[dict[str, Any]], Verdict] = lambda pod: Belongs(""),
         on_dropped: Callable[[Target], None] = lambda target: None,
+        trainjob_source: Callable[[str, str], str | None] = lambda namespace, name: None,
     ) -> None:
+        self._trainjob_source = trainjob_source
         self._loop = loop
         self._scheduler = scheduler
         self._spawn = spawn
@@ -189,11 +192,13 @@ class TargetManager:
             self._unverified.park(key, pod, verdict.links)
             return
         self._unverified.release(key)
+        source = self._source(pod, decision)
         if isinstance(decision, Scrape):
-            decision = Scrape(dataclasses.replace(decision.target,
+            decision = Scrape(dataclasses.replace(decision.target, source=source,
                                                   trainjob_uid=verdict.trainjob_uid))
         else:
-            decision = dataclasses.replace(decision, trainjob_uid=verdict.trainjob_uid)
+            decision = dataclasses.replace(decision, trainjob_uid=verdict.trainjob_uid,
+                                           source=source)
         # --- end identity
         if state is None:
             trainjob = decision.target.trainjob if isinstance(decision, Scrape) else \
@@ -223,6 +228,18 @@ class TargetManager:
                          "TrainJob %s/%s runs", key, decision.namespace, decision.trainjob)
             elif self.leading and state.claim_final():
                 self._spawn(self._loop.finalize(decision, state))
+
+    def _source(self, pod: dict[str, Any], decision: Scrape | Final) -> str:
+        """The pod's own source annotation, else its TrainJob's (when valid), else the
+        default."""
+        current = decision.target.source if isinstance(decision, Scrape) else decision.source
+        if ANNOTATION_SOURCE in ((pod.get("metadata") or {}).get("annotations") or {}):
+            return current
+        namespace = (pod.get("metadata") or {}).get("namespace", "")
+        trainjob = decision.target.trainjob if isinstance(decision, Scrape) else \
+            decision.trainjob
+        inherited = self._trainjob_source(namespace, trainjob)
+        return inherited if inherited in SOURCES else current
 
     # --- identity and one target per TrainJob (scraper/identity.py)
 

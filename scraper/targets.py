@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: Values of the ``trainjob-progress.dev/source`` annotation (scraper/sources.py).
+SOURCE_EXPORTER, SOURCE_LOGS, SOURCE_AUTO = "exporter", "logs", "auto"
+SOURCES = (SOURCE_EXPORTER, SOURCE_LOGS, SOURCE_AUTO)
+
 
 @dataclass(frozen=True)
 class Target:
@@ -18,6 +22,8 @@ class Target:
         interval: scrape interval in seconds (1..3600).
         trainjob_uid: the UID of the TrainJob the pod's owner chain leads to
             (:mod:`scraper.identity`); ``""`` before it is verified.
+        source: where the status comes from (:data:`SOURCES`, scraper/sources.py).
+        log_container: the container whose log is read when the source is the log.
     """
 
     namespace: str
@@ -27,6 +33,8 @@ class Target:
     url: str
     interval: float
     trainjob_uid: str = ""
+    source: str = SOURCE_EXPORTER
+    log_container: str = ""
 
     @property
     def key(self) -> str:

@@ -110,10 +110,25 @@ class Telemetry:
             "trainjob_scraper_skipped_runs", "Scheduled scrapes skipped because the "
             "target's previous scrape had not finished or no concurrency slot came free "
             "within the scrape timeout (the scraper is behind)", registry=r)
+        self.log_reads = Counter(
+            "trainjob_scraper_log_reads_total", "pods/log reads of log-sourced targets by "
+            "result (ok; cut: reached limitBytes, read again with a shorter tail; "
+            "forbidden; error)", ["result"], registry=r)
+        self.log_read_bytes = Counter(
+            "trainjob_scraper_log_read_bytes_total", "Bytes of pods/log answers read",
+            registry=r)
+        self.log_parse_failures = Counter(
+            "trainjob_scraper_log_parse_failures_total", "Log reads whose readings broke a "
+            "Trainer API limit (nothing written)", registry=r)
         r.register(_JobCollector(views))
         self.ready = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
+
+    def count_log_read(self, result: str, size: int) -> None:
+        """One pods/log read: its result label and the bytes it returned."""
+        self.log_reads.labels(result).inc()
+        self.log_read_bytes.inc(size)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of everything."""

@@ -36,6 +36,9 @@ from exporter_lib.status import StatusError, TrainerStatus
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, decode_annotation
 from scraper.kube.informer import ScopesListed
 
+#: The status source annotation (pods and TrainJobs; scraper/sources.py).
+SOURCE_ANNOTATION = "trainjob-progress.dev/source"
+
 #: ``(namespace, name)`` of a TrainJob.
 TrainJobKey = tuple[str, str]
 
@@ -53,12 +56,15 @@ class Held:
         status: its trainerStatus (None when absent or unreadable).
         resource_version: the resourceVersion it was read at.
         annotated: the trainer status in its annotation (None when absent or invalid).
+        source: its ``trainjob-progress.dev/source`` annotation (None when absent): the
+            status source of its pods that do not name their own (scraper/sources.py).
     """
 
     uid: str
     status: TrainerStatus | None
     resource_version: str = ""
     annotated: TrainerStatus | None = None
+    source: str | None = None
 
 
 def held_from_object(obj: dict[str, Any]) -> Held:
@@ -68,7 +74,9 @@ def held_from_object(obj: dict[str, Any]) -> Held:
     status = _readable(TrainerStatus.from_api, (obj.get("status") or {}).get("trainerStatus"))
     annotated = _readable(decode_annotation,
                           (meta.get("annotations") or {}).get(TRAINER_STATUS_ANNOTATION))
-    return Held(meta.get("uid", ""), status, meta.get("resourceVersion", ""), annotated)
+    source = (meta.get("annotations") or {}).get(SOURCE_ANNOTATION)
+    return Held(meta.get("uid", ""), status, meta.get("resourceVersion", ""), annotated,
+                str(source).lower() if source else None)
 
 
 def _readable(parse: Callable[[Any], TrainerStatus], raw: Any) -> TrainerStatus | None:

@@ -180,6 +180,9 @@ class ControlPlane:
             *([] if self._controllers else ["--disable-admission-plugins=ServiceAccount"]),
             # Saves a second of start-up; fairness has nothing to protect here.
             "--enable-priority-and-fairness=false",
+            # A fake node's Hostname address resolves nowhere; its InternalIP is loopback
+            # (kwok's server, reached for pods/log).
+            "--kubelet-preferred-address-types=InternalIP",
             f"--cert-dir={work / 'pki'}",
         ]
         self._apiserver = processes.spawn(self._apiserver_args, work / "kube-apiserver.log")

@@ -10,7 +10,12 @@ does what the kubelet and the container runtime would:
   it runs each container's ``command`` + ``args`` (``$(VAR)`` expanded) as a
   local process with the container's environment (``env`` values, ``fieldRef``,
   ConfigMap and Secret keys; what the Trainer injects, such as ``PET_NODE_RANK``,
-  arrives this way), its output in ``<workdir>/<namespace>_<pod>_<container>.log``;
+  arrives this way); its stdout and stderr are stored as a node's runtime stores
+  them, in CRI log format (:mod:`localdev.cluster.crilog`) at the kubelet's path
+  ``<workdir>/logs/<namespace>_<pod>_<uid>/<container>/<restartCount>.log``, and a
+  kwok ``Logs`` object (owned by the pod) names that file, so kwok's server
+  answers ``kubectl logs`` (``previous`` too) from it; the raw bytes also go to
+  ``<workdir>/<namespace>_<pod>_<container>.log`` (both streams, every restart);
 * init containers first, in order, as the kubelet does: an ordinary one must exit 0
   before the next starts (a failure fails a ``restartPolicy: Never`` pod, else it
   runs again); a native sidecar (``restartPolicy: Always``) counts once it is
@@ -69,7 +74,7 @@ from typing import Any
 
 from kubernetes import client, config, watch
 
-from localdev.cluster import processes
+from localdev.cluster import crilog, processes
 
 #: The kubelet reads at most this many bytes of a termination message file.
 MESSAGE_LIMIT_BYTES = 4096
@@ -86,6 +91,11 @@ HOST_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "V
 ENV_EXPORTER_HOST = "TRAINJOB_EXPORTER_HOST"
 ENV_TERMINATION_PATH = "TRAINJOB_EXPORTER_TERMINATION_MESSAGE_PATH"
 TICK_SECONDS = 0.1
+#: kwok's Logs objects (``kwok.x-k8s.io/v1alpha1``), one per pod, named as the pod.
+KWOK_GROUP, KWOK_VERSION, KWOK_LOGS = "kwok.x-k8s.io", "v1alpha1", "logs"
+#: How long an exited container's output pipes may still deliver bytes (a forked
+#: helper can hold them open) before its termination is reported.
+PUMP_JOIN_SECONDS = 2.0
 WATCH_TIMEOUT_SECONDS = 60
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
 
@@ -152,6 +162,13 @@ class ContainerRun:
     probe_at: float = 0.0
     probe_failures: int = 0
     term_sent: bool = False
+    cri_dir: Path | None = None  # <workdir>/logs/<ns>_<pod>_<uid>/<container>
+    pumps: list[threading.Thread] = field(default_factory=list)
+    writer: crilog.CriLogWriter | None = None
+
+    def cri_log(self, restart: int) -> str:
+        """The CRI log file of the ``restart``-th start ("" before any)."""
+        return "" if self.cri_dir is None or restart < 0 else str(self.cri_dir / f"{restart}.log")
 
     @property
     def started(self) -> bool:
@@ -291,6 +308,7 @@ class PodRunner:
             assert container.proc is not None
             processes.stop(container.proc, grace=0.5)
             container.proc = None
+            self._join_pumps(container)
         self.pods.pop(run.uid, None)
 
     def _on_event(self, kind: str, pod: dict[str, Any]) -> None:
@@ -340,7 +358,9 @@ class PodRunner:
             return ContainerRun(
                 name=c["name"], spec=c, kind=kind,
                 log=self.workdir / f"{meta['namespace']}_{meta['name']}_{c['name']}.log",
-                message_file=base / f"{c['name']}.termination-log")
+                message_file=base / f"{c['name']}.termination-log",
+                cri_dir=self.workdir / "logs" / f"{meta['namespace']}_{meta['name']}_{run.uid}"
+                / c["name"])
 
         run.inits = [container(c, SIDECAR if c.get("restartPolicy") == "Always" else INIT)
                      for c in spec.get("initContainers") or []]
@@ -479,9 +499,67 @@ class PodRunner:
         if not workdir.is_dir():
             workdir = container.message_file.parent
         try:
-            container.proc = processes.spawn(argv, container.log, env=env, cwd=workdir)
+            container.proc = processes.spawn(argv, None, env=env, cwd=workdir)
         except OSError as exc:
             container.terminated = self._cannot_run(container, f"{argv[0]}: {exc}")
+            return
+        self._pump_output(run, container)
+
+    def _pump_output(self, run: PodRun, container: ContainerRun) -> None:
+        """Store the new process's stdout and stderr as CRI entries (threads), name the file."""
+        assert container.proc is not None and container.cri_dir is not None
+        plain = open(container.log, "ab")  # noqa: SIM115 - closed by _join_pumps
+        container.writer = crilog.CriLogWriter(
+            Path(container.cri_log(container.restart_count)), plain=plain)
+        container.pumps = []
+        for stream, pipe in ((crilog.STDOUT, container.proc.stdout),
+                             (crilog.STDERR, container.proc.stderr)):
+            assert pipe is not None
+            thread = threading.Thread(
+                target=crilog.pump, args=(os.dup(pipe.fileno()), stream, container.writer),
+                name=f"log-{run.key}-{container.name}-{stream}", daemon=True)
+            pipe.close()
+            thread.start()
+            container.pumps.append(thread)
+        self._name_logs(run)
+
+    @staticmethod
+    def _join_pumps(container: ContainerRun) -> None:
+        deadline = time.monotonic() + PUMP_JOIN_SECONDS
+        for thread in container.pumps:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        container.pumps = []
+        if container.writer is not None:
+            plain = container.writer.plain
+            container.writer.close()
+            if plain is not None:
+                plain.close()
+            container.writer = None
+
+    def _name_logs(self, run: PodRun) -> None:
+        """Create or update the pod's kwok ``Logs`` object: each container's CRI file."""
+        meta = run.pod["metadata"]
+        logs = [{"containers": [c.name], "logsFile": c.cri_log(c.restart_count),
+                 "previousLogsFile": c.cri_log(c.restart_count - 1), "follow": True}
+                for c in run.all() if c.started_at]
+        body = {"apiVersion": f"{KWOK_GROUP}/{KWOK_VERSION}", "kind": "Logs",
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"],
+                             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod",
+                                                  "name": meta["name"], "uid": run.uid}]},
+                "spec": {"logs": logs}}
+        custom = client.CustomObjectsApi(self.api)
+        try:
+            try:
+                custom.create_namespaced_custom_object(KWOK_GROUP, KWOK_VERSION,
+                                                       meta["namespace"], KWOK_LOGS, body)
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+                custom.patch_namespaced_custom_object(KWOK_GROUP, KWOK_VERSION,
+                                                      meta["namespace"], KWOK_LOGS,
+                                                      meta["name"], {"spec": body["spec"]})
+        except Exception as exc:  # the container runs on; only kubectl logs lacks it
+            print(f"pod {run.key}: Logs object not written: {exc}", flush=True)
 
     def _cannot_run(self, container: ContainerRun, message: str) -> dict[str, Any]:
         with open(container.log, "a") as log:
@@ -528,6 +606,7 @@ class PodRunner:
         assert container.proc is not None
         code = container.proc.returncode
         processes.forget(container.proc)
+        self._join_pumps(container)
         # The kubelet reports a signal's death as 128 + the signal number.
         exit_code = code if code >= 0 else 128 - code
         policy = container.spec.get("terminationMessagePolicy", "File")

@@ -47,11 +47,13 @@ def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork a
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def spawn(args: Sequence[str], log_path: Path, *, env: dict[str, str] | None = None,
+def spawn(args: Sequence[str], log_path: Path | None, *, env: dict[str, str] | None = None,
           cwd: Path | None = None) -> subprocess.Popen[bytes]:
     """Start ``args`` in a new session with stdout and stderr appended to ``log_path``.
 
-    ``env`` replaces the environment when given; ``cwd`` is the working directory.
+    ``log_path`` None: stdout and stderr are two pipes (``proc.stdout``,
+    ``proc.stderr``) for the caller to read.  ``env`` replaces the environment
+    when given; ``cwd`` is the working directory.
 
     Raises:
         OSError: the executable cannot be started.
@@ -61,12 +63,14 @@ def spawn(args: Sequence[str], log_path: Path, *, env: dict[str, str] | None = N
     # main thread, whose end is the end of the process.
     preexec = (_pdeathsig if sys.platform.startswith("linux")
                and threading.current_thread() is threading.main_thread() else None)
-    with open(log_path, "ab") as log:
+    with contextlib.ExitStack() as stack:
+        log: Any = (subprocess.PIPE if log_path is None
+                    else stack.enter_context(open(log_path, "ab")))
         proc = subprocess.Popen(
             list(args),
             stdin=subprocess.DEVNULL,
             stdout=log,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE if log_path is None else subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=preexec,
             env=env,

@@ -8,7 +8,8 @@ kube-apiserver), :class:`Cluster` starts, all built from Go modules by
   and token controllers, ...), kube-scheduler;
 * kwok, which plays the kubelet of fake nodes (node status and lease, pod IPs
   from the node's loopback ``podCIDR``, pod start and end) using the Stage
-  objects kwok ships;
+  objects kwok ships, and serves the nodes' kubelet endpoint: ``pods/log``
+  requests are answered from the CRI log files named by ``Logs`` objects;
 * the JobSet controller and the Kubeflow Trainer controller, with the CRDs,
   admission webhooks and ClusterTrainingRuntimes their modules ship;
 * the pod runner (:mod:`localdev.cluster.podrunner`), the container runtime of
@@ -97,7 +98,13 @@ KWOK_OPTIONS = {
     "nodeLeaseParallelism": 1,
     "podsOnNodeSyncParallelism": 1,
     "nodeLeaseDurationSeconds": 40,
+    # Its server answers the API server's pods/log requests (the node's kubelet
+    # endpoint) from the files the pod runner's Logs objects name.
+    "enableDebuggingHandlers": True,
+    "enableCRDs": ["Logs"],
 }
+#: kwok's CRDs in use (under the bundle's ``manifests/kwok/crd``).
+KWOK_CRDS = ("kwok.x-k8s.io_logs.yaml",)
 #: kwok's shipped stages in use (under the bundle's ``manifests/kwok/stage``).
 KWOK_NODE_STAGES = ("node/fast/node-initialize.yaml",
                     "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml")
@@ -275,10 +282,17 @@ class Cluster(ControlPlane):
             str(stack["kube-scheduler"]), f"--kubeconfig={kubeconfig}",
             "--leader-elect=false", "--secure-port=0",
         ])
+        with self.api_client() as api:
+            for crd in KWOK_CRDS:
+                install_crd(api, load_yaml_file(manifests / "kwok" / "crd" / crd))
+        # The nodes' kubelet endpoint (kwok's node-initialize stage writes the port
+        # into each node's status.daemonEndpoints), on loopback only.
+        kwok_port = processes.free_port()
         kwok_config = work / "kwok.yaml"
         kwok_config.write_text(yaml.safe_dump_all([
             {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
-             "options": KWOK_OPTIONS},
+             "options": {**KWOK_OPTIONS, "nodePort": kwok_port,
+                         "serverAddress": f"127.0.0.1:{kwok_port}"}},
             *kwok_stages(manifests / "kwok" / "stage", [RUNNER_NODE]),
         ], sort_keys=False))
         self._spawn("kwok", [str(stack["kwok"]), f"--kubeconfig={kubeconfig}",

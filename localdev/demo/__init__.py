@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--framework", choices=("numpy", "transformers"), default="numpy",
                         help="training code: a numpy network (default, seconds) or a tiny "
                         "Hugging Face Transformers model (needs torch and transformers)")
+    parser.add_argument("--zero-code", choices=("logs",), default=None, dest="zero_code",
+                        help="logs: a training that imports nothing of this project and "
+                        "prints a plain tqdm bar (localdev/demo/train_tqdm.py), on a runtime "
+                        "whose pods carry trainjob-progress.dev/source: logs; the scraper "
+                        "reads the bar from the pod's log (docs/log-source.md)")
     parser.add_argument("--epochs", type=_positive_int, default=4,
                         help="training epochs (default 4: about 90 s of training on two cores; "
                         "the first run also builds the local cluster, 25-35 minutes)")

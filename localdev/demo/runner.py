@@ -124,10 +124,13 @@ def _local_mode(console: Console, args: argparse.Namespace) -> int:
         api = cluster.api_client()
         client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
 
-        console.print(f"2/5 scraper: trainjob-scraper run --interval {args.interval}")
+        logs = getattr(args, "zero_code", None) == "logs"
+        options = ["--log-source"] if logs else []
+        console.print(f"2/5 scraper: trainjob-scraper run --interval {args.interval} "
+                      + " ".join(options))
         scraper_child = start_scraper(
             workdir, kubeconfig=cluster.kubeconfig_path, port=free_port(),
-            options=["--interval", args.interval, "--namespaces", NAMESPACE],
+            options=["--interval", args.interval, "--namespaces", NAMESPACE, *options],
         )
         stack.callback(scraper_child.stop)
         wait_http_ok(scraper_child.extra["base_url"] + "/readyz", scraper_child)
@@ -136,10 +139,14 @@ def _local_mode(console: Console, args: argparse.Namespace) -> int:
                   "transformers": "localdev.demo.train_transformers"}[args.framework]
         command = [sys.executable, "-m", module, "--epochs", str(args.epochs),
                    "--log-file", str(workdir / "training-log.jsonl")]
+        runtime = "torch-distributed"
+        if logs:
+            runtime, command, module = _log_runtime(cluster, api)
         console.print(f"3/5 TrainJob {NAMESPACE}/{TRAINJOB} on ClusterTrainingRuntime "
-                      f"torch-distributed; trainer command: python -m {module}")
+                      f"{runtime}; trainer command: python {module}")
         trainjobs.create(api, trainjobs.trainjob_body(
-            NAMESPACE, TRAINJOB, command=command, env={"PYTHONUNBUFFERED": "1"}))
+            NAMESPACE, TRAINJOB, runtime=runtime, command=command,
+            env={"PYTHONUNBUFFERED": "1"}))
         pod = trainjobs.wait_pods(api, NAMESPACE, TRAINJOB, count=1, timeout=120)[0]
         console.print(f"4/5 the controllers made JobSet {TRAINJOB}, Job "
                       f"{pod.metadata.labels.get('batch.kubernetes.io/job-name')} and pod "
@@ -182,6 +189,21 @@ def _local_mode(console: Console, args: argparse.Namespace) -> int:
         console.print(f"demo took {time.monotonic() - started:.0f}s; logs in {workdir}"
                       + ("" if args.keep else " (removed; --keep keeps them)"))
         return 0 if landed else 1
+
+
+def _log_runtime(cluster: Any, api: client.ApiClient) -> tuple[str, list[str], str]:
+    """The runtime whose pods are read from their log, the tqdm training's command."""
+    import sys
+
+    from localdev.cluster.runtimes import LOG_SOURCE, annotated_runtime
+
+    name = "torch-distributed-logs"
+    manifests = cluster.assets.manifests
+    client.CustomObjectsApi(api).create_cluster_custom_object(
+        API_GROUP, API_VERSION, "clustertrainingruntimes",
+        annotated_runtime(manifests, name, LOG_SOURCE))
+    script = str(Path(__file__).with_name("train_tqdm.py"))
+    return name, [sys.executable, script], f"{Path(script).name} (plain tqdm, zero code)"
 
 
 def _tail_file(directory: Path, pod_name: str, lines: int = 30) -> str:

@@ -532,3 +532,36 @@ def test_annotation_policy_ships_only_with_a_target_that_writes_the_annotation(
         "policyName": name, "validationActions": ["Deny"]}
     assert not helm.template({"config": {"statusTarget": "auto"}}).of_kind(
         "ValidatingAdmissionPolicy")
+
+
+# ---------------------------------------------------------------- the log source
+
+
+LOG_GRANT = {("", "pods/log", "get", ())}
+
+
+def test_log_source_reaches_the_scraper_and_adds_get_on_pods_log_only_then(
+        helm: Helm, tmp_path: Path) -> None:
+    default = helm.template()
+    assert _settings_from(default, tmp_path).log_source is False
+    assert not _rules(default.one("ClusterRole", FULLNAME)) & LOG_GRANT
+    values = {"enabled": True, "qps": 2, "burst": 4, "limitBytes": 32768, "tailLines": 50}
+    rendered = helm.template({"config": {"logSource": values}})
+    settings = _settings_from(rendered, tmp_path)
+    assert (settings.log_source, settings.log_qps, settings.log_burst,
+            settings.log_limit_bytes, settings.log_tail_lines) == (True, 2, 4, 32768, 50)
+    assert _rules(rendered.one("ClusterRole", FULLNAME)) == SCOPE_GRANTS | CRD_GRANT | LOG_GRANT
+    namespaced = helm.template({**NAMESPACED, "config": {**NAMESPACED["config"],
+                                                         "logSource": values}})
+    roles = [r for r in namespaced.of_kind("Role") if r["metadata"]["name"] == FULLNAME]
+    assert roles and all(_rules(role) == SCOPE_GRANTS | LOG_GRANT for role in roles)
+    extra = yaml.safe_load((CHART / "files" / "log-rules.yaml").read_text())
+    assert set(_rules({"rules": extra})) == LOG_GRANT
+
+
+@pytest.mark.parametrize("bad", [{"limitBytes": 1024}, {"qps": 0}, {"enabled": "yes"},
+                                 {"tailLine": 5}])
+def test_log_source_values_are_checked_by_the_schema(helm: Helm, bad: dict[str, Any]) -> None:
+    result = helm.template_result({"config": {"logSource": bad}})
+    assert not result.ok, f"helm accepted {bad}"
+    assert "/config/logSource" in result.stderr, result.stderr

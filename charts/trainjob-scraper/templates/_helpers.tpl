@@ -76,6 +76,11 @@ would print 1048576 as 1.048576e+06.
   "resync_interval" $c.resyncInterval
   "metrics_write_interval" $c.metricsWriteInterval
   "status_target" $c.statusTarget
+  "log_source" $c.logSource.enabled
+  "log_qps" $c.logSource.qps
+  "log_burst" (int $c.logSource.burst)
+  "log_limit_bytes" (int $c.logSource.limitBytes)
+  "log_tail_lines" (int $c.logSource.tailLines)
   "shutdown_timeout" $c.shutdownTimeout
   "log_level" $c.logLevel
   "listen_host" "0.0.0.0"
@@ -109,7 +114,8 @@ The scraper's rules come from files/clusterrole-rules.yaml (one source of truth,
 also used by the scraper's own RBAC test); the chart scopes them by resource:
   trainjob-scraper.rules      pods, trainjobs, trainjobs/status, events: the watched scope
                               (plus files/annotation-rules.yaml when statusTarget is
-                              annotation or auto)
+                              annotation or auto, files/log-rules.yaml when
+                              logSource.enabled)
   trainjob-scraper.crdRule    customresourcedefinitions, limited to the TrainJob CRD
   trainjob-scraper.leaseRules leases, in the release namespace, get/update by name
   trainjob-scraper.authRules  tokenreviews, subjectaccessreviews: the /metrics authentication
@@ -140,6 +146,11 @@ also used by the scraper's own RBAC test); the chart scopes them by resource:
 {{- end }}
 {{- if include "trainjob-scraper.writesAnnotation" . }}
 {{- range (.Files.Get "files/annotation-rules.yaml" | fromYamlArray) }}
+{{- $out = append $out . }}
+{{- end }}
+{{- end }}
+{{- if .Values.config.logSource.enabled }}
+{{- range (.Files.Get "files/log-rules.yaml" | fromYamlArray) }}
 {{- $out = append $out . }}
 {{- end }}
 {{- end }}

@@ -1,0 +1,57 @@
+"""Where a target's status comes from: its exporter, its log, or the exporter first.
+
+A pod's ``trainjob-progress.dev/source`` annotation picks (docs/scraper.md):
+
+* ``exporter`` (default): the exporter's ``/metrics``;
+* ``logs``: the trainer container's log through the pods/log API
+  (:mod:`scraper.logsource`), for trainings nobody instrumented;
+* ``auto``: the exporter while one answers; when nothing listens (refused or
+  unreachable: not instrumented), the log.
+
+Both sources give the same :data:`~scraper.scraping.ScrapeResult`, so the scrape loop's
+rules, the write queue and its budget are the same for either.
+"""
+
+from __future__ import annotations
+
+from scraper.logsource.reader import LogScraper
+from scraper.scraping import ExporterScraper, Failure, ScrapeResult
+from scraper.targets import SOURCE_AUTO, SOURCE_LOGS, Target
+
+
+class SourceScraper:
+    """Sends each scrape to the exporter or the log, as the target's source says."""
+
+    def __init__(self, exporter: ExporterScraper, logs: LogScraper | None) -> None:
+        self.exporter = exporter
+        self.logs = logs
+        #: Pods (UIDs) of ``auto`` targets whose exporter answered: their final status
+        #: is the exporter's, never the log's.
+        self.exporter_answered: set[str] = set()
+
+    @property
+    def held(self) -> int:
+        return self.exporter.held
+
+    async def scrape(self, target: Target, etag: str | None = None) -> ScrapeResult:
+        if target.source == SOURCE_LOGS and self.logs is not None:
+            return await self.logs.scrape(target, etag)
+        result = await self.exporter.scrape(target, etag)
+        if target.source == SOURCE_AUTO and self.logs is not None:
+            if isinstance(result, Failure) and result.kind.not_instrumented:
+                return await self.logs.scrape(target, etag)
+            self.exporter_answered.add(target.pod_uid)
+        return result
+
+    async def wait_for_change(self, target: Target, etag: str | None,
+                              max_wait: float) -> ScrapeResult:
+        return await self.exporter.wait_for_change(target, etag, max_wait)
+
+    def forget(self, target: Target) -> None:
+        # exporter_answered is kept: the pod's final status is decided after the drop.
+        self.exporter.forget(target)
+        if self.logs is not None:
+            self.logs.forget(target)
+
+    async def close(self) -> None:
+        await self.exporter.close()
