@@ -29,7 +29,8 @@ Routes:
   the status changes (then ``200``) or ``N`` seconds (at most :data:`MAX_WAIT_SECONDS`)
   pass (then ``304``/``204``); a held answer carries ``Preference-Applied: wait=N``.
   Beyond :data:`MAX_HELD` held requests the answer comes at once, without
-  ``Preference-Applied``.  Every answer carries :data:`CONTRACT_HEADER`.
+  ``Preference-Applied``.  Every answer carries :data:`CONTRACT_HEADER`, and
+  :data:`~exporter_lib.pod.POD_HEADER` (which pod answers) when the pod states one.
 * ``GET|HEAD /healthz``: ``200 ok``.
 * ``POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs/{name}/status``:
   the push design's ``{"trainerStatus": {...}}`` (see :mod:`exporter_lib.push`).
@@ -56,6 +57,7 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 from exporter_lib.exposition import Rendered, Renderer, etag_matches
+from exporter_lib.pod import POD_HEADER, pod_identity
 from exporter_lib.push import MAX_BODY_BYTES, PushEndpoint
 from exporter_lib.refusal import Refused
 
@@ -270,6 +272,9 @@ class _Server:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self._date = (0, "")
+        # Which pod answers, on every answer (issue 21, input 2): read once, at start.
+        stated = pod_identity().header()
+        self._pod_line = f"{POD_HEADER}: {stated}" if stated else None
 
     # -- connections -----------------------------------------------------------
 
@@ -486,6 +491,8 @@ class _Server:
                     close: bool = False) -> None:
         lines = [f"HTTP/1.1 {code} {HTTPStatus(code).phrase}", "Server: trainjob-exporter",
                  f"Date: {self._http_date()}", "{}: {}".format(*CONTRACT_HEADER)]
+        if self._pod_line is not None:
+            lines.append(self._pod_line)
         if content_type is not None:
             lines.append(f"Content-Type: {content_type}")
         lines.extend(f"{name}: {value}" for name, value in extra or ())

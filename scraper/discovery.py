@@ -23,6 +23,7 @@ from typing import Any, Literal, cast
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
+from exporter_lib.pod import kubelet_hostname
 from scraper.config import ConfigError
 from scraper.kube.calls import Backoff, call
 from scraper.kube.client import REQUEST_TIMEOUT
@@ -152,7 +153,8 @@ def classify(
             return Ignore(f"{ANNOTATION_INTERVAL}: {exc}", misconfigured=True)
     host = f"[{ip}]" if ":" in ip else ip
     url = f"http://{host}:{port}{path}"
-    return Scrape(Target(namespace, trainjob, name, uid, url, interval))
+    hostname = kubelet_hostname(name, (pod.get("spec") or {}).get("hostname"))
+    return Scrape(Target(namespace, trainjob, name, uid, url, interval, hostname=hostname))
 
 
 def final_from_deleted(pod: Mapping[str, Any]) -> Final | None:

@@ -18,6 +18,9 @@ class Target:
         interval: scrape interval in seconds (1..3600).
         trainjob_uid: the UID of the TrainJob the pod's owner chain leads to
             (:mod:`scraper.identity`); ``""`` before it is verified.
+        hostname: the hostname the kubelet gives the pod's containers
+            (:func:`exporter_lib.pod.kubelet_hostname`), compared with the one its
+            exporter states; ``""`` when not known (not compared).
     """
 
     namespace: str
@@ -27,6 +30,7 @@ class Target:
     url: str
     interval: float
     trainjob_uid: str = ""
+    hostname: str = ""
 
     @property
     def key(self) -> str:
