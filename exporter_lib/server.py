@@ -8,9 +8,17 @@ training loop died of ``EMFILE`` (issue 13, input 10); a held (waiting) scrape w
 pin a thread too.  Here a connection is a few objects on one loop (stdlib only), and
 everything is bounded (constants below, documented in ``docs/exporter.md``):
 
-* at most :data:`MAX_CONNECTIONS` open connections; a new one beyond that closes the
-  connection that has waited longest for a request, or, when every one is busy,
-  itself (counted as ``ConnectionLimit``);
+* at most :data:`MAX_CONNECTIONS` open connections; a new one beyond that closes a
+  *stalled* one (issue 21, input 7): waiting for a request or trickling its head, or
+  not reading its answers (bytes left in its write buffer).  The victim is taken
+  from the peer address holding the most connections, and within it the one stalled
+  longest, so one source cannot take every slot from the others, and a flood from
+  the scraper's own address still loses its oldest stalled sockets before a fresh
+  request.  Only when nothing is stalled (requests being answered, held scrapes) is
+  the new connection itself closed (counted as ``ConnectionLimit``);
+* requests pipelined on one connection are answered one per turn of the loop, so a
+  client with 200 queued requests does not make the others wait for all of them;
+  an answer buffer above :data:`WRITE_BUFFER_BYTES` waits for the client to read;
 * a request's whole head (request line and header fields, at most
   :data:`MAX_HEAD_BYTES`) must arrive within :data:`HEADER_TIMEOUT_SECONDS` of its
   first byte, whatever the pace (a trickle gets ``408``); a keep-alive connection
@@ -42,6 +50,7 @@ Every refusal is a :class:`~exporter_lib.refusal.Refused`: a 4xx/5xx with a Kube
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import re
@@ -65,6 +74,9 @@ log = logging.getLogger("exporter_lib")
 
 #: Open connections at most (a scraper, its standby, Prometheus, local push clients).
 MAX_CONNECTIONS = 64
+#: Unsent answer bytes per connection before the server waits for the client to read
+#: (asyncio's default is 64 KiB): a client that pipelines and never reads holds this.
+WRITE_BUFFER_BYTES = 16 * 1024
 #: Accepted sockets beyond :data:`MAX_CONNECTIONS` that may exist at once while the
 #: eviction rule decides; any further one is closed in the accepting callback itself,
 #: before a task starts for it (a flood must not pile up descriptors between accepts).
@@ -149,7 +161,9 @@ def parse_head(block: bytes) -> Request:
 
     Raises:
         Refused: 400 malformed (bare obs-fold, whitespace before a colon, non-ASCII
-            request line, too many fields), 505 a version other than HTTP/1.0 or 1.1.
+            request line, an HTTP/1.1 request without exactly one ``Host`` field:
+            RFC 9112 section 3.2), 431 too many fields, 505 a version other than
+            HTTP/1.0 or 1.1.
     """
     lines = block.replace(b"\r\n", b"\n").split(b"\n")
     parts = lines[0].split(b" ")
@@ -168,14 +182,20 @@ def parse_head(block: bytes) -> Request:
                       f"{len(lines) - 1} header fields exceed the limit of {MAX_HEADER_FIELDS}",
                       close=True)
     headers: dict[str, str] = {}
+    hosts = 0
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
         if not colon or not _TOKEN.fullmatch(name):
             raise Refused(HTTPStatus.BAD_REQUEST, "BadRequest",
                           f"malformed header field {line[:80]!r}", close=True)
         key = name.decode("ascii").lower()
+        hosts += key == "host"
         text = value.strip(b" \t").decode("latin-1")
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    if hosts > 1 or (hosts == 0 and version == "HTTP/1.1"):
+        raise Refused(HTTPStatus.BAD_REQUEST, "BadRequest",
+                      f"{hosts} Host header fields in a {version} request: at most one, and "
+                      f"exactly one in HTTP/1.1 (RFC 9112 section 3.2)", close=True)
     try:
         path = urlsplit(target).path if target.startswith(("/", "http://", "https://")) else ""
     except ValueError:
@@ -195,6 +215,15 @@ class _Connection:
         self.buffer = bytearray()
         self.idle = True  # waiting for (the rest of) a request head: may be evicted
         self.evicted = False
+        peer = writer.get_extra_info("peername")
+        self.peer: str = peer[0] if isinstance(peer, tuple) and peer else "?"
+        #: Loop time since which it waits for its client (a request, or a read).
+        self.since = asyncio.get_running_loop().time()
+
+    @property
+    def stalled(self) -> bool:
+        """Waiting for its client: for a request head, or to read the answers sent."""
+        return self.idle or self.writer.transport.get_write_buffer_size() > 0
 
     def abort(self) -> None:
         self.writer.transport.abort()
@@ -264,7 +293,7 @@ class _Server:
         self._renderer = renderer
         self._push = push
         self._refused = refused
-        self._connections: dict[_Connection, None] = {}  # insertion order: idle since
+        self._connections: dict[_Connection, None] = {}  # the open ones
         self.open_sockets = 0  # accepted and not yet closed (see _GuardedProtocol)
         self._held = 0
         self._changed = asyncio.Event()
@@ -280,6 +309,7 @@ class _Server:
 
     async def connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _Connection(reader, writer)
+        writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
         if len(self._connections) >= MAX_CONNECTIONS and not self._evict():
             self._count("ConnectionLimit")
             conn.abort()
@@ -307,21 +337,23 @@ class _Server:
         self._count("ConnectionLimit")
 
     def _evict(self) -> bool:
-        """Close the connection idle longest (waiting for a request); False when none is."""
-        for conn in self._connections:
-            if conn.idle:
-                conn.evicted = True
-                del self._connections[conn]
-                self._count("ConnectionLimit")
-                conn.abort()
-                return True
-        return False
+        """Close one stalled connection (module docstring: of the peer holding the most
+        connections, the one stalled longest); False when none is stalled."""
+        held = collections.Counter(conn.peer for conn in self._connections)
+        stalled = [conn for conn in self._connections if conn.stalled]
+        if not stalled:
+            return False
+        victim = min(stalled, key=lambda conn: (-held[conn.peer], conn.since))
+        victim.evicted = True
+        del self._connections[victim]
+        self._count("ConnectionLimit")
+        victim.abort()
+        return True
 
     async def _serve(self, conn: _Connection) -> None:
         while not self._stopping:
             conn.idle = True
-            self._connections.pop(conn, None)
-            self._connections[conn] = None  # to the end: the newest idle one
+            conn.since = asyncio.get_running_loop().time()
             try:
                 async with asyncio.timeout(IDLE_TIMEOUT_SECONDS) as deadline:
                     block = await conn.head(deadline)
@@ -346,6 +378,8 @@ class _Server:
                 return
             if not keep:
                 return
+            # One pipelined request per turn: the other connections' requests go between.
+            await asyncio.sleep(0)
 
     async def _refuse(self, conn: _Connection, err: Refused, head: bool = False,
                       length: int = 0) -> None:

@@ -179,19 +179,20 @@ def test_fuzzed_request_heads_get_an_answer_or_a_close(metrics_url: str, head: b
         assert answer == b""  # closed without a word only when nothing was a request
     elif code >= 400:
         assert_status(code, parsed, set(range(400, 600)))
-    assert raw_request(metrics_url, b"GET /healthz HTTP/1.1\r\n\r\n")[0] == 200
+    assert raw_request(metrics_url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 200
 
 
 def test_head_limits_and_versions(metrics_url: str) -> None:
-    big = b"GET /metrics HTTP/1.1\r\nX: " + b"a" * (server.MAX_HEAD_BYTES + 10) + b"\r\n\r\n"
+    big = (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX: " + b"a" * (server.MAX_HEAD_BYTES + 10)
+           + b"\r\n\r\n")
     assert raw_request(metrics_url, big)[0] == 431
-    many = b"GET /metrics HTTP/1.1\r\n" + b"X: y\r\n" * 150 + b"\r\n"
+    many = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X: y\r\n" * 150 + b"\r\n"
     assert raw_request(metrics_url, many)[0] == 431
     assert raw_request(metrics_url, b"GET /metrics HTTP/2.0\r\n\r\n")[0] == 505
     assert raw_request(metrics_url, b"GET /metrics HTTP/1.1\r\n folded\r\n\r\n")[0] == 400
     assert raw_request(metrics_url, b"GET /metrics HTTP/1.1\r\nX : y\r\n\r\n")[0] == 400
-    assert raw_request(metrics_url, b"DELETE /metrics HTTP/1.1\r\n\r\n")[0] == 405
-    chunked = (b"POST /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+    assert raw_request(metrics_url, b"DELETE /metrics HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 405
+    chunked = (b"POST /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
     assert raw_request(metrics_url, chunked)[0] == 411
     # bare LF line ends, as netcat users type them (RFC 9112 section 2.2 allows them)
     assert raw_request(metrics_url, b"GET /healthz HTTP/1.0\n\n")[0] == 200

@@ -98,7 +98,7 @@ def test_connection_flood_leaves_threads_fds_and_the_loop_alone(tmp_path: Path) 
         after = _steps(steps)
         # A scrape still gets through (it evicts the longest-waiting idle connection).
         with socket.create_connection(("127.0.0.1", port), timeout=10) as probe:
-            probe.sendall(b"GET /metrics HTTP/1.1\r\nAccept: application/json\r\n"
+            probe.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/json\r\n"
                           b"Connection: close\r\n\r\n")
             answer = b""
             while chunk := probe.recv(65536):
