@@ -82,7 +82,7 @@ WRITE_BUFFER_BYTES = 16 * 1024
 #: before a task starts for it (a flood must not pile up descriptors between accepts).
 ACCEPT_HEADROOM = 16
 #: Sockets accepted per wake-up of the listening socket (then other work runs).
-ACCEPTS_PER_WAKEUP = 16
+ACCEPTS_PER_WAKEUP = 4
 #: Waiting scrapes held at once at most.
 MAX_HELD = 8
 #: Longest wait a scrape may ask for (seconds).
@@ -222,8 +222,11 @@ class _Connection:
 
     @property
     def stalled(self) -> bool:
-        """Waiting for its client: for a request head, or to read the answers sent."""
-        return self.idle or self.writer.transport.get_write_buffer_size() > 0
+        """Waiting for its client (for a request head, or to read the answers sent), or
+        holding pipelined requests: each answered one per loop turn, the client has
+        already been served and waits its turn as a new connection would."""
+        return (self.idle or bool(self.buffer)
+                or self.writer.transport.get_write_buffer_size() > 0)
 
     def abort(self) -> None:
         self.writer.transport.abort()
@@ -295,6 +298,7 @@ class _Server:
         self._refused = refused
         self._connections: dict[_Connection, None] = {}  # the open ones
         self.open_sockets = 0  # accepted and not yet closed (see _GuardedProtocol)
+        self.closing = 0  # of those, evicted: closed at the next loop pass
         self._held = 0
         self._changed = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
@@ -336,6 +340,11 @@ class _Server:
         """Count a socket closed as it was accepted (over the cap and its headroom)."""
         self._count("ConnectionLimit")
 
+    def make_room(self) -> bool:
+        """At accept time, with :data:`MAX_CONNECTIONS` live: close one stalled connection
+        (:meth:`_evict`) so the new socket is not the one refused; False when none is."""
+        return self._evict()
+
     def _evict(self) -> bool:
         """Close one stalled connection (module docstring: of the peer holding the most
         connections, the one stalled longest); False when none is stalled."""
@@ -345,6 +354,10 @@ class _Server:
             return False
         victim = min(stalled, key=lambda conn: (-held[conn.peer], conn.since))
         victim.evicted = True
+        protocol = victim.writer.transport.get_protocol()
+        if isinstance(protocol, _GuardedProtocol) and not protocol.closing:
+            protocol.closing = True
+            self.closing += 1
         del self._connections[victim]
         self._count("ConnectionLimit")
         victim.abort()
@@ -588,6 +601,7 @@ class _GuardedProtocol(asyncio.StreamReaderProtocol):
         super().__init__(reader, server.connected)
         self._owner = server
         self._counted = False
+        self.closing = False  # evicted; counted in the server's ``closing`` until lost
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self._owner.open_sockets >= MAX_CONNECTIONS + ACCEPT_HEADROOM:
@@ -603,6 +617,8 @@ class _GuardedProtocol(asyncio.StreamReaderProtocol):
             return
         self._counted = False
         self._owner.open_sockets -= 1
+        if self.closing:
+            self._owner.closing -= 1
         super().connection_lost(exc)
 
 
@@ -675,7 +691,13 @@ class ServerThread:
                 return
             except OSError:  # EMFILE, ECONNABORTED: the kernel keeps or drops the rest
                 return
-            if self._server.open_sockets + self._accepting >= MAX_CONNECTIONS + ACCEPT_HEADROOM:
+            opened = self._server.open_sockets + self._accepting
+            # Fair eviction happens here, where the new socket is: a stalled connection
+            # goes, the new one stays (sockets still being set up count as live); the
+            # headroom holds the victims until they close, at the next loop pass.
+            if opened - self._server.closing >= MAX_CONNECTIONS:
+                self._server.make_room()
+            if opened >= MAX_CONNECTIONS + ACCEPT_HEADROOM:
                 self._server.refuse_at_accept()
                 # A reset, not a FIN: nothing was read, nothing will be answered.
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
