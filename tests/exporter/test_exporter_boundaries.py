@@ -198,6 +198,25 @@ def test_head_limits_and_versions(metrics_url: str) -> None:
     assert raw_request(metrics_url, b"GET /healthz HTTP/1.0\n\n")[0] == 200
 
 
+@FUZZ
+@given(version=st.sampled_from(["HTTP/1.0", "HTTP/1.1"]), hosts=st.integers(0, 3),
+       spelling=st.sampled_from(["Host", "host", "HOST"]),
+       value=st.sampled_from(["127.0.0.1:9", "example", ""]),
+       path=st.sampled_from(["/metrics", "/healthz", "/nowhere"]))
+def test_host_header_rules_of_rfc_9112(metrics_url: str, version: str, hosts: int,
+                                       spelling: str, value: str, path: str) -> None:
+    """RFC 9112 section 3.2 (issue 21, input 7): an HTTP/1.1 request without a Host
+    field, or any request with more than one, gets 400 (before: 200); an HTTP/1.0
+    request may leave it out.  The 400 names the count and the rule."""
+    head = f"GET {path} {version}\r\n" + f"{spelling}: {value}\r\n" * hosts + "\r\n"
+    code, parsed, _ = raw_request(metrics_url, head.encode())
+    if hosts > 1 or (hosts == 0 and version == "HTTP/1.1"):
+        assert code == 400
+        assert parsed is not None and f"{hosts} Host header fields" in parsed["message"]
+    else:
+        assert code in (200, 204, 404)
+
+
 def test_slow_senders_meet_a_whole_head_deadline(metrics_url: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # Before: the 30 s idle timeout restarted on every byte, so a trickle never ended.
