@@ -19,6 +19,10 @@ threads and descriptors from ``/proc``.  Each flood runs twice: from another add
 per-peer share cannot help, only the stalled-first rule).  A baseline row has no
 flood.  Loopback only; every process started is stopped at the end.
 
+Control rows aim the same flood at an exporter in another process (no training in it)
+while the trainer's exporter is scraped unflooded: the steps/s there is what the
+machine's load alone leaves the trainer, the like-for-like base of the flooded rows.
+
 Prints one Markdown table (and writes it to ``--report`` when given).
 """
 
@@ -56,6 +60,15 @@ while time.monotonic() < end:
         handle.write(str(step))
     os.replace(sys.argv[2] + ".tmp", sys.argv[2])
     time.sleep(0.01)
+"""
+
+#: The control rows' flood target: an exporter in a process of its own, not training.
+ELSEWHERE = r"""
+import sys, time
+import exporter_lib
+exp = exporter_lib.start(port=0, host="127.0.0.1", install_signal_handler=False)
+print(exp.port, flush=True)
+time.sleep(float(sys.argv[1]))
 """
 
 SCRAPE = (b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n"
@@ -260,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(stats))
         return 0
 
-    total = (args.seconds + 4) * (1 + 4 * len(FLOODS)) + 30
+    total = (args.seconds + 4) * (1 + 6 * len(FLOODS)) + 30
     trainer_path = {}
     if args.exporter_from:
         trainer_path["PYTHONPATH"] = os.pathsep.join(
@@ -270,16 +283,23 @@ def main(argv: list[str] | None = None) -> int:
         trainer = subprocess.Popen([sys.executable, "-c", TRAINING, str(total), str(steps)],
                                    stdout=subprocess.PIPE, text=True,
                                    env={**os.environ, "RANK": "0", **trainer_path})
+        other = subprocess.Popen([sys.executable, "-c", ELSEWHERE, str(total)],
+                                 stdout=subprocess.PIPE, text=True,
+                                 env={**os.environ, "RANK": "0", **trainer_path})
         try:
-            assert trainer.stdout is not None
+            assert trainer.stdout is not None and other.stdout is not None
             port = int(trainer.stdout.readline())
+            other_port = int(other.stdout.readline())
             time.sleep(1.0)
             load_before = os.getloadavg()
             rows = [measure(port, trainer.pid, steps, args.seconds, None, "none", "-")]
-            for (kind, n), again, source in itertools.product(
-                    FLOODS, ("0", "1"), ("127.0.0.2", "127.0.0.1")):
+            for (kind, n), again, (source, target) in itertools.product(
+                    FLOODS, ("0", "1"),
+                    (("127.0.0.2", port), ("127.0.0.1", port), ("127.0.0.2", other_port))):
                 cmd = [sys.executable, "-m", "benchmarks.exporter_flood", "--flood", kind,
-                       str(n), str(port), str(args.seconds + 2.0), source, again]
+                       str(n), str(target), str(args.seconds + 2.0), source, again]
+                if target == other_port:
+                    source = "control: flood on another process's exporter"
                 name = (f"{kind}-{n}" if kind == "pipeline" else f"{kind} {n}") + (
                     ", reconnecting" if again == "1" else "")
                 rows.append(measure(port, trainer.pid, steps, args.seconds, cmd, name,
@@ -287,8 +307,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(" | ".join(rows[-1].cells()), file=sys.stderr, flush=True)
             load_after = os.getloadavg()
         finally:
-            trainer.kill()
-            trainer.wait(timeout=10)
+            for child in (trainer, other):
+                child.kill()
+                child.wait(timeout=10)
     lines = [
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.node()} "
         f"({os.cpu_count()} cores, Python {platform.python_version()}); load average "
