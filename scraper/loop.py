@@ -334,7 +334,8 @@ class ScrapeLoop:
         state.max_wait, state.etag, state.view.up = None, None, False
         self._count_scrape("wrong_pod")
         self._count_wrong_pod(wrong.reason)
-        message = f"pod {target.pod_name}: {excerpt(wrong.detail, DETAIL_MAX)}"
+        # Not cut to DETAIL_MAX: ours, and what the pod stated is already an excerpt.
+        message = f"pod {target.pod_name}: {wrong.detail}"
         if not state.wrong_pod_logged:
             state.wrong_pod_logged = True
             log.warning("TrainJob %s/%s: %s; not written", target.namespace, target.trainjob,

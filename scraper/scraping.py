@@ -129,7 +129,7 @@ def wrong_pod(target: Target, stated: PodIdentity | None) -> WrongPod | None:
     for reason, said, meant in checks:
         if said is not None and meant is not None and said != meant:
             return WrongPod(reason, f"the answer at {target.url} is from pod {reason} "
-                            f"{excerpt(said)}, not {meant} (the pod IP was reused)")
+                            f"{excerpt(said)}, not {meant}: the pod IP was reused")
     return None
 
 

@@ -102,8 +102,8 @@ def test_stale_pod_object_at_a_reused_ip_gets_no_status_of_the_new_pod(
     ip = "127.0.0.7"
     objects.create_trainjob(kube_api, namespace, "a")
     objects.create_trainjob(kube_api, namespace, "b")
-    objects.apply_trainjob_status(kube_api, namespace, "a", {
-        "progressPercentage": 30, "lastUpdatedTime": "2025-01-01T00:00:00Z"},
+    objects.apply_trainjob_status(kube_api, namespace, "a", {"trainerStatus": {
+        "progressPercentage": 30, "lastUpdatedTime": "2025-01-01T00:00:00Z"}},
         field_manager="test")
     # B's exporter owns the address; B's pod object is created once its port is known.
     probe = exporters(ip, 0, 1)
@@ -126,7 +126,9 @@ def test_stale_pod_object_at_a_reused_ip_gets_no_status_of_the_new_pod(
     reason = "hostname" if stated == "hostname" else "uid"
     assert scraper.value("trainjob_scraper_wrong_pod_answers_total", reason=reason) >= 3
     assert scraper.value("trainjob_scraper_scrapes_total", result="wrong_pod") >= 3
-    assert scraper.log().count("not written") == 1, "logged once per target"
+    logged = [line for line in scraper.log().splitlines()
+              if " WARNING " in line and line.endswith(": the pod IP was reused; not written")]
+    assert len(logged) == 1, "logged once per target"
     [event] = _wrong_pod_events(kube_api, namespace, "a")
     assert event.type == "Warning" and f"{ip}:{port}" in event.message, event.message
 
