@@ -12,9 +12,12 @@ holds its connections for ``S`` seconds and reconnects every one the exporter cl
 * ``pipeline-N`` (N = 300, 1000, 3000): N clients, each with a 4 KiB receive buffer,
   sending 200 pipelined ``GET /metrics`` and never reading.
 
-Meanwhile this process scrapes as a scraper does, one fresh connection per scrape
-every 0.1 s (5 s timeout), from 127.0.0.1, and reads the trainer's steps/s and its
-threads and descriptors from ``/proc``.  Each flood runs twice: from another address
+Meanwhile this process scrapes the trainer from 127.0.0.1 every 0.1 s in two ways side
+by side: with the scraper's own client (``scraper.scraping.ExporterScraper``: a pooled
+keep-alive connection, as deployed) and with one fresh connection per scrape (10 s
+timeout each, the scraper's default), and reads the trainer's steps/s and its threads
+and descriptors from ``/proc``.  Each flood runs
+twice: from another address
 (127.0.0.2, as another pod) and from the scraper's own address (127.0.0.1: the
 per-peer share cannot help, only the stalled-first rule).  A baseline row has no
 flood.  Loopback only; every process started is stopped at the end.
@@ -29,6 +32,7 @@ Prints one Markdown table (and writes it to ``--report`` when given).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import itertools
 import json
@@ -41,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +83,8 @@ PIPELINE_DEPTH = 200
 RCVBUF = 4096
 TRICKLE_HEAD = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 4000
 SCRAPE_PERIOD = 0.1
-SCRAPE_TIMEOUT = 5.0
+#: The scraper's default ``--scrape-timeout`` (scraper.scraping.ScrapeLimits).
+SCRAPE_TIMEOUT = 10.0
 FLOODS = [("trickle", 3000), ("pipeline", 300), ("pipeline", 1000), ("pipeline", 3000)]
 
 
@@ -200,33 +206,80 @@ def _steps(path: Path) -> int:
 
 
 @dataclass
+class Probe:
+    """Outcomes and latencies (seconds) of one kind of scrape."""
+
+    outcomes: dict[str, int] = field(default_factory=dict)
+    latencies: list[float] = field(default_factory=list)
+
+    def add(self, outcome: str, took: float) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        if outcome == "ok":
+            self.latencies.append(took)
+
+    def cells(self) -> list[str]:
+        total = sum(self.outcomes.values())
+        lat = sorted(self.latencies)
+        p50 = statistics.median(lat) * 1000 if lat else float("nan")
+        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000 if lat else float("nan")
+        failed = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items()) if k != "ok")
+        return [f"{self.outcomes.get('ok', 0)}/{total}", failed or "-", f"{p50:.1f}",
+                f"{p99:.1f}"]
+
+
+@dataclass
 class Row:
     flood: str
     source: str
     seconds: float
     steps_per_second: float
-    outcomes: dict[str, int] = field(default_factory=dict)
-    latencies: list[float] = field(default_factory=list)
+    pooled: Probe = field(default_factory=Probe)
+    fresh: Probe = field(default_factory=Probe)
     threads: int = 0
     fds: int = 0
     flood_stats: dict[str, int] = field(default_factory=dict)
 
     def cells(self) -> list[str]:
-        total = sum(self.outcomes.values())
-        ok = self.outcomes.get("ok", 0)
-        lat = sorted(self.latencies)
-        p50 = statistics.median(lat) * 1000 if lat else float("nan")
-        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000 if lat else float("nan")
-        failed = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items()) if k != "ok")
-        return [self.flood, self.source, f"{ok}/{total}", failed or "-", f"{p50:.1f}",
-                f"{p99:.1f}", f"{self.steps_per_second:.1f}", str(self.threads),
-                str(self.fds), str(self.flood_stats.get("connects", 0)),
+        return [self.flood, self.source, *self.pooled.cells(), *self.fresh.cells(),
+                f"{self.steps_per_second:.1f}", str(self.threads), str(self.fds),
+                str(self.flood_stats.get("connects", 0)),
                 str(self.flood_stats.get("closed", 0))]
+
+
+def scraper_probe(port: int, seconds: float, probe: Probe) -> None:
+    """Scrape as the scraper does, for ``seconds``: its own client
+    (:class:`scraper.scraping.ExporterScraper`: pooled keep-alive connection, one retry on
+    a stale one, the default 10 s timeout), one scrape per :data:`SCRAPE_PERIOD`."""
+    from scraper.scraping import ExporterScraper, Failure, Fresh, NothingYet, NotModified
+    from scraper.scraping import ScrapeLimits as Limits
+    from scraper.targets import Target
+
+    async def run() -> None:
+        scraper = ExporterScraper(Limits())
+        target = Target("bench", "flood", "", "", f"http://127.0.0.1:{port}/metrics", 15.0)
+        end = time.monotonic() + seconds
+        try:
+            while time.monotonic() < end:
+                started = time.monotonic()
+                result = await scraper.scrape(target)
+                took = time.monotonic() - started
+                if isinstance(result, Fresh | NotModified | NothingYet):
+                    probe.add("ok", took)
+                elif isinstance(result, Failure):
+                    probe.add(result.kind.value, took)
+                else:
+                    probe.add(type(result).__name__, took)
+                await asyncio.sleep(max(0.0, SCRAPE_PERIOD - took))
+        finally:
+            await scraper.close()
+
+    asyncio.run(run())
 
 
 def measure(port: int, pid: int, steps: Path, seconds: float, flood_cmd: list[str] | None,
             name: str, source: str) -> Row:
-    """Scrape for ``seconds`` while ``flood_cmd`` (if any) runs."""
+    """Scrape for ``seconds`` (the scraper's client and fresh connections, side by side)
+    while ``flood_cmd`` (if any) runs."""
     child = None
     out = None
     if flood_cmd is not None:
@@ -234,17 +287,18 @@ def measure(port: int, pid: int, steps: Path, seconds: float, flood_cmd: list[st
         child = subprocess.Popen([*flood_cmd, out.name])
         time.sleep(1.5)  # the flood reaches its size
     row = Row(name, source, seconds, 0.0)
+    pooled = threading.Thread(target=scraper_probe, args=(port, seconds, row.pooled))
     before, start = _steps(steps), time.monotonic()
+    pooled.start()
     end = start + seconds
     while time.monotonic() < end:
         outcome, took = scrape_once(port)
-        row.outcomes[outcome] = row.outcomes.get(outcome, 0) + 1
-        if outcome == "ok":
-            row.latencies.append(took)
+        row.fresh.add(outcome, took)
         threads, fds = _proc_counts(pid)
         row.threads, row.fds = max(row.threads, threads), max(row.fds, fds)
         time.sleep(max(0.0, SCRAPE_PERIOD - took))
     row.steps_per_second = (_steps(steps) - before) / (time.monotonic() - start)
+    pooled.join(timeout=SCRAPE_TIMEOUT + 5)
     if child is not None and out is not None:
         child.wait(timeout=seconds + 30)
         with contextlib.suppress(ValueError):
@@ -253,7 +307,8 @@ def measure(port: int, pid: int, steps: Path, seconds: float, flood_cmd: list[st
     return row
 
 
-HEADER = ["flood", "flood from", "scrapes ok", "failed", "p50 ms", "p99 ms", "steps/s",
+HEADER = ["flood", "flood from", "scraper's client: ok", "failed", "p50 ms", "p99 ms",
+          "fresh connection: ok", "failed", "p50 ms", "p99 ms", "trainer steps/s",
           "threads (max)", "fds (max)", "flood connects", "flood closes seen"]
 
 

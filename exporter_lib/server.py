@@ -9,13 +9,17 @@ pin a thread too.  Here a connection is a few objects on one loop (stdlib only),
 everything is bounded (constants below, documented in ``docs/exporter.md``):
 
 * at most :data:`MAX_CONNECTIONS` open connections; a new one beyond that closes a
-  *stalled* one (issue 21, input 7): waiting for a request or trickling its head, or
-  not reading its answers (bytes left in its write buffer).  The victim is taken
-  from the peer address holding the most connections, and within it the one stalled
-  longest, so one source cannot take every slot from the others, and a flood from
-  the scraper's own address still loses its oldest stalled sockets before a fresh
-  request.  Only when nothing is stalled (requests being answered, held scrapes) is
-  the new connection itself closed (counted as ``ConnectionLimit``);
+  *stalled* one (issue 21, input 7): waiting for a request or trickling its head,
+  holding pipelined requests, or not reading its answers (bytes left in its write
+  buffer).  The victim is taken first from a peer address holding more than its
+  fair share of the slots, then from the worst-behaved (not reading, pipelining,
+  trickling, or silent for :data:`NEW_CONNECTION_GRACE_SECONDS`; then new ones;
+  last, keep-alive clients between requests whose answers were all read), then from
+  the peer holding the most, then the one stalled longest: one source cannot take
+  every slot from the others, and a flood from the scraper's own address loses its
+  misbehaving sockets before the scraper's keep-alive connection or fresh request.
+  Only when nothing is stalled (requests being answered, held scrapes) is the new
+  connection itself closed (counted as ``ConnectionLimit``);
 * requests pipelined on one connection are answered one per turn of the loop, so a
   client with 200 queued requests does not make the others wait for all of them;
   an answer buffer above :data:`WRITE_BUFFER_BYTES` waits for the client to read;
@@ -77,6 +81,9 @@ MAX_CONNECTIONS = 64
 #: Unsent answer bytes per connection before the server waits for the client to read
 #: (asyncio's default is 64 KiB): a client that pipelines and never reads holds this.
 WRITE_BUFFER_BYTES = 16 * 1024
+#: A new connection counts as misbehaving for eviction once it has sent no complete
+#: request for this long (seconds); before, it ranks above misbehaving ones.
+NEW_CONNECTION_GRACE_SECONDS = 1.0
 #: Accepted sockets beyond :data:`MAX_CONNECTIONS` that may exist at once while the
 #: eviction rule decides; any further one is closed in the accepting callback itself,
 #: before a task starts for it (a flood must not pile up descriptors between accepts).
@@ -218,7 +225,21 @@ class _Connection:
         peer = writer.get_extra_info("peername")
         self.peer: str = peer[0] if isinstance(peer, tuple) and peer else "?"
         #: Loop time since which it waits for its client (a request, or a read).
-        self.since = asyncio.get_running_loop().time()
+        self.since = self.opened = asyncio.get_running_loop().time()
+        self.answered = 0  # answers written and taken by the client
+
+    def standing(self, now: float) -> int:
+        """How well the client behaves, for eviction (lowest goes first): 0 it does not
+        read its answers, pipelines, trickles a head or sent no request within
+        :data:`NEW_CONNECTION_GRACE_SECONDS`; 1 new (within that grace, no answer
+        yet); 2 between requests, every answer read (a keep-alive scraper)."""
+        if self.writer.transport.get_write_buffer_size() > 0:
+            return 0
+        if self.buffer and (self.answered or now - self.since >= NEW_CONNECTION_GRACE_SECONDS):
+            return 0
+        if not self.answered:
+            return 0 if now - self.opened >= NEW_CONNECTION_GRACE_SECONDS else 1
+        return 2
 
     @property
     def stalled(self) -> bool:
@@ -346,13 +367,20 @@ class _Server:
         return self._evict()
 
     def _evict(self) -> bool:
-        """Close one stalled connection (module docstring: of the peer holding the most
-        connections, the one stalled longest); False when none is stalled."""
+        """Close one stalled connection (module docstring); False when none is stalled.
+
+        The victim: first of a peer holding more than its fair share (the slots over
+        the peers seen), then the worst :meth:`_Connection.standing`, then of the peer
+        holding the most, then the one stalled longest.
+        """
         held = collections.Counter(conn.peer for conn in self._connections)
         stalled = [conn for conn in self._connections if conn.stalled]
         if not stalled:
             return False
-        victim = min(stalled, key=lambda conn: (-held[conn.peer], conn.since))
+        share = max(1, MAX_CONNECTIONS // len(held))
+        now = asyncio.get_running_loop().time()
+        victim = min(stalled, key=lambda conn: (held[conn.peer] <= share, conn.standing(now),
+                                                -held[conn.peer], conn.since))
         victim.evicted = True
         protocol = victim.writer.transport.get_protocol()
         if isinstance(protocol, _GuardedProtocol) and not protocol.closing:
@@ -551,6 +579,7 @@ class _Server:
         conn.writer.write(data if head or not body else data + body)
         async with asyncio.timeout(WRITE_TIMEOUT_SECONDS):
             await conn.writer.drain()
+        conn.answered += 1
 
     def _http_date(self) -> str:
         second = int(time.time())

@@ -145,8 +145,9 @@ FLOODS = [
 def test_normal_scrapes_succeed_under_a_flood(tmp_path: Path, kind: str, count: int,
                                               reconnect: bool, source: str) -> None:
     """Before: 5-10 % of scrapes reset under 3000 trickling connections, and 2 of 124
-    succeeded under 3000 pipelining non-readers.  Every scrape (fresh connection, 5 s
-    timeout, as the benchmark's) must get its 200 now, and the loop keep stepping."""
+    succeeded under 3000 pipelining non-readers.  Every scrape (a fresh connection with
+    the scraper's default 10 s timeout, as the benchmark's) must get its 200 now, and
+    the loop keep stepping."""
     steps = tmp_path / "steps"
     child = subprocess.Popen([sys.executable, "-c", TRAINING, "30", str(steps)],
                              stdout=subprocess.PIPE, text=True,
@@ -161,16 +162,20 @@ def test_normal_scrapes_succeed_under_a_flood(tmp_path: Path, kind: str, count: 
             [sys.executable, "-m", "benchmarks.exporter_flood", "--flood", kind, str(count),
              str(port), "8", source, "1" if reconnect else "0", str(tmp_path / "flood.json")])
         time.sleep(2.0)  # the flood is at full size
-        before = _steps(steps)
-        outcomes = [exporter_flood.scrape_once(port)[0] for _ in range(15)]
-        after = _steps(steps)
+        before, started = _steps(steps), time.monotonic()
+        outcomes = []
+        for _ in range(15):  # one scrape per 0.1 s at most, as the benchmark's
+            outcomes.append(exporter_flood.scrape_once(port)[0])
+            time.sleep(0.1)
+        after, took = _steps(steps), time.monotonic() - started
         threads, fds = _counts(child.pid)
         assert flooder.wait(timeout=30) == 0
         stats = json.loads((tmp_path / "flood.json").read_text())
         assert stats["connects"] >= count, stats
         assert outcomes == ["ok"] * len(outcomes), outcomes
         assert child.poll() is None, "the training process died"
-        assert after - before > 20, "the training loop stalled"
+        # The loop steps every 10 ms; a quarter of that pace under a loaded machine.
+        assert after - before > took * 100 / 4, f"the loop stalled: {after - before} steps"
         assert threads <= base_threads + 1
         assert fds <= base_fds + server.MAX_CONNECTIONS + server.ACCEPT_HEADROOM + 4
     finally:
