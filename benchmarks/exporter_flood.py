@@ -56,6 +56,7 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
 import exporter_lib
 exp = exporter_lib.start(port=0, host="127.0.0.1", install_signal_handler=False)
 print(exp.port, flush=True)
+print(exporter_lib.__file__, file=sys.stderr, flush=True)
 step = 0
 end = time.monotonic() + float(sys.argv[1])
 while time.monotonic() < end:
@@ -78,7 +79,7 @@ time.sleep(float(sys.argv[1]))
 
 SCRAPE = (b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n"
           b"Connection: close\r\n\r\n")
-PIPELINED = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n\r\n"
+PIPELINED = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"  # the text format: ~1 KiB answers
 PIPELINE_DEPTH = 200
 RCVBUF = 4096
 TRICKLE_HEAD = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 4000
@@ -329,17 +330,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     total = (args.seconds + 4) * (1 + 6 * len(FLOODS)) + 30
-    trainer_path = {}
+    # The trainer imports exporter_lib from PYTHONPATH (this checkout) or --exporter-from:
+    # a directory holding only an ``exporter_lib`` (e.g. a symlink to another checkout's).
+    trainer_path = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     if args.exporter_from:
         trainer_path["PYTHONPATH"] = os.pathsep.join(
             [str(args.exporter_from.resolve()), os.environ.get("PYTHONPATH", "")])
     with tempfile.TemporaryDirectory() as tmp:
         steps = Path(tmp) / "steps"
+        # cwd: not a checkout, whose exporter_lib ``-c`` would import before PYTHONPATH's.
         trainer = subprocess.Popen([sys.executable, "-c", TRAINING, str(total), str(steps)],
-                                   stdout=subprocess.PIPE, text=True,
+                                   stdout=subprocess.PIPE, text=True, cwd=tmp,
                                    env={**os.environ, "RANK": "0", **trainer_path})
         other = subprocess.Popen([sys.executable, "-c", ELSEWHERE, str(total)],
-                                 stdout=subprocess.PIPE, text=True,
+                                 stdout=subprocess.PIPE, text=True, cwd=tmp,
                                  env={**os.environ, "RANK": "0", **trainer_path})
         try:
             assert trainer.stdout is not None and other.stdout is not None
