@@ -329,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(stats))
         return 0
 
-    total = (args.seconds + 4) * (1 + 6 * len(FLOODS)) + 30
+    # The trainer's lifetime: far beyond the rows (it is killed at the end); a lifetime
+    # fitted to the rows ran out on a loaded machine and left the last rows unserved.
+    total = 20 * (args.seconds + 4) * (1 + 6 * len(FLOODS))
     # The trainer imports exporter_lib from PYTHONPATH (this checkout) or --exporter-from:
     # a directory holding only an ``exporter_lib`` (e.g. a symlink to another checkout's).
     trainer_path = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
