@@ -8,9 +8,21 @@ training loop died of ``EMFILE`` (issue 13, input 10); a held (waiting) scrape w
 pin a thread too.  Here a connection is a few objects on one loop (stdlib only), and
 everything is bounded (constants below, documented in ``docs/exporter.md``):
 
-* at most :data:`MAX_CONNECTIONS` open connections; a new one beyond that closes the
-  connection that has waited longest for a request, or, when every one is busy,
-  itself (counted as ``ConnectionLimit``);
+* at most :data:`MAX_CONNECTIONS` open connections; a new one beyond that closes a
+  *stalled* one (issue 21, input 7): waiting for a request or trickling its head,
+  holding pipelined requests, or not reading its answers (bytes left in its write
+  buffer).  The victim is taken first from a peer address holding more than its
+  fair share of the slots, then from the worst-behaved (not reading, pipelining,
+  trickling, or silent for :data:`NEW_CONNECTION_GRACE_SECONDS`; then new ones;
+  last, keep-alive clients between requests whose answers were all read), then from
+  the peer holding the most, then the one stalled longest: one source cannot take
+  every slot from the others, and a flood from the scraper's own address loses its
+  misbehaving sockets before the scraper's keep-alive connection or fresh request.
+  Only when nothing is stalled (requests being answered, held scrapes) is the new
+  connection itself closed (counted as ``ConnectionLimit``);
+* requests pipelined on one connection are answered one per turn of the loop, so a
+  client with 200 queued requests does not make the others wait for all of them;
+  an answer buffer above :data:`WRITE_BUFFER_BYTES` waits for the client to read;
 * a request's whole head (request line and header fields, at most
   :data:`MAX_HEAD_BYTES`) must arrive within :data:`HEADER_TIMEOUT_SECONDS` of its
   first byte, whatever the pace (a trickle gets ``408``); a keep-alive connection
@@ -29,7 +41,8 @@ Routes:
   the status changes (then ``200``) or ``N`` seconds (at most :data:`MAX_WAIT_SECONDS`)
   pass (then ``304``/``204``); a held answer carries ``Preference-Applied: wait=N``.
   Beyond :data:`MAX_HELD` held requests the answer comes at once, without
-  ``Preference-Applied``.  Every answer carries :data:`CONTRACT_HEADER`.
+  ``Preference-Applied``.  Every answer carries :data:`CONTRACT_HEADER`, and
+  :data:`~exporter_lib.pod.POD_HEADER` (which pod answers) when the pod states one.
 * ``GET|HEAD /healthz``: ``200 ok``.
 * ``POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs/{name}/status``:
   the push design's ``{"trainerStatus": {...}}`` (see :mod:`exporter_lib.push`).
@@ -41,6 +54,7 @@ Every refusal is a :class:`~exporter_lib.refusal.Refused`: a 4xx/5xx with a Kube
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import re
@@ -56,6 +70,7 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 from exporter_lib.exposition import Rendered, Renderer, etag_matches
+from exporter_lib.pod import POD_HEADER, pod_identity
 from exporter_lib.push import MAX_BODY_BYTES, PushEndpoint
 from exporter_lib.refusal import Refused
 
@@ -63,12 +78,18 @@ log = logging.getLogger("exporter_lib")
 
 #: Open connections at most (a scraper, its standby, Prometheus, local push clients).
 MAX_CONNECTIONS = 64
+#: Unsent answer bytes per connection before the server waits for the client to read
+#: (asyncio's default is 64 KiB): a client that pipelines and never reads holds this.
+WRITE_BUFFER_BYTES = 16 * 1024
+#: A new connection counts as misbehaving for eviction once it has sent no complete
+#: request for this long (seconds); before, it ranks above misbehaving ones.
+NEW_CONNECTION_GRACE_SECONDS = 1.0
 #: Accepted sockets beyond :data:`MAX_CONNECTIONS` that may exist at once while the
 #: eviction rule decides; any further one is closed in the accepting callback itself,
 #: before a task starts for it (a flood must not pile up descriptors between accepts).
 ACCEPT_HEADROOM = 16
 #: Sockets accepted per wake-up of the listening socket (then other work runs).
-ACCEPTS_PER_WAKEUP = 16
+ACCEPTS_PER_WAKEUP = 4
 #: Waiting scrapes held at once at most.
 MAX_HELD = 8
 #: Longest wait a scrape may ask for (seconds).
@@ -147,7 +168,9 @@ def parse_head(block: bytes) -> Request:
 
     Raises:
         Refused: 400 malformed (bare obs-fold, whitespace before a colon, non-ASCII
-            request line, too many fields), 505 a version other than HTTP/1.0 or 1.1.
+            request line, an HTTP/1.1 request without exactly one ``Host`` field:
+            RFC 9112 section 3.2), 431 too many fields, 505 a version other than
+            HTTP/1.0 or 1.1.
     """
     lines = block.replace(b"\r\n", b"\n").split(b"\n")
     parts = lines[0].split(b" ")
@@ -166,14 +189,20 @@ def parse_head(block: bytes) -> Request:
                       f"{len(lines) - 1} header fields exceed the limit of {MAX_HEADER_FIELDS}",
                       close=True)
     headers: dict[str, str] = {}
+    hosts = 0
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
         if not colon or not _TOKEN.fullmatch(name):
             raise Refused(HTTPStatus.BAD_REQUEST, "BadRequest",
                           f"malformed header field {line[:80]!r}", close=True)
         key = name.decode("ascii").lower()
+        hosts += key == "host"
         text = value.strip(b" \t").decode("latin-1")
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    if hosts > 1 or (hosts == 0 and version == "HTTP/1.1"):
+        raise Refused(HTTPStatus.BAD_REQUEST, "BadRequest",
+                      f"{hosts} Host header fields in a {version} request: at most one, and "
+                      f"exactly one in HTTP/1.1 (RFC 9112 section 3.2)", close=True)
     try:
         path = urlsplit(target).path if target.startswith(("/", "http://", "https://")) else ""
     except ValueError:
@@ -193,6 +222,32 @@ class _Connection:
         self.buffer = bytearray()
         self.idle = True  # waiting for (the rest of) a request head: may be evicted
         self.evicted = False
+        peer = writer.get_extra_info("peername")
+        self.peer: str = peer[0] if isinstance(peer, tuple) and peer else "?"
+        #: Loop time since which it waits for its client (a request, or a read).
+        self.since = self.opened = asyncio.get_running_loop().time()
+        self.answered = 0  # answers written and taken by the client
+
+    def standing(self, now: float) -> int:
+        """How well the client behaves, for eviction (lowest goes first): 0 it does not
+        read its answers, pipelines, trickles a head or sent no request within
+        :data:`NEW_CONNECTION_GRACE_SECONDS`; 1 new (within that grace, no answer
+        yet); 2 between requests, every answer read (a keep-alive scraper)."""
+        if self.writer.transport.get_write_buffer_size() > 0:
+            return 0
+        if self.buffer and (self.answered or now - self.since >= NEW_CONNECTION_GRACE_SECONDS):
+            return 0
+        if not self.answered:
+            return 0 if now - self.opened >= NEW_CONNECTION_GRACE_SECONDS else 1
+        return 2
+
+    @property
+    def stalled(self) -> bool:
+        """Waiting for its client (for a request head, or to read the answers sent), or
+        holding pipelined requests: each answered one per loop turn, the client has
+        already been served and waits its turn as a new connection would."""
+        return (self.idle or bool(self.buffer)
+                or self.writer.transport.get_write_buffer_size() > 0)
 
     def abort(self) -> None:
         self.writer.transport.abort()
@@ -262,19 +317,24 @@ class _Server:
         self._renderer = renderer
         self._push = push
         self._refused = refused
-        self._connections: dict[_Connection, None] = {}  # insertion order: idle since
+        self._connections: dict[_Connection, None] = {}  # the open ones
         self.open_sockets = 0  # accepted and not yet closed (see _GuardedProtocol)
+        self.closing = 0  # of those, evicted: closed at the next loop pass
         self._held = 0
         self._changed = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self._date = (0, "")
+        # Which pod answers, on every answer (issue 21, input 2): read once, at start.
+        stated = pod_identity().header()
+        self._pod_line = f"{POD_HEADER}: {stated}" if stated else None
 
     # -- connections -----------------------------------------------------------
 
     async def connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _Connection(reader, writer)
+        writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
         if len(self._connections) >= MAX_CONNECTIONS and not self._evict():
             self._count("ConnectionLimit")
             conn.abort()
@@ -301,22 +361,40 @@ class _Server:
         """Count a socket closed as it was accepted (over the cap and its headroom)."""
         self._count("ConnectionLimit")
 
+    def make_room(self) -> bool:
+        """At accept time, with :data:`MAX_CONNECTIONS` live: close one stalled connection
+        (:meth:`_evict`) so the new socket is not the one refused; False when none is."""
+        return self._evict()
+
     def _evict(self) -> bool:
-        """Close the connection idle longest (waiting for a request); False when none is."""
-        for conn in self._connections:
-            if conn.idle:
-                conn.evicted = True
-                del self._connections[conn]
-                self._count("ConnectionLimit")
-                conn.abort()
-                return True
-        return False
+        """Close one stalled connection (module docstring); False when none is stalled.
+
+        The victim: first of a peer holding more than its fair share (the slots over
+        the peers seen), then the worst :meth:`_Connection.standing`, then of the peer
+        holding the most, then the one stalled longest.
+        """
+        held = collections.Counter(conn.peer for conn in self._connections)
+        stalled = [conn for conn in self._connections if conn.stalled]
+        if not stalled:
+            return False
+        share = max(1, MAX_CONNECTIONS // len(held))
+        now = asyncio.get_running_loop().time()
+        victim = min(stalled, key=lambda conn: (held[conn.peer] <= share, conn.standing(now),
+                                                -held[conn.peer], conn.since))
+        victim.evicted = True
+        protocol = victim.writer.transport.get_protocol()
+        if isinstance(protocol, _GuardedProtocol) and not protocol.closing:
+            protocol.closing = True
+            self.closing += 1
+        del self._connections[victim]
+        self._count("ConnectionLimit")
+        victim.abort()
+        return True
 
     async def _serve(self, conn: _Connection) -> None:
         while not self._stopping:
             conn.idle = True
-            self._connections.pop(conn, None)
-            self._connections[conn] = None  # to the end: the newest idle one
+            conn.since = asyncio.get_running_loop().time()
             try:
                 async with asyncio.timeout(IDLE_TIMEOUT_SECONDS) as deadline:
                     block = await conn.head(deadline)
@@ -341,6 +419,8 @@ class _Server:
                 return
             if not keep:
                 return
+            # One pipelined request per turn: the other connections' requests go between.
+            await asyncio.sleep(0)
 
     async def _refuse(self, conn: _Connection, err: Refused, head: bool = False,
                       length: int = 0) -> None:
@@ -486,6 +566,8 @@ class _Server:
                     close: bool = False) -> None:
         lines = [f"HTTP/1.1 {code} {HTTPStatus(code).phrase}", "Server: trainjob-exporter",
                  f"Date: {self._http_date()}", "{}: {}".format(*CONTRACT_HEADER)]
+        if self._pod_line is not None:
+            lines.append(self._pod_line)
         if content_type is not None:
             lines.append(f"Content-Type: {content_type}")
         lines.extend(f"{name}: {value}" for name, value in extra or ())
@@ -497,6 +579,7 @@ class _Server:
         conn.writer.write(data if head or not body else data + body)
         async with asyncio.timeout(WRITE_TIMEOUT_SECONDS):
             await conn.writer.drain()
+        conn.answered += 1
 
     def _http_date(self) -> str:
         second = int(time.time())
@@ -547,6 +630,7 @@ class _GuardedProtocol(asyncio.StreamReaderProtocol):
         super().__init__(reader, server.connected)
         self._owner = server
         self._counted = False
+        self.closing = False  # evicted; counted in the server's ``closing`` until lost
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self._owner.open_sockets >= MAX_CONNECTIONS + ACCEPT_HEADROOM:
@@ -562,6 +646,8 @@ class _GuardedProtocol(asyncio.StreamReaderProtocol):
             return
         self._counted = False
         self._owner.open_sockets -= 1
+        if self.closing:
+            self._owner.closing -= 1
         super().connection_lost(exc)
 
 
@@ -634,7 +720,13 @@ class ServerThread:
                 return
             except OSError:  # EMFILE, ECONNABORTED: the kernel keeps or drops the rest
                 return
-            if self._server.open_sockets + self._accepting >= MAX_CONNECTIONS + ACCEPT_HEADROOM:
+            opened = self._server.open_sockets + self._accepting
+            # Fair eviction happens here, where the new socket is: a stalled connection
+            # goes, the new one stays (sockets still being set up count as live); the
+            # headroom holds the victims until they close, at the next loop pass.
+            if opened - self._server.closing >= MAX_CONNECTIONS:
+                self._server.make_room()
+            if opened >= MAX_CONNECTIONS + ACCEPT_HEADROOM:
                 self._server.refuse_at_accept()
                 # A reset, not a FIN: nothing was read, nothing will be answered.
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

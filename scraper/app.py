@@ -137,6 +137,7 @@ class ScraperApp:
             on_busy=lambda key: self.scheduler.note_skipped(
                 key, f"no scrape slot came free in time (all {s.concurrency} in use)"),
             count_scrape=lambda result: self.telemetry.scrapes.labels(result).inc(),
+            count_wrong_pod=lambda reason: self.telemetry.wrong_pod_answers.labels(reason).inc(),
             count_write=lambda outcome: self.telemetry.writes.labels(outcome.value).inc(),
             waiting=s.wait_scrapes,
             on_hold=lambda key, holding: (self.scheduler.pause(key) if holding

@@ -23,6 +23,7 @@ from typing import Any, Literal, cast
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
+from exporter_lib.pod import kubelet_hostname
 from scraper.config import ConfigError
 from scraper.kube.calls import Backoff, call
 from scraper.kube.client import REQUEST_TIMEOUT
@@ -164,8 +165,9 @@ def classify(
             return Ignore(f"{ANNOTATION_INTERVAL}: {exc}", misconfigured=True)
     host = f"[{ip}]" if ":" in ip else ip
     url = f"http://{host}:{port}{path}"
+    hostname = kubelet_hostname(name, (pod.get("spec") or {}).get("hostname"))
     return Scrape(Target(namespace, trainjob, name, uid, url, interval, source=source,
-                         log_container=container))
+                         log_container=container, hostname=hostname))
 
 
 def log_container(pod: Mapping[str, Any]) -> str:

@@ -17,6 +17,10 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
   max-wait=N`` gets one held request at a time (``Prefer: wait=N`` with the ETag),
   opened no sooner than one interval after its previous answer; any failure, or an
   answer without the header, goes back to polling.
+* Which pod answers: an answer whose exporter states another pod than the target's
+  (:class:`~scraper.scraping.WrongPod`: a reused pod IP) is never written; it drops
+  the ETag, is logged once per target, counted by reason and recorded as a Warning
+  Event (as other failures, at most once per :data:`EVENT_REPEAT_SECONDS`).
 * Final status: a terminated pod's termination message is applied once (the
   caller claims it through :meth:`TargetState.claim_final`); a scrape that returns
   after the pod ended writes nothing, so the final status wins.
@@ -46,6 +50,7 @@ from scraper.scraping import (
     NothingYet,
     NotModified,
     ScrapeResult,
+    WrongPod,
     excerpt,
 )
 from scraper.status_writer import TrainJobGone, WriteOutcome
@@ -60,6 +65,7 @@ EVENT_REPEAT_SECONDS = 600.0
 REASON_INVALID = "InvalidTrainerStatus"
 REASON_SCRAPE_FAILED = "TrainerStatusScrapeFailed"
 REASON_FINAL_INVALID = "InvalidFinalTrainerStatus"
+REASON_WRONG_POD = "TrainerStatusFromOtherPod"
 
 #: Longest excerpt of a failure's detail (characters) kept in an Event or log line: the
 #: detail quotes what the pod sent, which namespace users can read in the Event.
@@ -119,6 +125,7 @@ class TargetState:
             scrapes (contract 2), else None (the target is polled).
         answered_at: monotonic time of the target's last answer (the floor of the next).
         held: the task keeping this target's one waiting scrape open, if any.
+        wrong_pod_logged: an answer from another pod was logged for this target.
     """
 
     view: JobView
@@ -134,6 +141,7 @@ class TargetState:
     max_wait: float | None = None
     answered_at: float = float("-inf")
     held: asyncio.Task[None] | None = None
+    wrong_pod_logged: bool = False
 
     def stop_holding(self) -> None:
         """Cancel the waiting scrape in flight (leadership lost, pod gone, stop)."""
@@ -180,6 +188,8 @@ class ScrapeLoop:
             start and ``(key, False)`` when they end (the scheduler pauses its job meanwhile).
         final_from_log: reads the final status from a terminated pod's log, for pods
             whose source is the log (scraper/sources.py); None: never.
+        count_wrong_pod: called with :attr:`WrongPod.reason` for each answer from
+            another pod.
     """
 
     def __init__(
@@ -198,8 +208,10 @@ class ScrapeLoop:
         waiting: bool = True,
         on_hold: Callable[[str, bool], None] = lambda key, holding: None,
         final_from_log: Callable[[Final], Awaitable[TrainerStatus | None]] | None = None,
+        count_wrong_pod: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self._final_from_log = final_from_log
+        self._count_wrong_pod = count_wrong_pod
         self._waiting = waiting
         self._on_hold = on_hold
         self._scraper = scraper
@@ -276,6 +288,9 @@ class ScrapeLoop:
             self._count_scrape(result.kind.value)
             await self._on_failure(state, target, result)
             return
+        if isinstance(result, WrongPod):
+            await self._on_wrong_pod(state, target, result)
+            return
         state.max_wait = result.max_wait if self._waiting else None
         if state.refusals:
             log.info("target %s answers again", target.key)
@@ -318,6 +333,24 @@ class ScrapeLoop:
         log.warning("TrainJob %s/%s: %s", target.namespace, target.trainjob, message)
         await self._events.event(target.namespace, target.trainjob, reason,
                                  message + "; the previous status is kept")
+
+    async def _on_wrong_pod(self, state: TargetState, target: Target, wrong: WrongPod) -> None:
+        state.max_wait, state.etag, state.view.up = None, None, False
+        self._count_scrape("wrong_pod")
+        self._count_wrong_pod(wrong.reason)
+        # Not cut to DETAIL_MAX: ours, and what the pod stated is already an excerpt.
+        message = f"pod {target.pod_name}: {wrong.detail}"
+        if not state.wrong_pod_logged:
+            state.wrong_pod_logged = True
+            log.warning("TrainJob %s/%s: %s; not written", target.namespace, target.trainjob,
+                        message)
+        now = self._clock()
+        at = state.event_at.get(REASON_WRONG_POD)
+        if at is not None and now - at < EVENT_REPEAT_SECONDS:
+            return
+        state.event_at[REASON_WRONG_POD] = now
+        await self._events.event(target.namespace, target.trainjob, REASON_WRONG_POD,
+                                 message + "; not written, the previous status is kept")
 
     async def write(self, namespace: str, trainjob: str, status: TrainerStatus, *,
                     final: bool = False, uid: str = "") -> WriteOutcome | None:

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter_lib.pod import POD_HEADER, PodIdentity, hostname_label
 from exporter_lib.status import StatusError, TrainerStatus, metric_value_text
 from scraper.targets import Target
 
@@ -96,7 +97,40 @@ class Busy:
     """
 
 
-ScrapeResult = Fresh | NotModified | NothingYet | Failure | Busy
+@dataclass(frozen=True)
+class WrongPod:
+    """The answer came from another pod than the target's (issue 21, input 2): its pod
+    IP was reused while the pod watch still showed the old pod there.  Nothing of the
+    answer is used.  ``reason`` (``uid``, ``name``, ``namespace``, ``hostname``) names
+    the first stated part that differs; ``detail`` is one line for logs and Events."""
+
+    reason: str
+    detail: str
+
+
+ScrapeResult = Fresh | NotModified | NothingYet | Failure | Busy | WrongPod
+
+
+def wrong_pod(target: Target, stated: PodIdentity | None) -> WrongPod | None:
+    """Compare what the exporter states (:data:`~exporter_lib.pod.POD_HEADER`) with the
+    pod the target was made from; ``None`` when every stated part agrees.
+
+    An exporter that states nothing (a third-party exporter, an older exporter_lib) is
+    accepted: it cannot be checked (docs/scraper.md, "Which pod answers").  The UID,
+    name and namespace are compared when stated (downward API); the hostname with the
+    one the kubelet gives the target's pod, first DNS label only (``setHostnameAsFQDN``).
+    """
+    if stated is None:
+        return None
+    checks = (("uid", stated.uid, target.pod_uid), ("name", stated.name, target.pod_name),
+              ("namespace", stated.namespace, target.namespace),
+              ("hostname", None if stated.hostname is None else hostname_label(stated.hostname),
+               target.hostname or None))
+    for reason, said, meant in checks:
+        if said is not None and meant is not None and said != meant:
+            return WrongPod(reason, f"the answer at {target.url} is from pod {reason} "
+                            f"{excerpt(said)}, not {meant}: the pod IP was reused")
+    return None
 
 
 @dataclass(frozen=True)
@@ -280,7 +314,7 @@ class ExporterScraper:
             headers["If-None-Match"] = etag
         self.held += 1
         try:
-            result = await self._scrape(target.url, headers, limit, self._held_session)
+            result = await self._scrape(target, headers, limit, self._held_session)
         finally:
             self.held -= 1
         self._note(target.key, result)
@@ -313,7 +347,7 @@ class ExporterScraper:
             return Busy()
         started = time.monotonic()
         try:
-            result = await self._scrape(target.url, headers, timeout)
+            result = await self._scrape(target, headers, timeout)
         finally:
             self._slots.release()
             if self._observe is not None:
@@ -328,7 +362,7 @@ class ExporterScraper:
             return Busy()
         started = time.monotonic()
         try:
-            result = await self._scrape(target.url, headers, limit)
+            result = await self._scrape(target, headers, limit)
         finally:
             self._hung.give(target.namespace)
             if self._observe is not None:
@@ -336,20 +370,20 @@ class ExporterScraper:
         self._note(target.key, result)
         return result
 
-    async def _scrape(self, url: str, headers: dict[str, str], limit: float,
+    async def _scrape(self, target: Target, headers: dict[str, str], limit: float,
                       session: aiohttp.ClientSession | None = None) -> ScrapeResult:
         """One GET (retried once on a stale pooled connection) within ``limit`` seconds."""
         session = session or self._session
         try:
             async with asyncio.timeout(limit):
                 try:
-                    return await self._get(url, headers, session)
+                    return await self._get(target, headers, session)
                 except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                     if isinstance(exc, aiohttp.ClientConnectorError):
                         raise
                     # A pooled keep-alive connection the exporter closed while idle:
                     # not the exporter's fault, so try once more on a fresh one.
-                    return await self._get(url, headers, session)
+                    return await self._get(target, headers, session)
         except TimeoutError:
             return Failure(FailureKind.TIMEOUT, f"no complete answer within {limit:g}s")
         except aiohttp.ClientConnectorError as exc:
@@ -359,9 +393,13 @@ class ExporterScraper:
         except (aiohttp.ClientError, OSError) as exc:
             return Failure(FailureKind.HTTP_ERROR, f"{type(exc).__name__}: {excerpt(str(exc))}")
 
-    async def _get(self, url: str, headers: dict[str, str],
+    async def _get(self, target: Target, headers: dict[str, str],
                    session: aiohttp.ClientSession) -> ScrapeResult:
-        async with session.get(url, headers=headers, allow_redirects=False) as resp:
+        async with session.get(target.url, headers=headers, allow_redirects=False) as resp:
+            # Before anything of the answer is read: another pod's status, 304 or error
+            # says nothing about this target.
+            if other := wrong_pod(target, PodIdentity.parse(resp.headers.get(POD_HEADER))):
+                return other
             max_wait = max_wait_of(resp.headers.get(CONTRACT_HEADER))
             if resp.status == 304:
                 return NotModified(max_wait)

@@ -24,6 +24,9 @@ class Target:
             (:mod:`scraper.identity`); ``""`` before it is verified.
         source: where the status comes from (:data:`SOURCES`, scraper/sources.py).
         log_container: the container whose log is read when the source is the log.
+        hostname: the hostname the kubelet gives the pod's containers
+            (:func:`exporter_lib.pod.kubelet_hostname`), compared with the one its
+            exporter states; ``""`` when not known (not compared).
     """
 
     namespace: str
@@ -35,6 +38,7 @@ class Target:
     trainjob_uid: str = ""
     source: str = SOURCE_EXPORTER
     log_container: str = ""
+    hostname: str = ""
 
     @property
     def key(self) -> str:

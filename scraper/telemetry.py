@@ -89,6 +89,10 @@ class Telemetry:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
         self.scrapes = Counter("trainjob_scraper_scrapes_total",
                                "Exporter scrapes by result", ["result"], registry=r)
+        self.wrong_pod_answers = Counter(
+            "trainjob_scraper_wrong_pod_answers_total", "Exporter answers from another pod "
+            "than the target's (its pod IP reused), never written, by the first stated "
+            "part that differs (uid, name, namespace, hostname)", ["reason"], registry=r)
         self.writes = Counter("trainjob_scraper_status_writes_total",
                               "Status write decisions by result", ["result"], registry=r)
         self.write_duration = Histogram(

@@ -74,6 +74,7 @@ from typing import Any
 
 from kubernetes import client, config, watch
 
+from exporter_lib.pod import kubelet_hostname
 from localdev.cluster import crilog, processes
 
 #: The kubelet reads at most this many bytes of a termination message file.
@@ -415,7 +416,8 @@ class PodRunner:
              mounts: list[tuple[str, str]]) -> dict[str, str]:
         pod = run.pod
         env = {k: v for k, v in os.environ.items() if k in HOST_ENV or k.startswith("LC_")}
-        env["HOSTNAME"] = pod["metadata"]["name"]
+        # As the container runtime does: the exporter states it as the answering pod.
+        env["HOSTNAME"] = kubelet_hostname(pod["metadata"]["name"], pod["spec"].get("hostname"))
         for source in spec.get("envFrom") or []:
             data = self._env_from(pod["metadata"]["namespace"], source)
             prefix = source.get("prefix", "")

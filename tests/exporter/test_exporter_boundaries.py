@@ -179,22 +179,42 @@ def test_fuzzed_request_heads_get_an_answer_or_a_close(metrics_url: str, head: b
         assert answer == b""  # closed without a word only when nothing was a request
     elif code >= 400:
         assert_status(code, parsed, set(range(400, 600)))
-    assert raw_request(metrics_url, b"GET /healthz HTTP/1.1\r\n\r\n")[0] == 200
+    assert raw_request(metrics_url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 200
 
 
 def test_head_limits_and_versions(metrics_url: str) -> None:
-    big = b"GET /metrics HTTP/1.1\r\nX: " + b"a" * (server.MAX_HEAD_BYTES + 10) + b"\r\n\r\n"
+    big = (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX: " + b"a" * (server.MAX_HEAD_BYTES + 10)
+           + b"\r\n\r\n")
     assert raw_request(metrics_url, big)[0] == 431
-    many = b"GET /metrics HTTP/1.1\r\n" + b"X: y\r\n" * 150 + b"\r\n"
+    many = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X: y\r\n" * 150 + b"\r\n"
     assert raw_request(metrics_url, many)[0] == 431
     assert raw_request(metrics_url, b"GET /metrics HTTP/2.0\r\n\r\n")[0] == 505
     assert raw_request(metrics_url, b"GET /metrics HTTP/1.1\r\n folded\r\n\r\n")[0] == 400
     assert raw_request(metrics_url, b"GET /metrics HTTP/1.1\r\nX : y\r\n\r\n")[0] == 400
-    assert raw_request(metrics_url, b"DELETE /metrics HTTP/1.1\r\n\r\n")[0] == 405
-    chunked = (b"POST /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+    assert raw_request(metrics_url, b"DELETE /metrics HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 405
+    chunked = (b"POST /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
     assert raw_request(metrics_url, chunked)[0] == 411
     # bare LF line ends, as netcat users type them (RFC 9112 section 2.2 allows them)
     assert raw_request(metrics_url, b"GET /healthz HTTP/1.0\n\n")[0] == 200
+
+
+@FUZZ
+@given(version=st.sampled_from(["HTTP/1.0", "HTTP/1.1"]), hosts=st.integers(0, 3),
+       spelling=st.sampled_from(["Host", "host", "HOST"]),
+       value=st.sampled_from(["127.0.0.1:9", "example", ""]),
+       path=st.sampled_from(["/metrics", "/healthz", "/nowhere"]))
+def test_host_header_rules_of_rfc_9112(metrics_url: str, version: str, hosts: int,
+                                       spelling: str, value: str, path: str) -> None:
+    """RFC 9112 section 3.2 (issue 21, input 7): an HTTP/1.1 request without a Host
+    field, or any request with more than one, gets 400 (before: 200); an HTTP/1.0
+    request may leave it out.  The 400 names the count and the rule."""
+    head = f"GET {path} {version}\r\n" + f"{spelling}: {value}\r\n" * hosts + "\r\n"
+    code, parsed, _ = raw_request(metrics_url, head.encode())
+    if hosts > 1 or (hosts == 0 and version == "HTTP/1.1"):
+        assert code == 400
+        assert parsed is not None and f"{hosts} Host header fields" in parsed["message"]
+    else:
+        assert code in (200, 204, 404)
 
 
 def test_slow_senders_meet_a_whole_head_deadline(metrics_url: str,

@@ -1,4 +1,5 @@
-"""Hostile clients cannot reach the training loop through the exporter (issue 13, input 10).
+"""Hostile clients reach neither the training loop nor the scraper's scrapes (issue 13,
+input 10; issue 21, input 7).
 
 A real training process (a child with ``RLIMIT_NOFILE=1024``, stepping and calling
 ``update()``) serves on loopback; this test opens thousands of connections to it, some
@@ -17,9 +18,13 @@ import resource
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from benchmarks import exporter_flood
 from exporter_lib import server
 
 TRAINING = r"""
@@ -98,7 +103,7 @@ def test_connection_flood_leaves_threads_fds_and_the_loop_alone(tmp_path: Path) 
         after = _steps(steps)
         # A scrape still gets through (it evicts the longest-waiting idle connection).
         with socket.create_connection(("127.0.0.1", port), timeout=10) as probe:
-            probe.sendall(b"GET /metrics HTTP/1.1\r\nAccept: application/json\r\n"
+            probe.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/json\r\n"
                           b"Connection: close\r\n\r\n")
             answer = b""
             while chunk := probe.recv(65536):
@@ -119,3 +124,159 @@ def test_connection_flood_leaves_threads_fds_and_the_loop_alone(tmp_path: Path) 
         child.kill()
         child.wait(timeout=10)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# -- issue 21, input 7: the scraper's scrapes get through a flood ----------------------
+
+#: (kind, connections, reconnect, flood source): the floods of the issue (held, as
+#: opened by a client that does not retry), and reconnecting ones from another address
+#: and (trickling) from the scraper's own.  Not here: a pipelining flood from the
+#: scraper's own address that reconnects at once, where fresh connections still lose
+#: some scrapes (benchmarks/reports/exporter-flood.md, docs/exporter.md).
+FLOODS = [
+    ("trickle", 3000, False, "127.0.0.2"),
+    ("pipeline", 300, False, "127.0.0.2"),
+    ("pipeline", 1000, False, "127.0.0.2"),
+    ("pipeline", 3000, False, "127.0.0.2"),
+    ("pipeline", 3000, False, "127.0.0.1"),
+    ("trickle", 3000, True, "127.0.0.2"),
+    ("trickle", 3000, True, "127.0.0.1"),
+    ("pipeline", 1000, True, "127.0.0.2"),
+]
+
+
+@pytest.mark.parametrize(("kind", "count", "reconnect", "source"), FLOODS)
+def test_normal_scrapes_succeed_under_a_flood(tmp_path: Path, kind: str, count: int,
+                                              reconnect: bool, source: str) -> None:
+    """Before: 5-10 % of scrapes reset under 3000 trickling connections, and 2 of 124
+    succeeded under 3000 pipelining non-readers.  Every scrape (a fresh connection with
+    the scraper's default 10 s timeout, as the benchmark's) must get its 200 now, and
+    the loop keep stepping."""
+    steps = tmp_path / "steps"
+    child = subprocess.Popen([sys.executable, "-c", TRAINING, "30", str(steps)],
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "RANK": "0"}, cwd=tmp_path)
+    flooder = None
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+        time.sleep(0.5)
+        base_threads, base_fds = _counts(child.pid)
+        flooder = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.exporter_flood", "--flood", kind, str(count),
+             str(port), "8", source, "1" if reconnect else "0", str(tmp_path / "flood.json")])
+        time.sleep(2.0)  # the flood is at full size
+        before, started = _steps(steps), time.monotonic()
+        # The scraper's own client (pooled keep-alive connection) beside fresh connections.
+        pooled = exporter_flood.Probe()
+        scraper = threading.Thread(target=exporter_flood.scraper_probe, args=(port, 2.0, pooled))
+        scraper.start()
+        outcomes = []
+        for _ in range(15):  # one scrape per 0.1 s at most, as the benchmark's
+            outcomes.append(exporter_flood.scrape_once(port)[0])
+            time.sleep(0.1)
+        scraper.join(timeout=30)
+        after, took = _steps(steps), time.monotonic() - started
+        threads, fds = _counts(child.pid)
+        assert flooder.wait(timeout=30) == 0
+        stats = json.loads((tmp_path / "flood.json").read_text())
+        assert stats["connects"] >= count, stats
+        assert outcomes == ["ok"] * len(outcomes), outcomes
+        assert set(pooled.outcomes) == {"ok"} and pooled.outcomes["ok"] >= 5, pooled.outcomes
+        assert child.poll() is None, "the training process died"
+        # The loop steps every 10 ms; a quarter of that pace under a loaded machine.
+        assert after - before > took * 100 / 4, f"the loop stalled: {after - before} steps"
+        assert threads <= base_threads + 1
+        assert fds <= base_fds + server.MAX_CONNECTIONS + server.ACCEPT_HEADROOM + 4
+    finally:
+        if flooder is not None and flooder.poll() is None:
+            flooder.kill()
+            flooder.wait(timeout=10)
+        child.kill()
+        child.wait(timeout=10)
+
+
+# -- the eviction rules themselves, deterministic (issue 21, input 7) --------------------
+
+def _trainer(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
+    # cwd: not the checkout, whose exporter_lib ``-c`` would import before PYTHONPATH's.
+    child = subprocess.Popen([sys.executable, "-c", TRAINING, "30", str(tmp_path / "steps")],
+                             stdout=subprocess.PIPE, text=True, env={**os.environ, "RANK": "0"},
+                             cwd=tmp_path)
+    assert child.stdout is not None
+    return child, int(child.stdout.readline())
+
+
+def _client(port: int, source: str, rcvbuf: int | None = None) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.bind((source, 0))
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def _get(sock: socket.socket) -> bytes:
+    """One keep-alive GET on ``sock``; the answer's head (raises on a reset)."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    while not answer.endswith(b"ok\n"):
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionResetError("closed")
+        answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("source", ["127.0.0.2", "127.0.0.1"])
+def test_a_fresh_scrape_evicts_a_non_reading_pipeliner(tmp_path: Path, source: str) -> None:
+    """Every slot held by clients that pipelined thousands of GETs and read nothing
+    (their answers back up into the exporter): before, they were "busy", never
+    evicted, and the new scrape was reset.  Now a non-reader goes, the scrape is
+    answered, whichever address the non-readers come from."""
+    child, port = _trainer(tmp_path)
+    socks: list[socket.socket] = []
+    try:
+        pipelined = exporter_flood.PIPELINED * 3000
+        for _ in range(server.MAX_CONNECTIONS):
+            sock = _client(port, source, rcvbuf=exporter_flood.RCVBUF)
+            sock.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                sock.send(pipelined)
+            socks.append(sock)
+        time.sleep(2.0)  # answered until each one's answers back up
+        assert exporter_flood.scrape_once(port)[0] == "ok"
+    finally:
+        for sock in socks:
+            sock.close()
+        child.kill()
+        child.wait(timeout=10)
+
+
+@pytest.mark.parametrize("source", ["127.0.0.2", "127.0.0.1"])
+def test_a_keep_alive_scraper_outlives_idle_connections(tmp_path: Path, source: str) -> None:
+    """The scraper's pooled connection, idle between two scrapes, while 3 times the cap of
+    silent connections arrive: before, the connection idle longest went first, which
+    was the scraper's.  Now a peer over its share, and silent or new connections, go
+    before a keep-alive client that read every answer."""
+    child, port = _trainer(tmp_path)
+    socks: list[socket.socket] = []
+    try:
+        pooled = _client(port, "127.0.0.1")
+        assert _get(pooled).startswith(b"HTTP/1.1 200")
+        time.sleep(0.2)
+        for _ in range(3 * server.MAX_CONNECTIONS):
+            with contextlib.suppress(OSError):
+                socks.append(_client(port, source))
+        time.sleep(1.5)  # past the new-connection grace, and more of them
+        for _ in range(server.MAX_CONNECTIONS):
+            with contextlib.suppress(OSError):
+                socks.append(_client(port, source))
+        time.sleep(0.5)
+        assert _get(pooled).startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in [*socks]:
+            sock.close()
+        child.kill()
+        child.wait(timeout=10)

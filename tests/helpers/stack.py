@@ -131,9 +131,11 @@ def recording(api: client.ApiClient, namespace: str, name: str) -> Iterator[Trai
 
 @contextlib.contextmanager
 def scraper(cluster: Cluster, namespace: str, workdir: Path,
-            options: Sequence[str] = ()) -> Iterator[Child]:
-    """``trainjob-scraper run`` against the local cluster, for ``namespace``."""
-    child = start_scraper(workdir, kubeconfig=cluster.kubeconfig_path, port=free_port(),
+            options: Sequence[str] = (), kubeconfig: Path | None = None) -> Iterator[Child]:
+    """``trainjob-scraper run`` against the local cluster, for ``namespace`` (through
+    ``kubeconfig`` when given, e.g. a fault proxy's; else the cluster's admin one)."""
+    child = start_scraper(workdir, kubeconfig=kubeconfig or cluster.kubeconfig_path,
+                          port=free_port(),
                           options=["--interval", "1s", "--namespaces", namespace, *options])
     try:
         wait_http_ok(child.extra["base_url"] + "/readyz", child)

@@ -1,0 +1,89 @@
+"""A reused pod IP on the real stack never delivers another TrainJob's status (issue 21,
+input 2, the case of a pod watch behind).
+
+Trainer -> JobSet -> Job -> pod -> scheduler -> kwok -> pod runner, as shipped: kwok
+allocates pod IPs from the runner node's loopback podCIDR and hands a freed one to the
+next pod, and every trainer serves on port 28080, so TrainJob B's new pod answers at
+exactly the address where TrainJob A's pod answered.  The scraper talks to the API
+server through the fault proxy (tests/helpers/fault_proxy.py), which cuts its pod watch
+and holds the reconnection while A's pod goes and B's comes: the scraper still has A's
+target at that address.  Before: B's status landed on A 0.9 s after B's exporter
+answered, and stayed.  Now B's exporter states its pod (the pod runner gives it the
+kubelet's HOSTNAME) and the scraper writes none of it to A; once the watch catches up,
+B's status lands on B.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from kubernetes import client
+
+from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+from localdev.cluster import trainjobs
+from localdev.cluster.stack import Cluster
+from localdev.demo.processes import Child
+from tests.helpers.fault_proxy import FaultProxy, write_kubeconfig
+from tests.helpers.scraper import scraper_service_account
+from tests.helpers.stack import recording, scraper, scraper_metric
+
+TRAINER = str(Path(__file__).with_name("stack_trainer.py"))
+TIMEOUT = 120.0
+#: How long the scraper's pod watch is held behind: A's pod must go and B's start in it.
+BEHIND_SECONDS = 60.0
+
+
+def _command() -> list[str]:
+    return [sys.executable, TRAINER, "--steps", "2000", "--step-seconds", "0.3"]
+
+
+def _wrong_pod_answers(child: Child) -> float:
+    lines = scraper_metric(child, "trainjob_scraper_wrong_pod_answers_total")
+    return sum(float(line.split()[-1]) for line in lines.splitlines() if line)
+
+
+def test_reused_pod_ip_while_the_pod_watch_is_behind(
+        kube_stack: Cluster, stack_api: client.ApiClient, stack_namespace: str,
+        tmp_path: Path) -> None:
+    ns = stack_namespace
+    pods = rf"^/api/v1/namespaces/{ns}/pods"
+    with (scraper_service_account(stack_api, kube_stack, ns) as token,
+          FaultProxy(kube_stack.server_url, kube_stack.ca_cert_path) as proxy):
+        kubeconfig = write_kubeconfig(tmp_path / "proxy.kubeconfig", proxy.url, token)
+        with (scraper(kube_stack, ns, tmp_path, ["--backoff-max", "1s"],
+                      kubeconfig=kubeconfig) as child,
+              recording(stack_api, ns, "ipa") as rec_a, recording(stack_api, ns, "ipb") as rec_b):
+            trainjobs.create(stack_api, trainjobs.trainjob_body(
+                ns, "ipa", env={"RUN_ID": "ipa"}, command=_command()))
+            rec_a.wait_for(lambda o: o.status is not None, TIMEOUT, "A's first status")
+            [pod_a] = trainjobs.pods(stack_api, ns, "ipa")
+            address = pod_a.status.pod_ip
+
+            # The scraper's pod watch falls behind: cut, and its reconnection held.
+            proxy.delay("GET", pods, BEHIND_SECONDS, times=3)
+            assert proxy.end_watches(abort=False, path=pods) == 1
+            behind = time.monotonic()
+            client.CustomObjectsApi(stack_api).patch_namespaced_custom_object(
+                API_GROUP, API_VERSION, ns, TRAINJOB_PLURAL, "ipa", {"spec": {"suspend": True}})
+            deadline = time.monotonic() + TIMEOUT
+            while trainjobs.pods(stack_api, ns, "ipa") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not trainjobs.pods(stack_api, ns, "ipa"), "A's pod was not deleted"
+            trainjobs.create(stack_api, trainjobs.trainjob_body(
+                ns, "ipb", env={"RUN_ID": "ipb"}, command=_command()))
+            [pod_b] = trainjobs.wait_pods(stack_api, ns, "ipb", count=1, timeout=TIMEOUT)
+            assert pod_b.status.pod_ip == address, (
+                f"kwok gave B's pod {pod_b.status.pod_ip}, not A's freed {address}")
+
+            deadline = time.monotonic() + BEHIND_SECONDS
+            while _wrong_pod_answers(child) < 3 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert _wrong_pod_answers(child) >= 3, child.log_tail()
+            assert time.monotonic() - behind < BEHIND_SECONDS, "the watch caught up first"
+            # Once the watch catches up, B's pod is B's target.
+            rec_b.wait_for(lambda o: o.status is not None, BEHIND_SECONDS + TIMEOUT,
+                           "B's status on B")
+            runs = {s.metrics_dict().get("run") for s in rec_a.statuses()}
+            assert runs == {"ipa"}, f"another TrainJob's status landed on A: {runs}"
