@@ -31,7 +31,7 @@ from scraper.config import ScraperSettings
 from scraper.discovery import PodEvent, PodWatcher, Synced, WatchItem, probe_selector
 from scraper.identity import LABEL_JOBSET_NAME, Identity, OwnerIndex
 from scraper.kube.client import load_client, without_retries
-from scraper.kube.informer import ListWatch, ScopesListed
+from scraper.kube.informer import ListWatch, ScopesListed, slim
 from scraper.leader import LeaseElector
 from scraper.loop import ScrapeLoop
 from scraper.manager import TargetManager
@@ -41,7 +41,7 @@ from scraper.scraping import ExporterScraper, ScrapeLimits
 from scraper.status_writer import StatusWriter
 from scraper.supervisor import Supervisor
 from scraper.telemetry import Telemetry
-from scraper.trainjobs import Held, TrainJobStore
+from scraper.trainjobs import Held, TrainJobStore, slim_trainjob
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +323,8 @@ class ScraperApp:
                     lister, name=f"{kind}/{ns or 'all'}", loop=loop,
                     on_list=functools.partial(sink.on_list, ns),
                     on_event=sink.on_event, on_restart=self._watch_restarted,
-                    relist_interval=self.settings.resync_interval))
+                    relist_interval=self.settings.resync_interval,
+                    slim=slim_trainjob if kind == "trainjobs" else slim))
         return watches
 
     def _owners_changed(self) -> None:

@@ -13,7 +13,7 @@ from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from scraper.annotation_target import StatusTarget
 from scraper.kube.informer import ListWatch
 from scraper.status_writer import StatusWriter
-from scraper.trainjobs import TrainJobStore
+from scraper.trainjobs import TrainJobStore, slim_trainjob
 
 
 @contextlib.asynccontextmanager
@@ -28,7 +28,8 @@ async def running_writer(api: client.ApiClient, namespace: str, *, qps: float = 
         functools.partial(custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
                           namespace, TRAINJOB_PLURAL),
         name=f"trainjobs/{namespace}", loop=asyncio.get_running_loop(),
-        on_list=functools.partial(store.on_list, namespace), on_event=store.on_event)
+        on_list=functools.partial(store.on_list, namespace), on_event=store.on_event,
+        slim=slim_trainjob)
     writer = StatusWriter.for_client(api, identity="test", qps=qps, burst=burst, store=store,
                                      metrics_interval=metrics_interval, target=target)
     watch.start()
