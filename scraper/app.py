@@ -98,6 +98,9 @@ class ScraperApp:
             on_request=self.telemetry.write_duration.observe,
             metrics_interval=s.metrics_write_interval,
             target=StatusTarget(s.status_target),
+            other_writer_grace=s.other_writer_grace,
+            on_deferred=lambda reason: self.telemetry.writes_deferred.labels(reason).inc(),
+            on_skew=lambda direction: self.telemetry.clock_skew.labels(direction).inc(),
         )
         self.telemetry.writes_pending.set_function(lambda: len(self.writer.queue))
         self.trainjobs = self.writer.store
