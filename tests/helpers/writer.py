@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator
+from typing import Any
 
 from kubernetes import client
 
@@ -19,9 +20,10 @@ from scraper.trainjobs import TrainJobStore, slim_trainjob
 @contextlib.asynccontextmanager
 async def running_writer(api: client.ApiClient, namespace: str, *, qps: float = 50,
                          burst: int = 50, metrics_interval: float = 0.0,
-                         target: StatusTarget = StatusTarget.STATUS,
+                         target: StatusTarget = StatusTarget.STATUS, **options: Any,
                          ) -> AsyncIterator[tuple[StatusWriter, ListWatch]]:
-    """A :class:`StatusWriter` whose store watches TrainJobs of ``namespace`` (synced)."""
+    """A :class:`StatusWriter` whose store watches TrainJobs of ``namespace`` (synced);
+    ``options`` go to :meth:`StatusWriter.for_client` (e.g. ``other_writer_grace``)."""
     store = TrainJobStore([namespace])
     custom = client.CustomObjectsApi(api)
     watch = ListWatch(
@@ -31,7 +33,8 @@ async def running_writer(api: client.ApiClient, namespace: str, *, qps: float = 
         on_list=functools.partial(store.on_list, namespace), on_event=store.on_event,
         slim=slim_trainjob)
     writer = StatusWriter.for_client(api, identity="test", qps=qps, burst=burst, store=store,
-                                     metrics_interval=metrics_interval, target=target)
+                                     metrics_interval=metrics_interval, target=target,
+                                     **options)
     watch.start()
     writer.start()
     try:
