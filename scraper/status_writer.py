@@ -261,7 +261,8 @@ class StatusWriter:
         self._on_skew = on_skew
         self._wall = wall
         self._deferring: set[TrainJobKey] = set()
-        self._skew_told: set[tuple[TrainJobKey, Skew]] = set()
+        # (TrainJob, "back" | "future" | "held in the future"): logged and evented once.
+        self._skew_told: set[tuple[TrainJobKey, str]] = set()
         self._tasks: set[asyncio.Task[None]] = set()  # ClockSkew Events being recorded
         self._api = api_client
         self._custom = CustomObjectsApi(api_client)
@@ -686,7 +687,8 @@ class StatusWriter:
                      uid: str) -> TrainerStatus:
         """``item.status`` with the ``lastUpdatedTime`` to write
         (:func:`scraper.writer_rules.settle_time`); a skew is logged once per TrainJob and
-        direction, counted each time and recorded as a ``ClockSkew`` Event."""
+        direction (a held time in the future is its own case), counted each time and
+        recorded as a ``ClockSkew`` Event."""
         arrived = datetime.fromtimestamp(item.arrived or self._wall(), UTC)
         reported = item.status.last_updated_time
         held_time = there.last_updated_time if there is not None else None
@@ -695,10 +697,12 @@ class StatusWriter:
             return item.status
         self._on_skew(skew.value)
         namespace, name = item.key
+        kind = skew.value
         if skew is Skew.FUTURE:
             why = (f"lastUpdatedTime {format_time(reported)} is more than "
                    f"{FUTURE_LIMIT_SECONDS:g}s ahead of the scraper's clock")
         elif held_time is not None and settled < held_time:
+            kind = "held in the future"
             why = (f"the held lastUpdatedTime {format_time(held_time)} is in the future "
                    f"(the report says {format_time(reported)})")
         else:
@@ -707,8 +711,8 @@ class StatusWriter:
                    f"{format_time(held_time)}")
         message = (f"{why}; wrote the scraper's arrival time {format_time(settled)} "
                    "instead (the reported values are kept)")
-        if (item.key, skew) not in self._skew_told:
-            self._skew_told.add((item.key, skew))
+        if (item.key, kind) not in self._skew_told:
+            self._skew_told.add((item.key, kind))
             log.warning("TrainJob %s/%s: clock skew (%s): %s", namespace, name, skew.value,
                         message)
             task = asyncio.create_task(self.events.event(
