@@ -337,3 +337,41 @@ def test_dead_leaders_late_write_never_lands_after_the_final(
         assert [s.progress_percentage for s in rec.statuses()] == [50, 100]
     assert progress_of(kube_api, namespace, "late") == 100
     assert standby.value("trainjob_scraper_status_writes_total", result="written") == 1
+
+
+async def test_a_write_first_seen_in_a_list_is_aged_by_its_managed_fields_time(
+        kube_api: client.ApiClient, namespace: str) -> None:
+    """Rule 2 for a change first seen in a list (a scraper that starts after the other
+    writer wrote): its age is its managedFields time against the scraper's clock.  A
+    final with an old lastUpdatedTime (rule 5 at the termination-message entry) gets
+    the arrival time."""
+    objects.create_trainjob(kube_api, namespace, "listed")
+    objects.create_trainjob(kube_api, namespace, "fresh")
+    _push(kube_api, namespace, "listed", {"progressPercentage": 30,
+                                          "lastUpdatedTime": format_time(datetime.now(UTC))})
+    await asyncio.sleep(3.2)  # older than the grace below when the writer lists it
+    _push(kube_api, namespace, "fresh", {"progressPercentage": 30,
+                                         "lastUpdatedTime": format_time(datetime.now(UTC))})
+    skews: list[str] = []
+    async with running_writer(kube_api, namespace, other_writer_grace=2.5,
+                              on_skew=skews.append) as (writer, _):
+        held = writer.store.get(namespace, "listed")
+        assert held is not None and held.status_by is not None
+        assert held.status_by.manager == PUSH_MANAGER
+        assert writer.store.clock() - held.status_by.seen >= 3.0  # aged, not "seen now"
+        report = TrainerStatus(progress_percentage=40, last_updated_time=datetime.now(UTC))
+        # "fresh" is live; "listed" is quiet, and a report of unknown age is no news.
+        assert await writer.apply(namespace, "fresh", report) is WriteOutcome.DEFERRED
+        assert await writer.apply(namespace, "listed", report,
+                                  seen=float("-inf")) is WriteOutcome.DEFERRED
+        assert await writer.apply_and_wait(namespace, "listed", report) is WriteOutcome.WRITTEN
+        assert progress_of(kube_api, namespace, "listed") == 40
+        # A final is never deferred by a live writer, and its old time is not written.
+        final = TrainerStatus(progress_percentage=100,
+                              last_updated_time=datetime(2020, 1, 1, tzinfo=UTC))
+        arrival = datetime.now(UTC).replace(microsecond=0)
+        assert await writer.apply_and_wait(namespace, "fresh", final,
+                                           final=True) is WriteOutcome.WRITTEN
+        written = TrainerStatus.from_api(trainer_status(kube_api, namespace, "fresh") or {})
+        assert written.progress_percentage == 100 and written.last_updated_time >= arrival
+        assert skews == ["back"]
