@@ -34,7 +34,7 @@ server-side apply, only on change.
   again by the writer task right before the request, against the informer's newest.
 * Every apply carries the ``metadata.resourceVersion`` its decision was made against:
   the API server answers 409 Conflict when the TrainJob changed since (measured on
-  kube-apiserver v1.37, ``tests/scraper/test_writer_rules.py``), so a write held on the
+  kube-apiserver v1.37.2, ``tests/scraper/test_writer_rules_api.py``), so a write held on the
   wire (a dead leader's) can never land over a newer status.  On 409 the TrainJob is
   read again and the write decided again at once (a final is never dropped).
 * Drift: a status this scraper applied that somebody removed is applied again; one
@@ -679,7 +679,7 @@ class StatusWriter:
             return None, None
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError):
             return WriteOutcome.RETRIED, QUEUE_BACKOFF.delay(item.attempts)
-        if item.attempts + 1 < CONFLICTS_AT_ONCE:
+        if item.attempts < CONFLICTS_AT_ONCE:
             return WriteOutcome.RETRIED, 0.0
         return WriteOutcome.RETRIED, QUEUE_BACKOFF.delay(item.attempts - CONFLICTS_AT_ONCE + 1)
 

@@ -113,6 +113,12 @@ def test_apply_carrying_a_stale_resource_version_is_refused_409(
     assert refused.value.status == 409, refused.value
     reason = json.loads(refused.value.body)
     assert reason["reason"] == "Conflict" and "modified" in reason["message"], reason
+    # A resourceVersion the object never had (ahead of it) is no wildcard either.
+    payload, sub = body(61, str(int(after) + 1000))
+    with pytest.raises(client.ApiException) as ahead:
+        _apply(kube_api, namespace, "rv", payload, manager="trainjob-scraper",
+               subresource=sub)
+    assert ahead.value.status == 409, ahead.value
     now = _get(kube_api, namespace, "rv")
     assert now["metadata"]["resourceVersion"] == after  # nothing was written
     # The current one is accepted.
