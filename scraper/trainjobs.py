@@ -276,19 +276,24 @@ class TrainJobStore:
             old = None
         now = self.clock()
 
-        def seen(was: Writer | None, writer: Writer | None) -> Writer | None:
+        def seen(was: Writer | None, writer: Writer | None, changed: bool) -> Writer | None:
             if writer is None:
                 return None
-            if writer.same_write(was):
+            # The same entry (manager, time) is the same write, unless the content changed:
+            # two writes within one second of the API server's clock share a time.
+            if writer.same_write(was) and not changed:
                 assert was is not None
                 return replace(writer, seen=was.seen)
             if not listed or not writer.time:
                 return replace(writer, seen=now)
             return replace(writer, seen=now - max(0.0, self.wall() - writer.time))
 
-        return replace(new, status_by=seen(old.status_by if old else None, new.status_by),
-                       annotated_by=seen(old.annotated_by if old else None,
-                                         new.annotated_by))
+        return replace(
+            new,
+            status_by=seen(old.status_by if old else None, new.status_by,
+                           old is None or old.status != new.status),
+            annotated_by=seen(old.annotated_by if old else None, new.annotated_by,
+                              old is None or old.annotated != new.annotated))
 
     # -- informer callbacks (event loop)
 
