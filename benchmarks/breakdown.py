@@ -161,7 +161,9 @@ async def status_writes(count: int) -> dict[str, float]:
         api = plane.api_client()
         install_trainjob_crds(api)
         client.CoreV1Api(api).create_namespace({"metadata": {"name": "bench"}})
-        objs = [create_trainjob(api, "bench", f"w{k}") for k in range(LANES)]
+        for k in range(LANES):
+            create_trainjob(api, "bench", f"w{k}")
+        custom = client.CustomObjectsApi(api)
         path = "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status"
         params = {"group": API_GROUP, "version": API_VERSION, "namespace": "bench",
                   "plural": TRAINJOB_PLURAL, "name": "w0"}
@@ -209,6 +211,8 @@ async def status_writes(count: int) -> dict[str, float]:
                     body=encode_apply_body(body), auth_settings=["BearerToken"],
                     _return_http_data_only=True, _preload_content=False,
                     _request_timeout=REQUEST_TIMEOUT)
+                if resp.status >= 300:  # as the real path: an error answer raises
+                    raise client.ApiException(status=resp.status, reason=resp.reason)
                 result: dict[str, Any] = json.loads(resp.data)
                 return result
 
@@ -236,12 +240,18 @@ async def status_writes(count: int) -> dict[str, float]:
                     "PATCH", url, body=encode_apply_body(body), headers=headers,
                     timeout=urllib3.Timeout(connect=REQUEST_TIMEOUT[0],
                                             read=REQUEST_TIMEOUT[1]))
+                if resp.status >= 300:  # as the real path: an error answer raises
+                    raise client.ApiException(status=resp.status, reason=resp.reason)
                 result: dict[str, Any] = json.loads(resp.data)
                 return result
 
         async def per_write(cls: type[StatusWriter], base: int) -> float:
             store = TrainJobStore(["bench"])
-            store.on_list("bench", objs)
+            # The TrainJobs as they are now (the earlier paths wrote them): every write is
+            # decided against the current resourceVersion, as the informer gives it.
+            store.on_list("bench", [custom.get_namespaced_custom_object(
+                API_GROUP, API_VERSION, "bench", TRAINJOB_PLURAL, f"w{k}")
+                for k in range(LANES)])
             writer = cls.for_client(api, identity="bench", qps=1e6, burst=10**6, store=store)
             writer.start()
 
