@@ -161,7 +161,9 @@ async def status_writes(count: int) -> dict[str, float]:
         api = plane.api_client()
         install_trainjob_crds(api)
         client.CoreV1Api(api).create_namespace({"metadata": {"name": "bench"}})
-        objs = [create_trainjob(api, "bench", f"w{k}") for k in range(LANES)]
+        for k in range(LANES):
+            create_trainjob(api, "bench", f"w{k}")
+        custom = client.CustomObjectsApi(api)
         path = "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status"
         params = {"group": API_GROUP, "version": API_VERSION, "namespace": "bench",
                   "plural": TRAINJOB_PLURAL, "name": "w0"}
@@ -192,14 +194,16 @@ async def status_writes(count: int) -> dict[str, float]:
             ``json.loads``)."""
 
             async def _ssa(self, namespace: str, name: str, st: TrainerStatus,
-                           place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
-                return await asyncio.to_thread(self._call_api, namespace, name, st)
+                           place: Place = Place.STATUS, uid: str = "",
+                           resource_version: str = "") -> dict[str, Any]:
+                return await asyncio.to_thread(self._call_api, namespace, name, st,
+                                               resource_version)
 
-            def _call_api(self, namespace: str, name: str,
-                          st: TrainerStatus) -> dict[str, Any]:
-                body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "TrainJob",
-                        "metadata": {"name": name, "namespace": namespace},
-                        "status": {"trainerStatus": st.to_api()}}
+            def _call_api(self, namespace: str, name: str, st: TrainerStatus,
+                          resource_version: str) -> dict[str, Any]:
+                # The same body as today's (resourceVersion precondition included).
+                _, _, body = apply_request(Place.STATUS, namespace, name, st, "",
+                                           resource_version)
                 resp = self._api.call_api(
                     path, "PATCH", {**params, "name": name}, [("fieldManager", FIELD_MANAGER),
                                                   ("force", "true")],
@@ -207,6 +211,8 @@ async def status_writes(count: int) -> dict[str, float]:
                     body=encode_apply_body(body), auth_settings=["BearerToken"],
                     _return_http_data_only=True, _preload_content=False,
                     _request_timeout=REQUEST_TIMEOUT)
+                if resp.status >= 300:  # as the real path: an error answer raises
+                    raise client.ApiException(status=resp.status, reason=resp.reason)
                 result: dict[str, Any] = json.loads(resp.data)
                 return result
 
@@ -215,12 +221,15 @@ async def status_writes(count: int) -> dict[str, float]:
             straight to the official client's urllib3 pool, in a worker thread."""
 
             async def _ssa(self, namespace: str, name: str, st: TrainerStatus,
-                           place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
-                return await asyncio.to_thread(self._pool, namespace, name, st)
+                           place: Place = Place.STATUS, uid: str = "",
+                           resource_version: str = "") -> dict[str, Any]:
+                return await asyncio.to_thread(self._pool, namespace, name, st,
+                                               resource_version)
 
-            def _pool(self, namespace: str, name: str, st: TrainerStatus) -> dict[str, Any]:
+            def _pool(self, namespace: str, name: str, st: TrainerStatus,
+                      resource_version: str) -> dict[str, Any]:
                 request_path, request_params, body = apply_request(
-                    Place.STATUS, namespace, name, st, "")
+                    Place.STATUS, namespace, name, st, "", resource_version)
                 headers = {**self._api.default_headers, "Content-Type": APPLY_CONTENT_TYPE,
                            "Accept": "application/json"}
                 query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
@@ -231,12 +240,18 @@ async def status_writes(count: int) -> dict[str, float]:
                     "PATCH", url, body=encode_apply_body(body), headers=headers,
                     timeout=urllib3.Timeout(connect=REQUEST_TIMEOUT[0],
                                             read=REQUEST_TIMEOUT[1]))
+                if resp.status >= 300:  # as the real path: an error answer raises
+                    raise client.ApiException(status=resp.status, reason=resp.reason)
                 result: dict[str, Any] = json.loads(resp.data)
                 return result
 
         async def per_write(cls: type[StatusWriter], base: int) -> float:
             store = TrainJobStore(["bench"])
-            store.on_list("bench", objs)
+            # The TrainJobs as they are now (the earlier paths wrote them): every write is
+            # decided against the current resourceVersion, as the informer gives it.
+            store.on_list("bench", [custom.get_namespaced_custom_object(
+                API_GROUP, API_VERSION, "bench", TRAINJOB_PLURAL, f"w{k}")
+                for k in range(LANES)])
             writer = cls.for_client(api, identity="bench", qps=1e6, burst=10**6, store=store)
             writer.start()
 

@@ -32,7 +32,7 @@ from scraper.discovery import Final, PodEvent, PodWatcher, Synced, WatchItem, pr
 from scraper.identity import LABEL_JOBSET_NAME, Identity, Link, OwnerIndex
 from scraper.kube.client import load_client, without_retries
 from scraper.kube.health import ApiHealth
-from scraper.kube.informer import ListWatch, ScopesListed
+from scraper.kube.informer import ListWatch, ScopesListed, slim
 from scraper.leader import LeaseElector
 from scraper.logsource.reader import LogLimits, LogScraper
 from scraper.loop import ScrapeLoop
@@ -44,7 +44,7 @@ from scraper.sources import SourceScraper
 from scraper.status_writer import StatusWriter
 from scraper.supervisor import Supervisor
 from scraper.telemetry import Telemetry
-from scraper.trainjobs import TrainJobStore
+from scraper.trainjobs import TrainJobStore, slim_trainjob
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,9 @@ class ScraperApp:
             on_request=self.telemetry.write_duration.observe,
             metrics_interval=s.metrics_write_interval,
             target=StatusTarget(s.status_target), health=self.health,
+            other_writer_grace=s.other_writer_grace,
+            on_deferred=lambda reason: self.telemetry.writes_deferred.labels(reason).inc(),
+            on_skew=lambda direction: self.telemetry.clock_skew.labels(direction).inc(),
         )
         if writer is not None:  # brought by the caller: still resumed after an outage
             self.health.on_recovered(writer.queue.resume)
@@ -354,7 +357,8 @@ class ScraperApp:
                     lister, name=f"{kind}/{ns or 'all'}", loop=loop,
                     on_list=functools.partial(sink.on_list, ns),
                     on_event=sink.on_event, on_restart=self._watch_restarted,
-                    relist_interval=self.settings.resync_interval, health=self.health))
+                    relist_interval=self.settings.resync_interval, health=self.health,
+                    slim=slim_trainjob if kind == "trainjobs" else slim))
         return watches
 
     def _owners_changed(self, link: Link | None) -> None:

@@ -91,6 +91,7 @@ class ListWatch:
             (backpressure); it should give up once :attr:`stopping` is set.
         health: told of unreachable and answering API servers; a retry after an
             unreachable one waits for its recovery, at most the backoff (module doc).
+        slim: applied to every object before it is handed over (default :func:`slim`).
     """
 
     def __init__(
@@ -106,7 +107,9 @@ class ListWatch:
         backoff: Backoff = WATCH_BACKOFF,
         handoff: Callable[[Callable[..., None], tuple[Any, ...]], None] | None = None,
         health: ApiHealth | None = None,
+        slim: Callable[[Obj], Obj] = slim,
     ) -> None:
+        self._slim = slim
         self._lister = lister
         self._health = health
         self._handoff = handoff
@@ -160,7 +163,7 @@ class ListWatch:
                 kwargs["_continue"] = cont
             resp = self._lister(**kwargs)
             body = json.loads(resp.data)
-            items.extend(slim(o) for o in body.get("items") or [])
+            items.extend(self._slim(o) for o in body.get("items") or [])
             meta = body.get("metadata") or {}
             cont = meta.get("continue")
             if not cont:
@@ -193,7 +196,7 @@ class ListWatch:
                 resource_version = (obj.get("metadata") or {}).get(
                     "resourceVersion", resource_version)
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self._deliver(self._on_event, kind, slim(obj))
+                    self._deliver(self._on_event, kind, self._slim(obj))
         except ApiException as exc:
             if exc.status == 410:
                 raise _Gone() from None

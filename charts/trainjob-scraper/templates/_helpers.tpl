@@ -75,6 +75,7 @@ would print 1048576 as 1.048576e+06.
   "write_burst" (int $c.writeBurst)
   "resync_interval" $c.resyncInterval
   "metrics_write_interval" $c.metricsWriteInterval
+  "other_writer_grace" $c.otherWriterGrace
   "status_target" $c.statusTarget
   "log_source" $c.logSource.enabled
   "log_qps" $c.logSource.qps
