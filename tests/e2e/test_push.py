@@ -29,8 +29,8 @@ from kubernetes import client
 
 from exporter_lib.status import API_GROUP, API_VERSION
 from localdev.cluster import trainjobs
+from localdev.cluster.owners import PUSH_MANAGER, owners, trainer_status_entries
 from localdev.cluster.stack import Cluster, trainer_service_host
-from tests.helpers.owners import PUSH_MANAGER, owners, trainer_status_entries
 from tests.helpers.stack import python_command, recording
 
 TRAINING_TIMEOUT_SECONDS = 420

@@ -4,8 +4,8 @@ Server-side apply records, per field manager, the fields it owns (``fieldsV1``)
 and when it last changed them (``time``, set by the API server, 1 s resolution).
 The *owners* of trainerStatus are the managers owning any field under
 ``f:status`` -> ``f:trainerStatus`` (two managers that applied the same value
-share it).  The versions come from a watch (:class:`tests.helpers.stack.TrainJobRecorder`),
-so no change between two polls is missed.
+share it).  The versions come from a watch (e.g. ``tests.helpers.stack.TrainJobRecorder``),
+so no change between two polls is missed (tests, benchmarks/push_coexistence.py).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def last_writer(obj: Mapping[str, Any]) -> str | None:
     entries = trainer_status_entries(obj)
     if not entries:
         return None
-    return max(entries, key=lambda e: (e.get("time") or "", e["manager"]))["manager"]
+    return str(max(entries, key=lambda e: (e.get("time") or "", e["manager"]))["manager"])
 
 
 @dataclass(frozen=True)
