@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "Hugging Face Transformers model (needs torch and transformers)")
     parser.add_argument("--epochs", type=_positive_int, default=4,
                         help="training epochs (default 4: about 90 s of training on two cores; "
-                        "the first run also builds the local cluster, 25-35 minutes)")
+                        "the first run also builds the local cluster, 30-40 minutes)")
     parser.add_argument("--interval", default="2s", type=_interval,
                         help="scrape interval given to the scraper (default 2s)")
     parser.add_argument("--kubeconfig", type=Path, default=None,
