@@ -113,8 +113,8 @@ def _local_mode(console: Console, args: argparse.Namespace) -> int:
         console.rule("[bold]trainjob-progress demo")
         console.print("1/5 local cluster: etcd, kube-apiserver, kube-controller-manager, "
                       "kube-scheduler, kwok, JobSet and Kubeflow Trainer controllers, pod runner "
-                      "(the first build takes 25-35 minutes on two cores and prints progress)")
-        cluster = Cluster(workdir=workdir / "cluster")
+                      "(the first build takes 30-40 minutes on two cores and prints progress)")
+        cluster = Cluster(workdir=workdir / "cluster", push=getattr(args, "push", False))
         stack.callback(cluster.stop)
         cluster.start()
         versions = ", ".join(f"{k} {v}" for k, v in cluster.stack_versions.items())

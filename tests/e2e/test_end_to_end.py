@@ -122,10 +122,9 @@ def test_training_progress_reaches_the_trainjob(
 
         sdk = TrainerClient(backend_config=KubernetesBackendConfig(
             namespace=namespace, config_file=str(kube_stack.kubeconfig_path)))
-        # What the SDK's own client GETs is what is checked: Trainer v2.0.0's status write
-        # on completion removes trainerStatus and the scraper restores it (docs/
-        # architecture.md), so the read is repeated, bounded, until the final status is
-        # back; a scraper that never restores it fails here.
+        # What the SDK's own client GETs is what is checked, read again (bounded) until
+        # the final status is there: the scraper's final write may land a moment after
+        # the TrainJob shows Complete (Trainer v2.3.0's merge patch leaves it in place).
         sdk_api = sdk.backend.custom_api  # type: ignore[attr-defined]
         deadline = time.monotonic() + FINAL_TIMEOUT_SECONDS
         while True:

@@ -1,7 +1,7 @@
 """Zero-code progress on the real stack: the shipped runtime overlay, an unmodified training.
 
 The overlay (``charts/runtime-overlays/zero-code``, a kustomize Component) is rendered
-with the real ``kubectl kustomize`` onto Trainer v2.0.0's shipped ``torch-distributed``
+with the real ``kubectl kustomize`` onto Trainer v2.3.0's shipped ``torch-distributed``
 runtime and created as its own ClusterTrainingRuntime.  A TrainJob on it runs
 ``localdev.demo.train_unmodified``: torch and Transformers only, ``report_to`` at its
 default.  Trainer -> JobSet -> Job make the pod; the pod runner starts the exporter
