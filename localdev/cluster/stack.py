@@ -33,6 +33,7 @@ import contextlib
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -194,10 +195,12 @@ class Cluster(ControlPlane):
     """
 
     def __init__(self, assets_dir: str | Path | None = None,
-                 workdir: str | Path | None = None, *, flavour: str = FLAVOUR_CURRENT) -> None:
-        super().__init__(assets_dir, workdir, controllers=True)
+                 workdir: str | Path | None = None, *, flavour: str = FLAVOUR_CURRENT,
+                 audit_log: str | None = None) -> None:
+        super().__init__(assets_dir, workdir, controllers=True, audit_log=audit_log)
         self.flavour = flavour
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._spawned: dict[str, tuple[list[str], dict[str, str] | None]] = {}
         self._jobset_probe = self._trainer_probe = ""
         self.stack_startup_seconds: float | None = None
         """Wall time from the API server ready to the whole stack ready (seconds)."""
@@ -233,6 +236,32 @@ class Cluster(ControlPlane):
         return [*super().pids, *(p.pid for p in self._children.values())]
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        self._spawned[name] = (args, env)
+        self._children[name] = processes.spawn(args, self.workdir / f"{name}.log", env=env)
+
+    def process_pid(self, name: str) -> int:
+        """Process id of the stack's process ``name`` (e.g. ``trainer-controller-manager``).
+
+        Raises:
+            KeyError: no such process is running.
+        """
+        return self._children[name].pid
+
+    def kill_process(self, name: str) -> None:
+        """SIGKILL the stack's process ``name`` (a fault: no graceful shutdown).
+
+        Raises:
+            KeyError: no such process is running.
+        """
+        proc = self._children.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        processes.stop(proc, grace=5)
+
+    def start_process(self, name: str) -> None:
+        """Start ``name`` again after :meth:`kill_process`, with the same arguments and
+        environment (its log is appended to); returns at once, without waiting for it."""
+        args, env = self._spawned[name]
         self._children[name] = processes.spawn(args, self.workdir / f"{name}.log", env=env)
 
     def _check_children(self) -> None:
