@@ -28,6 +28,7 @@ bench:
 	.venv/bin/python -m benchmarks.churn
 	.venv/bin/python -m benchmarks.churn --api
 	.venv/bin/python -m benchmarks.cluster_scale
+	.venv/bin/python -m benchmarks.vs_push
 
 image:
 	scripts/bootstrap test
