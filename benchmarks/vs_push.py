@@ -221,7 +221,7 @@ class _Worker:
 
     def start(self) -> None:
         if self.spec.design == "push":
-            self.cluster.start_process(TRAINER)
+            self.cluster.start_component(TRAINER)  # waits for readyz and the status server
             return
         self.scraper = _Scraper(self.cluster.kubeconfig_path, self.cluster.workdir,
                                 self.spec.namespace, self._options())
@@ -229,7 +229,7 @@ class _Worker:
 
     def kill(self) -> None:
         if self.spec.design == "push":
-            self.cluster.kill_process(TRAINER)
+            self.cluster.stop_component(TRAINER)
         elif self.scraper is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.scraper.proc.pid, signal.SIGKILL)

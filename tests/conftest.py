@@ -22,6 +22,7 @@ from localdev.cluster.assets import AssetsError
 from localdev.cluster.controlplane import ControlPlane, ControlPlaneError
 from localdev.cluster.crds import FLAVOUR_CURRENT, CrdError, install_trainjob_crds
 from localdev.cluster.stack import Cluster
+from tests.helpers.stack import started_cluster
 
 _FOLDER_MARKERS = ("e2e", "chart", "exporter", "scraper", "client", "controlplane",
                    "packaging", "benchmarks", "image")
@@ -135,27 +136,37 @@ def _empty_namespace(kube_api: client.ApiClient, name: str) -> None:
 # ----------------------------------------------------------------- the real stack
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--push``: the session's local cluster (:func:`kube_stack`) runs with the
+    Trainer's TrainJobStatus gate on (its status server serving), as ``make demo
+    ARGS=--push`` does; the push tests use :func:`push_stack` either way."""
+    parser.addoption("--push", action="store_true", default=False,
+                     help="run the session's local cluster with Trainer's TrainJobStatus gate on")
+
+
 @pytest.fixture(scope="session")
 def kube_stack(pytestconfig: pytest.Config) -> Iterator[Cluster]:
     """The session's local cluster with its controllers (:class:`localdev.cluster.stack.Cluster`).
 
     Its own API server, separate from :func:`control_plane` (whose hand-made
-    objects the controllers would reconcile).  Flavour "v2.2-and-later"; tests
-    that need the other one use :func:`legacy_stack_flavour`.
+    objects the controllers would reconcile).  Flavour "v2.2-and-later" (Trainer
+    v2.3.0); tests that need the other CRD use :func:`legacy_stack_flavour`.
+    With ``--push`` it is started with ``push=True``.
     """
-    cluster = Cluster(flavour=FLAVOUR_CURRENT)
-    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-    live = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
-    try:
-        with live:
-            cluster.start()
-    except (AssetsError, ControlPlaneError, CrdError, OSError, client.ApiException) as exc:
-        cluster.stop()
-        pytest.fail(f"local cluster could not start: {exc}", pytrace=False)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from started_cluster(pytestconfig, Cluster(flavour=FLAVOUR_CURRENT,
+                                                     push=pytestconfig.getoption("push")))
+
+
+@pytest.fixture(scope="session")
+def push_stack(pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """A local cluster with Trainer v2.3.0's TrainJobStatus gate on: its status server
+    serves and trainer pods push to it (:class:`~localdev.cluster.stack.Cluster`
+    ``push=True``).  The session's :func:`kube_stack` when that runs with ``--push``,
+    else a second cluster of its own."""
+    if pytestconfig.getoption("push"):
+        yield request.getfixturevalue("kube_stack")
+        return
+    yield from started_cluster(pytestconfig, Cluster(flavour=FLAVOUR_CURRENT, push=True))
 
 
 @pytest.fixture(scope="session")
@@ -174,6 +185,30 @@ def stack_namespace(stack_api: client.ApiClient, request: pytest.FixtureRequest)
     controller and the garbage collector remove what is in it)."""
     name = _namespace_name(request.node.name)
     core = client.CoreV1Api(stack_api)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=name, labels={"trainjob-progress.dev/test": "true"})))
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(client.ApiException, OSError):
+            core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def push_api(push_stack: Cluster) -> Iterator[client.ApiClient]:
+    """An admin ApiClient for the push cluster (:func:`push_stack`)."""
+    api = push_stack.api_client()
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture
+def push_namespace(push_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace on the push cluster, deleted after the test."""
+    name = _namespace_name(request.node.name)
+    core = client.CoreV1Api(push_api)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
         name=name, labels={"trainjob-progress.dev/test": "true"})))
     try:

@@ -3,8 +3,9 @@
 They come from ``scripts/stack-assets``: it runs ``scripts/controlplane-assets``
 (kube-apiserver, kubectl, etcd and helm from the Go modules pinned under
 ``tools/controlplane/``, or ``KUBEBUILDER_ASSETS``), builds
-kube-controller-manager, kube-scheduler, kwok, the JobSet controller and the
-Kubeflow Trainer controller (``tools/controlplane/kube``, ``tools/stack/*``),
+kube-controller-manager, kube-scheduler, kwok, the JobSet controller (v0.12.0) and
+the Kubeflow Trainer controller (v2.3.0, and v2.0.0 for the "before-v2.2" flavour;
+``tools/controlplane/kube``, ``tools/stack/*``),
 copies the manifests those projects ship out of the Go module cache, and prints
 one bundle directory.  This module runs that script, streams its progress to
 stderr and returns the directory it prints last.
@@ -27,7 +28,8 @@ BUILD_TIMEOUT_SECONDS = 2 * 60 * 60
 REQUIRED_BINARIES = ("kube-apiserver", "etcd", "kubectl")
 #: Binaries of the controllers (present in a bundle from ``scripts/stack-assets``).
 STACK_BINARIES = ("kube-controller-manager", "kube-scheduler", "kwok",
-                  "jobset-controller-manager", "trainer-controller-manager")
+                  "jobset-controller-manager", "trainer-controller-manager",
+                  "trainer-controller-manager-v2.0.0")
 #: Lines of the script's stderr quoted in an :class:`AssetsError`.
 STDERR_TAIL_LINES = 20
 
@@ -43,8 +45,8 @@ class Assets:
     ``stack`` maps each of :data:`STACK_BINARIES` to its path; it is empty for a
     directory with only the control plane (``KUBEBUILDER_ASSETS`` style).
     ``manifests`` is the directory of the shipped manifests (``kwok/stage``,
-    ``jobset/crd``, ``jobset/webhook.yaml``, ``trainer/crds``,
-    ``trainer/webhook.yaml``, ``trainer/runtimes``), or ``None``.
+    ``jobset/crd``, ``jobset/webhook/``, ``trainer/crds``, ``trainer/webhook/``,
+    ``trainer/runtimes/``, and the same three under ``trainer-v2.0.0/``), or ``None``.
     """
 
     directory: Path

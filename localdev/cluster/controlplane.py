@@ -37,7 +37,10 @@ from localdev.cluster.pki import PkiFiles, write_pki
 
 #: Give up waiting for ``/readyz`` after this many seconds.
 READY_TIMEOUT_SECONDS = 90.0
-#: Audience of ServiceAccount tokens and the issuer they carry.
+#: Audience of ServiceAccount tokens (``--api-audiences``), also accepted as an issuer.
+#: The issuer tokens carry is the API server's own URL (:attr:`ControlPlane.server_url`):
+#: OIDC discovery of it (``/.well-known/openid-configuration``) then reaches this API
+#: server over loopback, as Trainer v2.3.0's status server does (``pkg/statusserver``).
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 #: Lines of a process log quoted in a start-up error.
@@ -203,7 +206,10 @@ class ControlPlane:
             f"--tls-cert-file={pki.serving_cert}",
             f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}",
+            # The first issuer signs; the second is still accepted.
+            f"--service-account-issuer={self.server_url}",
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+            f"--service-account-jwks-uri={self.server_url}/openid/v1/jwks",
             f"--service-account-key-file={pki.sa_public_key}",
             f"--service-account-signing-key-file={pki.sa_private_key}",
             f"--api-audiences={SERVICE_ACCOUNT_ISSUER}",

@@ -10,7 +10,6 @@ Manifests live in ``localdev/cluster/manifests/``:
 
 from __future__ import annotations
 
-import copy
 import time
 from importlib import resources
 from pathlib import Path
@@ -175,35 +174,9 @@ def wait_trainer_status_schema(api_client: client.ApiClient, *, present: bool,
 FLAVOUR_CURRENT = "v2.2-and-later"
 FLAVOUR_LEGACY = "before-v2.2"
 FLAVOURS = (FLAVOUR_CURRENT, FLAVOUR_LEGACY)
-#: Label put on a TrainJob CRD this module transformed, naming the flavour.
-FLAVOUR_LABEL = "trainjob-progress.dev/flavour"
-
-#: ``status.trainerStatus`` as Kubeflow Trainer v2.2.0 and later declare it
-#: (source: kubeflow/trainer ``pkg/apis/trainer/v1alpha1/trainjob_types.go`` and
-#: the CRD generated from it): progressPercentage int32 0..100,
-#: estimatedRemainingSeconds int32 >= 0, metrics an atomic list of at most 256
-#: {name, value} strings of 1..64 characters, lastUpdatedTime, and a CEL rule
-#: that lastUpdatedTime is set.
-TRAINER_STATUS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "trainerStatus provides a summary of the status of the training part of "
-                   "the TrainJob.",
-    "x-kubernetes-validations": [{"rule": "has(self.lastUpdatedTime)",
-                                  "message": "lastUpdatedTime is required"}],
-    "properties": {
-        "progressPercentage": {"type": "integer", "format": "int32",
-                               "minimum": 0, "maximum": 100},
-        "estimatedRemainingSeconds": {"type": "integer", "format": "int32", "minimum": 0},
-        "metrics": {
-            "type": "array", "maxItems": 256, "x-kubernetes-list-type": "atomic",
-            "items": {"type": "object", "required": ["name", "value"], "properties": {
-                "name": {"type": "string", "minLength": 1, "maxLength": 64},
-                "value": {"type": "string", "minLength": 1, "maxLength": 64},
-            }},
-        },
-        "lastUpdatedTime": {"type": "string", "format": "date-time"},
-    },
-}
+#: The bundle's manifest directory of each flavour's Trainer (``scripts/stack-assets``):
+#: v2.3.0 (declares ``status.trainerStatus``) and v2.0.0 (does not).
+TRAINER_MANIFESTS = {FLAVOUR_CURRENT: "trainer", FLAVOUR_LEGACY: "trainer-v2.0.0"}
 
 
 def load_yaml_file(path: Path) -> dict[str, Any]:
@@ -218,62 +191,48 @@ def load_yaml_file(path: Path) -> dict[str, Any]:
     return docs[0]
 
 
-def shipped_crds(manifests: Path) -> list[dict[str, Any]]:
-    """The JobSet CRD and the three Trainer CRDs exactly as their modules ship them.
+def trainer_manifests(manifests: Path, flavour: str) -> Path:
+    """The shipped manifests (``crds``, ``webhook``, ``runtimes``) of ``flavour``'s Trainer.
 
-    ``manifests`` is the bundle's ``manifests/`` directory (``scripts/stack-assets``).
-    """
-    files = sorted((manifests / "jobset" / "crd").glob("*.yaml"))
-    files += sorted((manifests / "trainer" / "crds").glob("*.yaml"))
-    return [load_yaml_file(f) for f in files]
-
-
-def with_trainer_status(crd: dict[str, Any]) -> dict[str, Any]:
-    """The shipped TrainJob CRD turned into its Trainer v2.2+ form; ``crd`` is not changed.
-
-    The one difference upstream made is ``status.trainerStatus``
-    (:data:`TRAINER_STATUS_SCHEMA`); the printer columns stay those shipped
-    (State and Age: upstream has no progress column).
-
-    Raises:
-        ValueError: ``crd`` is not the TrainJob CRD, or has no status schema.
-    """
-    if crd.get("metadata", {}).get("name") != f"{TRAINJOB_PLURAL}.{API_GROUP}":
-        raise ValueError(f"not the TrainJob CRD: {crd.get('metadata', {}).get('name')!r}")
-    result = copy.deepcopy(crd)
-    for version in result["spec"]["versions"]:
-        status = version["schema"]["openAPIV3Schema"]["properties"].get("status")
-        if status is None:
-            raise ValueError(f"TrainJob CRD version {version['name']} has no status schema")
-        status.setdefault("properties", {})["trainerStatus"] = copy.deepcopy(
-            TRAINER_STATUS_SCHEMA)
-    return _label(result, FLAVOUR_CURRENT)
-
-
-def _label(crd: dict[str, Any], flavour: str) -> dict[str, Any]:
-    labels = crd["metadata"].setdefault("labels", {})
-    labels[FLAVOUR_LABEL] = flavour
-    return crd
-
-
-def trainjob_crd(manifests: Path, flavour: str) -> dict[str, Any]:
-    """The TrainJob CRD of ``flavour`` (:data:`FLAVOURS`) built from the shipped file.
+    ``manifests`` is the bundle's ``manifests/`` directory.
 
     Raises:
         ValueError: unknown ``flavour``.
     """
     if flavour not in FLAVOURS:
         raise ValueError(f"flavour={flavour!r}: must be one of {FLAVOURS}")
-    shipped = load_yaml_file(manifests / "trainer" / "crds" /
-                             f"{API_GROUP}_{TRAINJOB_PLURAL}.yaml")
-    if flavour == FLAVOUR_CURRENT:
-        return with_trainer_status(shipped)
-    return _label(shipped, FLAVOUR_LEGACY)
+    return manifests / TRAINER_MANIFESTS[flavour]
+
+
+def shipped_crds(manifests: Path, flavour: str = FLAVOUR_CURRENT) -> list[dict[str, Any]]:
+    """The JobSet CRD and the three Trainer CRDs of ``flavour``, exactly as shipped.
+
+    ``manifests`` is the bundle's ``manifests/`` directory (``scripts/stack-assets``).
+
+    Raises:
+        ValueError: unknown ``flavour``.
+    """
+    files = sorted((manifests / "jobset" / "crd").glob("*.yaml"))
+    files += sorted((trainer_manifests(manifests, flavour) / "crds").glob("*.yaml"))
+    return [load_yaml_file(f) for f in files]
+
+
+def trainjob_crd(manifests: Path, flavour: str) -> dict[str, Any]:
+    """The TrainJob CRD of ``flavour`` (:data:`FLAVOURS`) exactly as its Trainer ships it.
+
+    "v2.2-and-later" is Trainer v2.3.0's (with ``status.trainerStatus``),
+    "before-v2.2" Trainer v2.0.0's (without: a ``trainerStatus`` written is pruned).
+
+    Raises:
+        ValueError: unknown ``flavour``.
+    """
+    return load_yaml_file(trainer_manifests(manifests, flavour) / "crds" /
+                          f"{API_GROUP}_{TRAINJOB_PLURAL}.yaml")
 
 
 def install_shipped_crds(api_client: client.ApiClient, manifests: Path, flavour: str,
                          timeout: float = CRD_TIMEOUT_SECONDS) -> None:
-    """Install the shipped JobSet and Trainer CRDs, the TrainJob one in ``flavour``.
+    """Install the shipped JobSet and Trainer CRDs of ``flavour``'s Trainer.
 
     Returns once every CRD is Established (not waiting for the schema to reach
     every handler; :func:`wait_trainer_status_schema` does that).
@@ -282,8 +241,5 @@ def install_shipped_crds(api_client: client.ApiClient, manifests: Path, flavour:
         CrdError: a CRD was not Established within ``timeout`` seconds.
         ValueError: unknown ``flavour``.
     """
-    trainjob = trainjob_crd(manifests, flavour)
-    name = trainjob["metadata"]["name"]
-    crds = [c for c in shipped_crds(manifests) if c["metadata"]["name"] != name]
-    for crd in [*crds, trainjob]:
+    for crd in shipped_crds(manifests, flavour):
         install_crd(api_client, crd, timeout)

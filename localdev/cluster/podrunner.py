@@ -23,10 +23,20 @@ does what the kubelet and the container runtime would:
   set once the sidecars have stopped (kubelet ``getPhase``).  Readiness and
   liveness probes are not run: a running container is ready;
 * ``emptyDir`` volumes are per-pod host directories (``<workdir>/<ns>_<pod>/
-  volumes/<name>``); as there is no mount namespace, a container's ``mountPath``
-  of one is rewritten to that directory where it begins a path in the container's
-  ``command``, ``args``, ``workingDir``, ``env`` values and exec probes (other
-  volume types are not mounted);
+  volumes/<name>``); a container's ``mountPath`` of one is rewritten to that
+  directory where it begins a path in the container's ``command``, ``args``,
+  ``workingDir``, ``env`` values and exec probes;
+* ``projected`` (serviceAccountToken by TokenRequest with the source's audience,
+  expiry and pod binding; configMap, secret, downwardAPI), ``configMap``,
+  ``secret`` and ``downwardAPI`` volumes are written as the kubelet writes them
+  (:mod:`localdev.cluster.volumes`) and bind-mounted at the container's
+  ``mountPath`` in a private mount namespace of the container's process
+  (:mod:`localdev.cluster.mounts`), with the pod's own ``/etc/hosts`` there
+  too: the host's, the pod name on its IP, ``hostAliases`` and the runner's
+  ``--host-alias`` entries (Service names such as the Trainer's
+  ``<svc>.<ns>.svc`` on the loopback address its process listens on).  Nothing
+  the controllers injected (env, mounts) is rewritten.  A pod waits, as with a
+  kubelet, while a ConfigMap or Secret its volumes need does not exist;
 * it stands in for the two things a pod has that a local process has not:
   its own network namespace (``TRAINJOB_EXPORTER_HOST`` is set to the pod IP,
   so the exporter listens there) and the termination message file (the
@@ -54,6 +64,7 @@ import contextlib
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -70,6 +81,8 @@ from typing import Any
 from kubernetes import client, config, watch
 
 from localdev.cluster import processes
+from localdev.cluster.mounts import private_mount_prefix, with_bind_mounts
+from localdev.cluster.volumes import VolumeNotReady, VolumeWriter, bind_mounts, hosts_file
 
 #: The kubelet reads at most this many bytes of a termination message file.
 MESSAGE_LIMIT_BYTES = 4096
@@ -86,6 +99,10 @@ HOST_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "V
 ENV_EXPORTER_HOST = "TRAINJOB_EXPORTER_HOST"
 ENV_TERMINATION_PATH = "TRAINJOB_EXPORTER_TERMINATION_MESSAGE_PATH"
 TICK_SECONDS = 0.1
+#: Wait before trying again to write the volumes of a pod whose sources are missing.
+VOLUME_RETRY_SECONDS = 1.0
+#: Where the pod's hosts file is mounted.
+HOSTS_PATH = "/etc/hosts"
 WATCH_TIMEOUT_SECONDS = 60
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
 
@@ -186,6 +203,9 @@ class PodRun:
     kill_at: float | None = None
     reported: bool = False
     deleted: bool = False
+    volumes: dict[str, Path] = field(default_factory=dict)
+    hosts: Path | None = None
+    volume_retry_at: float | None = None
 
     @property
     def key(self) -> str:
@@ -210,11 +230,18 @@ class PodRun:
 class PodRunner:
     """Runs the pods bound to ``node`` (see the module docstring)."""
 
-    def __init__(self, api: client.ApiClient, node: str, workdir: Path) -> None:
+    def __init__(self, api: client.ApiClient, node: str, workdir: Path,
+                 host_aliases: list[tuple[str, list[str]]] | None = None) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.node = node
         self.workdir = workdir
+        self.host_aliases = host_aliases or []
+        self.volume_writer = VolumeWriter(self.core, self._value_from)
+        self.mount_prefix = private_mount_prefix()
+        if self.mount_prefix is None:
+            print("no private mount namespace (unshare missing or refused): file volumes "
+                  "and the pod hosts file are not mounted", flush=True)
         self.pods: dict[str, PodRun] = {}
         self.events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
         self.stopping = threading.Event()
@@ -272,6 +299,10 @@ class PodRunner:
                     continue
                 self._on_event(kind, obj)
             for run in list(self.pods.values()):
+                if (not run.started and run.volume_retry_at is not None
+                        and time.monotonic() >= run.volume_retry_at
+                        and run.kill_at is None and run.uid in self.pods):
+                    self._start_pod(run)
                 self._tick(run)
 
     def stop_all(self) -> None:
@@ -328,10 +359,23 @@ class PodRunner:
     # ----------------------------------------------------------------- containers
 
     def _start_pod(self, run: PodRun) -> None:
-        run.started = True
         meta, spec = run.pod["metadata"], run.pod["spec"]
         base = self._pod_dir(run)
         base.mkdir(parents=True, exist_ok=True)
+        if self.mount_prefix is not None:
+            try:
+                run.volumes = self.volume_writer.write(run.pod, base / "files")
+            except (VolumeNotReady, client.ApiException) as exc:
+                # As the kubelet: the pod waits for what its volumes need.
+                if run.volume_retry_at is None:
+                    print(f"pod {run.key}: volumes not ready, waiting: {exc}", flush=True)
+                run.volume_retry_at = time.monotonic() + VOLUME_RETRY_SECONDS
+                return
+            run.hosts = base / "hosts"
+            with open("/etc/hosts") as host_file:
+                run.hosts.write_text(hosts_file(run.pod, self.host_aliases, host_file.read()))
+        run.started = True
+        run.volume_retry_at = None
         for volume in spec.get("volumes") or []:
             if "emptyDir" in volume:
                 (base / "volumes" / volume["name"]).mkdir(parents=True, exist_ok=True)
@@ -478,6 +522,16 @@ class PodRunner:
                        or container.message_file.parent)
         if not workdir.is_dir():
             workdir = container.message_file.parent
+        if self.mount_prefix is not None and (run.volumes or run.hosts):
+            # The program is looked up here, so a missing one is still a StartError.
+            if shutil.which(argv[0], path=env.get("PATH")) is None:
+                container.terminated = self._cannot_run(container, f"{argv[0]}: not found")
+                return
+            binds: list[tuple[Path | str, Path | str]] = list(
+                bind_mounts(spec, run.volumes))
+            if run.hosts is not None:
+                binds.append((run.hosts, HOSTS_PATH))
+            argv = with_bind_mounts(self.mount_prefix, binds, argv)
         try:
             container.proc = processes.spawn(argv, container.log, env=env, cwd=workdir)
         except OSError as exc:
@@ -733,10 +787,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node", required=True, help="the node whose pods this runs")
     parser.add_argument("--workdir", type=Path, required=True,
                         help="directory for container logs and termination message files")
+    parser.add_argument("--host-alias", action="append", default=[], metavar="IP=NAME[,NAME]",
+                        help="an entry of every pod's /etc/hosts (repeatable)")
     args = parser.parse_args(argv)
+    aliases = []
+    for entry in args.host_alias:
+        address, sep, names = entry.partition("=")
+        if not sep or not address or not names:
+            parser.error(f"--host-alias {entry!r}: expected IP=NAME[,NAME]")
+        aliases.append((address, names.split(",")))
     args.workdir.mkdir(parents=True, exist_ok=True)
     api = config.new_client_from_config(config_file=args.kubeconfig)
-    runner = PodRunner(api, args.node, args.workdir)
+    runner = PodRunner(api, args.node, args.workdir, aliases)
 
     def on_signal(signum: int, frame: object) -> None:
         runner.stopping.set()

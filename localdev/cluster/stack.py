@@ -9,8 +9,12 @@ kube-apiserver), :class:`Cluster` starts, all built from Go modules by
 * kwok, which plays the kubelet of fake nodes (node status and lease, pod IPs
   from the node's loopback ``podCIDR``, pod start and end) using the Stage
   objects kwok ships;
-* the JobSet controller and the Kubeflow Trainer controller, with the CRDs,
-  admission webhooks and ClusterTrainingRuntimes their modules ship;
+* the JobSet controller (v0.12.0) and the Kubeflow Trainer controller (v2.3.0;
+  v2.0.0 for the "before-v2.2" flavour), with the CRDs, admission webhooks and
+  ClusterTrainingRuntimes their modules ship, unchanged;
+* with ``push=True``, the Trainer's ``TrainJobStatus`` feature gate on: its status
+  server serves (TLS, projected ServiceAccount tokens checked by OIDC discovery of
+  the API server's issuer) and trainer pods push to it;
 * the pod runner (:mod:`localdev.cluster.podrunner`), the container runtime of
   the runner node: it runs a pod's container command as a local process.
 
@@ -30,14 +34,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import os
-import shutil
-import signal
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -51,12 +54,15 @@ from localdev.cluster.controlplane import ControlPlane, ControlPlaneError
 from localdev.cluster.crds import (
     FLAVOUR_CURRENT,
     FLAVOUR_LEGACY,
+    FLAVOURS,
     install_crd,
     install_shipped_crds,
     load_yaml_file,
+    trainer_manifests,
     trainjob_crd,
     wait_trainer_status_schema,
 )
+from localdev.cluster.mounts import private_mount_prefix, with_bind_mounts
 from localdev.cluster.pki import serving_pki
 
 #: Fake nodes.  Their pod CIDRs are loopback ranges: a process bound to a pod IP
@@ -73,15 +79,29 @@ KWOK_NODE_LABEL_VALUE = "kwok"
 #: Label and NoSchedule taint of the runner node: only pods that select and
 #: tolerate it land there, so nothing else is run as a local process.
 RUNNER_TAINT_KEY = "trainjob-progress.dev/pod-runner"
-#: Namespace and names the Trainer controller v2.0.0 hard-codes.
+#: Namespace and names the Trainer controller hard-codes (v2.0.0) or defaults to (v2.3.0,
+#: ``pkg/apis/config/v1alpha1/defaults.go``; the namespace is read from the
+#: ServiceAccount namespace file, ``pkg/util/cert/cert.go``).
 TRAINER_NAMESPACE = "kubeflow-system"
+TRAINER_SERVICE_ACCOUNT = "kubeflow-trainer-controller-manager"
 TRAINER_WEBHOOK_SECRET = "kubeflow-trainer-webhook-cert"
 TRAINER_WEBHOOK_SERVICE = "kubeflow-trainer-controller-manager"
 TRAINER_WEBHOOK_CONFIGURATION = "validator.trainer.kubeflow.org"
 TRAINER_CA_NAME = "kubeflow-trainer-ca"
-#: The serving-certificate directory compiled into Trainer v2.0.0
-#: (``pkg/util/cert/cert.go``; not the system temporary directory setting).
+#: The serving-certificate directory compiled into Trainer v2.0.0 and v2.3.0
+#: (``pkg/util/cert/cert.go``; not the system temporary directory setting).  v2.3.0's
+#: status server serves the same certificate (``cert.SetupTLSConfig``).
 TRAINER_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+#: Where a pod's process finds its ServiceAccount token and namespace; Trainer v2.3.0
+#: reads both at these compiled-in paths (``pkg/statusserver/auth.go``, ``pkg/util/cert``).
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+#: The Trainer v2.3.0 feature gate of the push status server (Alpha, off by default).
+TRAINER_STATUS_GATE = "TrainJobStatus"
+#: Lifetime of the controller's own ServiceAccount token; it is read once, when the
+#: status server starts (seconds).
+CONTROLLER_TOKEN_SECONDS = 24 * 3600
+#: The Trainer v2.0.0 binary in the bundle (``scripts/stack-assets``).
+LEGACY_TRAINER_BINARY = "trainer-controller-manager-v2.0.0"
 #: cert-controller replaces certificates valid for less than 90 days.
 TRAINER_CERT_DAYS = 730
 #: Give up waiting for a controller to be ready after this many seconds.
@@ -106,6 +126,36 @@ KWOK_POD_STAGES = ("pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml",
                    "pod/fast/pod-delete.yaml")
 #: Pod stages that end a pod: the runner node's pods are excluded from them.
 KWOK_ENDING_STAGES = ("pod-complete", "pod-delete")
+
+
+def trainer_configuration(*, webhook_port: int, probe_port: int, status_port: int,
+                          push: bool) -> dict[str, Any]:
+    """Trainer v2.3.0's ``--config`` file (``config.trainer.kubeflow.org/v1alpha1``).
+
+    The shipped ``manifests/base/manager/controller_manager_config.yaml`` with the
+    ports of this cluster (free loopback ports: several clusters share the
+    machine, so the status server's default 10443 is not used), no leader
+    election, no metrics server, and the ``TrainJobStatus`` gate set to ``push``.
+    Every other value stays the shipped default (certificate management on,
+    status server QPS 5, burst 10).
+    """
+    return {
+        "apiVersion": "config.trainer.kubeflow.org/v1alpha1", "kind": "Configuration",
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"},
+        "metrics": {"bindAddress": "0"},
+        "webhook": {"port": webhook_port, "host": "127.0.0.1"},
+        "leaderElection": {"leaderElect": False},
+        "certManagement": {"enable": True, "webhookServiceName": TRAINER_WEBHOOK_SERVICE,
+                           "webhookSecretName": TRAINER_WEBHOOK_SECRET},
+        "statusServer": {"port": status_port},
+        "featureGates": {TRAINER_STATUS_GATE: push},
+    }
+
+
+def trainer_service_host() -> str:
+    """The Service name the Trainer puts in ``KUBEFLOW_TRAINER_SERVER_URL``
+    (``<webhook service>.<operator namespace>.svc``)."""
+    return f"{TRAINER_WEBHOOK_SERVICE}.{TRAINER_NAMESPACE}.svc"
 
 
 def runner_pod_overrides(*jobs: str) -> list[dict[str, Any]]:
@@ -164,44 +214,41 @@ def webhook_configurations(rendered: str, port: int, ca_bundle: bytes,
     return result
 
 
-@functools.cache
-def private_mount_prefix() -> tuple[str, ...] | None:
-    """The ``unshare`` words that give a process a private mount namespace, or None.
-
-    As root ``unshare --mount``; otherwise through a user namespace where the
-    kernel allows it.  Used so each Trainer controller sees its own
-    :data:`TRAINER_CERT_DIR` (the path is compiled in).
-    """
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return None
-    for words in ((unshare, "--mount", "--propagation", "private"),
-                  (unshare, "--user", "--map-root-user", "--mount", "--propagation", "private")):
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            if subprocess.run([*words, "true"], capture_output=True, timeout=10).returncode == 0:
-                return words
-    return None
-
-
 class Cluster(ControlPlane):
     """A :class:`ControlPlane` plus the controllers, kwok and the pod runner.
 
-    ``flavour`` picks the TrainJob CRD: :data:`~localdev.cluster.crds.FLAVOUR_CURRENT`
-    ("v2.2-and-later": the shipped CRD with ``status.trainerStatus`` added) or
-    :data:`~localdev.cluster.crds.FLAVOUR_LEGACY` ("before-v2.2": as shipped);
-    :meth:`install_flavour` swaps it on a running cluster.
+    ``flavour`` picks the Trainer: :data:`~localdev.cluster.crds.FLAVOUR_CURRENT`
+    ("v2.2-and-later": Trainer v2.3.0, its CRDs, webhooks and runtimes as shipped,
+    ``status.trainerStatus`` included) or :data:`~localdev.cluster.crds.FLAVOUR_LEGACY`
+    ("before-v2.2": Trainer v2.0.0 and its manifests; its CRD has no
+    ``trainerStatus``).  :meth:`install_flavour` swaps only the TrainJob CRD on a
+    running cluster (the controller stays).
+
+    ``push`` turns the v2.3.0 Trainer's ``TrainJobStatus`` gate on: its status
+    server serves at :attr:`status_server_url` and the Trainer injects its URL, CA
+    and a projected token into trainer containers, which the pod runner mounts.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
 
     def __init__(self, assets_dir: str | Path | None = None,
                  workdir: str | Path | None = None, *, flavour: str = FLAVOUR_CURRENT,
-                 audit_log: str | None = None) -> None:
+                 push: bool = False, audit_log: str | None = None) -> None:
         super().__init__(assets_dir, workdir, controllers=True, audit_log=audit_log)
+        if flavour not in FLAVOURS:
+            raise ValueError(f"flavour={flavour!r}: must be one of {FLAVOURS}")
+        if push and flavour != FLAVOUR_CURRENT:
+            raise ValueError(f"push=True needs flavour={FLAVOUR_CURRENT!r} (Trainer v2.3.0); "
+                             f"Trainer v2.0.0 has no status server")
         self.flavour = flavour
+        self.push = push
+        self._trainer_flavour = flavour
+        self.status_server_port: int | None = None
+        """Port of the Trainer's status server (any interface; ``push`` only)."""
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._spawned: dict[str, tuple[list[str], dict[str, str] | None]] = {}
         self._jobset_probe = self._trainer_probe = ""
+        self._trainer_ca = b""
         self.stack_startup_seconds: float | None = None
         """Wall time from the API server ready to the whole stack ready (seconds)."""
 
@@ -247,22 +294,31 @@ class Cluster(ControlPlane):
         """
         return self._children[name].pid
 
-    def kill_process(self, name: str) -> None:
-        """SIGKILL the stack's process ``name`` (a fault: no graceful shutdown).
+    def stop_component(self, name: str) -> None:
+        """SIGTERM (then SIGKILL) one process of the stack, e.g. ``"trainer-controller-manager"``
+        (with ``push`` its status server stops with it): a fault test's outage.
 
         Raises:
-            KeyError: no such process is running.
+            KeyError: no running component of that name.
         """
-        proc = self._children.pop(name)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        processes.stop(proc, grace=5)
+        processes.stop(self._children.pop(name))
 
-    def start_process(self, name: str) -> None:
-        """Start ``name`` again after :meth:`kill_process`, with the same arguments and
-        environment (its log is appended to); returns at once, without waiting for it."""
-        args, env = self._spawned[name]
-        self._children[name] = processes.spawn(args, self.workdir / f"{name}.log", env=env)
+    def start_component(self, name: str) -> None:
+        """Start a component stopped by :meth:`stop_component` again, with the same
+        arguments (ports, certificates, ServiceAccount files); return once it is ready
+        (the Trainer: its readiness probe, and with ``push`` its status server).
+
+        Raises:
+            KeyError: ``name`` was never started.
+            ControlPlaneError: it exited or did not get ready in time.
+        """
+        if name not in self._children:
+            args, env = self._spawned[name]
+            self._children[name] = processes.spawn(args, self.workdir / f"{name}.log", env=env)
+        if name == "trainer-controller-manager":
+            self._wait("Trainer controller", lambda: _http_ok(self._trainer_probe))
+            if self.push:
+                self._wait("Trainer status server", self._status_server_serves)
 
     def _check_children(self) -> None:
         for name, proc in self._children.items():
@@ -323,13 +379,18 @@ class Cluster(ControlPlane):
             self._apply_webhooks(api, manifests / "jobset" / "webhook", jobset_port, jobset_ca,
                                  "jobset-")
             self._wait("Trainer controller", lambda: _http_ok(self._trainer_probe))
-            self._apply_runtimes(api, manifests / "trainer" / "runtimes")
+            if self.push:
+                self._wait("Trainer status server", self._status_server_serves)
+            self._apply_runtimes(api, trainer_manifests(manifests, self.flavour) / "runtimes")
             self._wait(f"nodes {KWOK_NODE}, {RUNNER_NODE}", lambda: _nodes_ready(core))
             self._wait("ServiceAccount default/default",
                        lambda: bool(core.read_namespaced_service_account("default", "default")))
         self._spawn("pod-runner", [
             sys.executable, "-m", "localdev.cluster.podrunner", f"--kubeconfig={kubeconfig}",
             f"--node={RUNNER_NODE}", f"--workdir={work / 'pods'}",
+            # The Trainer's Service name, as in the URL it injects: its processes listen
+            # on this machine's loopback (no Service, no cluster DNS here).
+            f"--host-alias=127.0.0.1={trainer_service_host()}",
         ], env={**os.environ, "PYTHONUNBUFFERED": "1"})
         ready_file = work / "pods" / ".ready"
         self._wait("pod runner", ready_file.exists)
@@ -380,8 +441,9 @@ class Cluster(ControlPlane):
         # Trainer: its cert rotator checks the Secret; the webhook server reads the
         # compiled-in certificate directory, private to this process where possible.
         trainer_pki = serving_pki(
-            TRAINER_CA_NAME, [f"{TRAINER_WEBHOOK_SERVICE}.{TRAINER_NAMESPACE}.svc"],
+            TRAINER_CA_NAME, [trainer_service_host()],
             ["127.0.0.1"], validity_days=TRAINER_CERT_DAYS, rsa_pkcs1=True)
+        self._trainer_ca = trainer_pki.ca_cert
         with contextlib.suppress(client.ApiException):
             core.create_namespace({"metadata": {"name": TRAINER_NAMESPACE}})
         core.create_namespaced_secret(TRAINER_NAMESPACE, {
@@ -392,21 +454,37 @@ class Cluster(ControlPlane):
         })
         trainer_port, trainer_probe = processes.free_port(), processes.free_port()
         self._trainer_probe = f"http://127.0.0.1:{trainer_probe}/readyz"
+        trainer_dir = trainer_manifests(manifests, self.flavour)
         # Registered before the controller starts: its rotator injects the CA into it.
-        self._apply_webhooks(api, manifests / "trainer" / "webhook", trainer_port,
-                             trainer_pki.ca_cert)
-        args = [str(stack["trainer-controller-manager"]), f"--kubeconfig={kubeconfig}",
-                f"--webhook-server-port={trainer_port}", "--metrics-bind-address=0",
-                f"--health-probe-bind-address=127.0.0.1:{trainer_probe}",
-                "--leader-elect=false", "--zap-log-level=info"]
+        self._apply_webhooks(api, trainer_dir / "webhook", trainer_port, trainer_pki.ca_cert)
+        binds: list[tuple[Path, Path]] = []
+        if self.flavour == FLAVOUR_LEGACY:
+            # v2.0.0 takes flags (no configuration file).
+            args = [str(stack[LEGACY_TRAINER_BINARY]), f"--kubeconfig={kubeconfig}",
+                    f"--webhook-server-port={trainer_port}", "--metrics-bind-address=0",
+                    f"--health-probe-bind-address=127.0.0.1:{trainer_probe}",
+                    "--leader-elect=false", "--zap-log-level=info"]
+        else:
+            self.status_server_port = processes.free_port()
+            config_file = work / "trainer-config.yaml"
+            config_file.write_text(yaml.safe_dump(trainer_configuration(
+                webhook_port=trainer_port, probe_port=trainer_probe,
+                status_port=self.status_server_port, push=self.push), sort_keys=False))
+            args = [str(stack["trainer-controller-manager"]), f"--kubeconfig={kubeconfig}",
+                    f"--config={config_file}", "--zap-log-level=info"]
+            # What the kubelet gives the controller's pod: its ServiceAccount's token and
+            # namespace.  The status server reads the token's issuer (OIDC discovery).
+            binds.append((self._service_account_files(), SERVICE_ACCOUNT_DIR))
         prefix = private_mount_prefix()
         if prefix is not None:
             private = Path(tempfile.mkdtemp(prefix="trainer-certs-", dir=work))
             certs = private / "k8s-webhook-server" / "serving-certs"
-            TRAINER_CERT_DIR.parent.mkdir(parents=True, exist_ok=True)
-            mount_point = TRAINER_CERT_DIR.parent
-            args = [*prefix, "sh", "-c", 'mount --bind "$0" "$1" && shift && exec "$@"',
-                    str(certs.parent), str(mount_point), *args]
+            binds.insert(0, (certs.parent, TRAINER_CERT_DIR.parent))
+            args = with_bind_mounts(prefix, binds, args)
+        elif self.push:
+            raise ControlPlaneError(
+                "push=True needs a private mount namespace for the Trainer controller (its "
+                f"ServiceAccount files at {SERVICE_ACCOUNT_DIR}): unshare is missing or refused")
         else:
             # No mount namespace here: share the compiled-in directory.  Concurrent
             # clusters then serve whichever certificate was written last (and fail).
@@ -419,6 +497,50 @@ class Cluster(ControlPlane):
             tmp.replace(certs / name)
         self._spawn("trainer-controller-manager", args)
         return jobset_port, jobset_pki.ca_cert
+
+    def _service_account_files(self) -> Path:
+        """A directory with the Trainer ServiceAccount's ``token``, ``namespace`` and
+        ``ca.crt``, as the kubelet projects them into the controller's pod."""
+        token = self.service_account_token(TRAINER_NAMESPACE, TRAINER_SERVICE_ACCOUNT,
+                                           expiration_seconds=CONTROLLER_TOKEN_SECONDS)
+        directory = self.workdir / "trainer-serviceaccount"
+        directory.mkdir(mode=0o700, exist_ok=True)
+        for name, data in (("token", token.encode()), ("namespace", TRAINER_NAMESPACE.encode()),
+                           ("ca.crt", self.ca_cert_path.read_bytes())):
+            (directory / name).write_bytes(data)
+        return directory
+
+    def _status_server_serves(self) -> bool:
+        """The status server answers TLS with the Trainer's certificate (any HTTP status:
+        a GET of ``/`` is a 404 from its default handler)."""
+        url = self.status_server_url
+        assert url is not None
+        context = ssl.create_default_context(cadata=self._trainer_ca.decode())
+        request = urllib.request.Request(url + "/", method="GET")
+        try:
+            with urllib.request.urlopen(request, timeout=2, context=context):
+                return True
+        except urllib.error.HTTPError:
+            return True
+        except (OSError, ssl.SSLError):
+            return False
+
+    @property
+    def status_server_url(self) -> str | None:
+        """``https://127.0.0.1:<port>`` of the Trainer's status server, or None without push.
+
+        Pods reach it at the URL the Trainer injects (``KUBEFLOW_TRAINER_SERVER_URL``,
+        host :func:`trainer_service_host`, which the pod runner resolves to 127.0.0.1);
+        its CA is :attr:`trainer_ca_cert` (the ``<trainjob>-tls-config`` ConfigMap).
+        """
+        if not self.push or self.status_server_port is None:
+            return None
+        return f"https://127.0.0.1:{self.status_server_port}"
+
+    @property
+    def trainer_ca_cert(self) -> bytes:
+        """PEM of the CA of the Trainer's webhook and status server certificate."""
+        return self._trainer_ca
 
     def _apply_webhooks(self, api: client.ApiClient, kustomization: Path, port: int,
                         ca_bundle: bytes, name_prefix: str = "") -> None:

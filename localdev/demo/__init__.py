@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--duration", type=_positive_int, default=None,
                         help="cluster mode: stop this many seconds after the start, the "
                         "scraper's start-up included (default: Ctrl-C)")
+    parser.add_argument("--push", action="store_true",
+                        help="local mode: turn on Kubeflow Trainer's TrainJobStatus feature "
+                        "gate, so its status server runs next to the scraper (both write "
+                        "trainerStatus; docs/scraper.md, coexistence)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (logs, kubeconfig) after the demo")
     parser.set_defaults(handler=_handler)

@@ -114,7 +114,7 @@ def _local_mode(console: Console, args: argparse.Namespace) -> int:
         console.print("1/5 local cluster: etcd, kube-apiserver, kube-controller-manager, "
                       "kube-scheduler, kwok, JobSet and Kubeflow Trainer controllers, pod runner "
                       "(the first build takes 25-35 minutes on two cores and prints progress)")
-        cluster = Cluster(workdir=workdir / "cluster")
+        cluster = Cluster(workdir=workdir / "cluster", push=getattr(args, "push", False))
         stack.callback(cluster.stop)
         cluster.start()
         versions = ", ".join(f"{k} {v}" for k, v in cluster.stack_versions.items())

@@ -166,3 +166,32 @@ def test_a_pod_without_its_ip_yet_is_left_alone(tmp_path: Path) -> None:
     for _ in range(3):
         runner._tick(runner.pods["u"])
     assert core.patches == []  # kwok's pod-ready gives it an IP first; nothing ran
+
+
+def test_file_volumes_and_hosts_are_mounted_for_the_process_only(tmp_path: Path) -> None:
+    """A downwardAPI volume at its mountPath and a ``--host-alias`` name, seen by the
+    container's process in its own mount namespace; the host sees neither."""
+    mount_path = tmp_path / "mnt" / "podinfo"
+    spec = {
+        "restartPolicy": "Never",
+        "volumes": [{"name": "podinfo", "downwardAPI": {"items": [
+            {"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}}],
+        "containers": [{"name": "node", "volumeMounts": [
+            {"name": "podinfo", "mountPath": str(mount_path)}], "command": [
+            sys.executable, "-c",
+            f"import socket; name = open({str(mount_path / 'name')!r}).read(); "
+            "addr = socket.gethostbyname('svc.ns.svc'); "
+            "mine = socket.gethostbyname('p'); print('saw', name, addr, mine)"]}],
+    }
+    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}, "spec": spec,
+           "status": {"phase": "Running", "podIP": POD_IP}}
+    runner = podrunner.PodRunner(Identity(), "runner-node-0", tmp_path,
+                                 [("127.0.0.7", ["svc.ns.svc"])])
+    assert runner.mount_prefix is not None, "no private mount namespace on this machine"
+    core = FakeCore(pod)
+    runner.core = core
+    runner._on_event("MODIFIED", pod)
+    assert _run_until_phase(runner, core) == "Succeeded", (tmp_path / "ns_p_node.log").read_text()
+    assert f"saw p 127.0.0.7 {POD_IP}" in (tmp_path / "ns_p_node.log").read_text()
+    assert list(mount_path.iterdir()) == []  # only an empty mount point on the host
+    assert "svc.ns.svc" not in Path("/etc/hosts").read_text()

@@ -13,12 +13,17 @@ from pathlib import Path
 
 from kubernetes import client
 
+from exporter_lib.status import (
+    METRIC_NAME_MAX_LENGTH,
+    METRIC_VALUE_MAX_LENGTH,
+    METRICS_MAX_ITEMS,
+)
 from localdev.cluster import trainjobs
 from localdev.cluster.assets import ensure_assets
 from localdev.cluster.crds import (
     FLAVOUR_CURRENT,
     FLAVOUR_LEGACY,
-    TRAINER_STATUS_SCHEMA,
+    trainer_manifests,
     trainjob_crd,
 )
 from localdev.cluster.stack import RUNNER_NODE, Cluster, kwok_stages
@@ -31,21 +36,39 @@ def _manifests() -> Path:
     return manifests
 
 
-def test_v2_2_flavour_differs_from_the_shipped_crd_only_by_trainer_status() -> None:
-    legacy = trainjob_crd(_manifests(), FLAVOUR_LEGACY)
-    current = trainjob_crd(_manifests(), FLAVOUR_CURRENT)
+def test_flavours_are_the_shipped_trainjob_crds_of_v2_3_0_and_v2_0_0() -> None:
+    manifests = _manifests()
+    legacy = trainjob_crd(manifests, FLAVOUR_LEGACY)
+    current = trainjob_crd(manifests, FLAVOUR_CURRENT)
     for crd in (legacy, current):
         version = crd["spec"]["versions"][0]
         # The shipped printer columns: State and Age, no progress column upstream.
         assert [c["name"] for c in version["additionalPrinterColumns"]] == ["State", "Age"]
+        # Exactly as shipped: nothing of ours (no label, no added field).
+        assert "labels" not in crd["metadata"] or not any(
+            k.startswith("trainjob-progress.dev/") for k in crd["metadata"]["labels"])
     old_status = legacy["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     new_status = current["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert "trainerStatus" not in old_status["properties"]
-    assert new_status["properties"].pop("trainerStatus") == TRAINER_STATUS_SCHEMA
-    assert new_status == old_status
-    del legacy["metadata"]["labels"], current["metadata"]["labels"]
-    legacy["spec"]["versions"][0]["schema"] = current["spec"]["versions"][0]["schema"] = None
-    assert legacy == current
+    # v2.3.0 declares trainerStatus with the limits exporter_lib.status enforces.
+    schema = new_status["properties"]["trainerStatus"]
+    props = schema["properties"]
+    assert (props["progressPercentage"]["minimum"], props["progressPercentage"]["maximum"]) \
+        == (0, 100)
+    assert props["estimatedRemainingSeconds"]["minimum"] == 0
+    metrics = props["metrics"]
+    assert (metrics["maxItems"], metrics["x-kubernetes-list-type"]) == (METRICS_MAX_ITEMS,
+                                                                        "atomic")
+    for key, limit in (("name", METRIC_NAME_MAX_LENGTH), ("value", METRIC_VALUE_MAX_LENGTH)):
+        item = metrics["items"]["properties"][key]
+        assert (item["minLength"], item["maxLength"]) == (1, limit)
+    assert [r["rule"] for r in schema["x-kubernetes-validations"]] == [
+        "has(self.lastUpdatedTime)"]
+    # Both versions of the module ship their own webhook and runtimes.
+    for flavour in (FLAVOUR_CURRENT, FLAVOUR_LEGACY):
+        directory = trainer_manifests(manifests, flavour)
+        assert (directory / "webhook" / "kustomization.yaml").is_file()
+        assert (directory / "runtimes" / "torch_distributed.yaml").is_file()
 
 
 def test_kwok_ending_stages_skip_the_runner_node_and_nothing_else_changes() -> None:
@@ -88,6 +111,11 @@ def test_stop_leaves_no_controller_and_no_container_process(tmp_path: Path) -> N
 _OWNER = """
 import sys, time
 from kubernetes import client
+from exporter_lib.status import (
+    METRIC_NAME_MAX_LENGTH,
+    METRIC_VALUE_MAX_LENGTH,
+    METRICS_MAX_ITEMS,
+)
 from localdev.cluster import trainjobs
 from localdev.cluster.stack import Cluster
 cluster = Cluster()

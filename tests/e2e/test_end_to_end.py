@@ -121,13 +121,11 @@ def test_training_progress_reaches_the_trainjob(
 
         sdk = TrainerClient(backend_config=KubernetesBackendConfig(
             namespace=namespace, config_file=str(kube_stack.kubeconfig_path)))
-        # Trainer v2.0.0's own status write on completion may have removed trainerStatus
-        # since (tests/e2e/test_stack_scraper_gaps.py), so the SDK parses the version
-        # the watch saw with the final status, as read from the API.
+        # Read back live through the SDK's own client: Trainer v2.3.0's Complete write
+        # (a merge patch of its own fields) leaves the final trainerStatus in place.
         sdk_api = sdk.backend.custom_api  # type: ignore[attr-defined]
-        assert sdk_api.get_namespaced_custom_object(
-            API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, TRAINJOB)["metadata"]["name"]
-        raw = next(o.raw for o in recorder.seen if o.status == final)
+        raw = sdk_api.get_namespaced_custom_object(
+            API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, TRAINJOB)
         sdk_status = models.TrainerV1alpha1TrainJob.from_dict(raw).status.trainer_status
         assert sdk_status.progress_percentage == 100
         assert {m.name: m.value for m in sdk_status.metrics or []} == final.metrics_dict()

@@ -62,10 +62,11 @@ class TargetSampler:
 def test_final_status_survives_the_trainer_completing_the_trainjob(
         kube_stack: Cluster, stack_api: client.ApiClient, stack_namespace: str,
         tmp_path: Path) -> None:
-    """Fails today: Trainer v2.0.0 writes TrainJob status with ``Status().Update()`` of
-    its own Go types (no trainerStatus field), so its write of the Complete condition
-    removes the trainerStatus the scraper applied moments before; the scraper's
-    target is gone by then and nothing restores the final status."""
+    """The final status is still held 10 s after the TrainJob completed.  Trainer v2.0.0
+    wrote status with ``Status().Update()`` of its own Go types (no trainerStatus
+    field), so its Complete write removed the trainerStatus the scraper applied
+    moments before; v2.2.0 and later (the stack's v2.3.0) merge-patch only their own
+    fields, so this holds unless something else removes the status."""
     ns = stack_namespace
     with scraper(kube_stack, ns, tmp_path), recording(stack_api, ns, "done") as rec:
         trainjobs.create(stack_api, trainjobs.trainjob_body(

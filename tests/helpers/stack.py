@@ -12,15 +12,39 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client, watch
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
+from localdev.cluster.assets import AssetsError
+from localdev.cluster.controlplane import ControlPlaneError
+from localdev.cluster.crds import CrdError
 from localdev.cluster.processes import free_port
 from localdev.cluster.stack import Cluster
 from localdev.demo.processes import Child, start_scraper, wait_http_ok
+
+
+def started_cluster(pytestconfig: pytest.Config, cluster: Cluster) -> Iterator[Cluster]:
+    """Start ``cluster`` (its first build's progress shown live), yield it, stop it.
+
+    A start failure fails the test with the reason (never a skip).
+    """
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    live = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+    try:
+        with live:
+            cluster.start()
+    except (AssetsError, ControlPlaneError, CrdError, OSError, client.ApiException) as exc:
+        cluster.stop()
+        pytest.fail(f"local cluster could not start: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def python_command(module: str, *args: str) -> list[str]:
@@ -37,6 +61,8 @@ class Observation:
     status: TrainerStatus | None
     raw: dict[str, Any]
     event: str
+    seen_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    """When the watch delivered this version (this machine's clock)."""
 
 
 @dataclass
