@@ -11,20 +11,16 @@ import pytest
 from kubernetes import client
 
 from benchmarks import vs_push
-from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+from exporter_lib.status import API_GROUP, API_VERSION
 from localdev.cluster import ControlPlane, install_trainjob_crds, objects
 
 pytestmark = pytest.mark.benchmarks
 
 
 def _apply(api: client.ApiClient, ns: str, name: str, manager: str, progress: int) -> None:
-    body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "TrainJob",
-            "metadata": {"name": name},
-            "status": {"trainerStatus": {"progressPercentage": progress,
-                                         "lastUpdatedTime": "2026-01-01T00:00:00Z"}}}
-    client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-        API_GROUP, API_VERSION, ns, TRAINJOB_PLURAL, name, body, field_manager=manager,
-        force=True, _content_type="application/apply-patch+yaml")
+    objects.apply_trainjob_status(api, ns, name, {"trainerStatus": {
+        "progressPercentage": progress, "lastUpdatedTime": "2026-01-01T00:00:00Z"}},
+        field_manager=manager)
 
 
 @pytest.mark.timeout(180)
@@ -55,7 +51,8 @@ def test_audit_log_counts_status_writes_by_field_manager_with_bytes() -> None:
     assert writes == 1
     # The compact JSON of the apply body: about the size of what was sent.
     sent = len(json.dumps({"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "TrainJob",
-                           "metadata": {"name": "j"}, "status": {"trainerStatus": {
+                           "metadata": {"name": "j", "namespace": "a"},
+                           "status": {"trainerStatus": {
                                "progressPercentage": 7,
                                "lastUpdatedTime": "2026-01-01T00:00:00Z"}}},
                           separators=(",", ":")))
