@@ -249,7 +249,7 @@ class _Worker:
 
 def _reports(out_dir: Path) -> dict[str, dict[str, Any]]:
     found = {}
-    for path in out_dir.glob("*.json"):
+    for path in out_dir.glob("job-*.json"):
         with contextlib.suppress(OSError, ValueError):
             found[path.stem] = json.loads(path.read_text())
     return found
@@ -286,29 +286,35 @@ def run_one(cluster: Cluster, spec: RunSpec, setup_timeout: float) -> dict[str, 
     trainer_pid = cluster.process_pid(TRAINER)
     try:
         t0 = time.time()
-        # Every training ends at `end`: pods still starting then start late, not long.
-        end = t0 + setup_timeout + spec.window + spec.fault / 2
+        end_file = out_dir / "end-at"
         for i in range(spec.jobs):
             name = f"job-{i}"
             body = trainjob_body(ns, name, command=[sys.executable, str(TRAINING)], env={
                 "VS_PUSH_MODE": spec.design, "VS_PUSH_EVERY": f"{spec.every:g}",
-                "VS_PUSH_END_AT": f"{end:.3f}", "VS_PUSH_OUT": str(out_dir),
-                "VS_PUSH_NAME": name}, num_nodes=1)
+                "VS_PUSH_END_FILE": str(end_file),
+                "VS_PUSH_MAX_SECONDS": f"{setup_timeout + spec.window + spec.fault + 60:.0f}",
+                "VS_PUSH_OUT": str(out_dir), "VS_PUSH_NAME": name}, num_nodes=1)
             client.CustomObjectsApi(api).create_namespaced_custom_object(
                 API_GROUP, API_VERSION, ns, TRAINJOB_PLURAL, body)
         res["create_seconds"] = time.time() - t0
         deadline = t0 + setup_timeout
-        running = 0
+        up = 0
         while time.time() < deadline:
-            running = _running_pods(core, ns)
-            if running >= spec.jobs:
+            up = len(list(out_dir.glob("job-*.up")))
+            if up >= spec.jobs:
                 break
             time.sleep(1.0)
-        res["running_at_window_start"] = running
+        res["reporting_at_window_start"] = up
+        res["running_pods_at_window_start"] = _running_pods(core, ns)
         res["setup_seconds"] = time.time() - t0
-        # The window: from one report after every pod runs (or the setup budget) to b.
-        a = min(time.time() + spec.every, end - spec.fault / 2 - 10)
+        # Every training ends at `end`; the window: one report after every training
+        # reported (or the setup budget ran out) to b, when the worker goes down.
+        a = time.time() + spec.every
+        end = a + spec.window + spec.fault / 2
         b = end - spec.fault / 2
+        tmp = end_file.with_suffix(".tmp")
+        tmp.write_text(f"{end:.3f}")
+        tmp.replace(end_file)
         _sleep_until(a)
         pid = worker.pid()
         c0 = (_cpu(trainer_pid), _cpu(pid))

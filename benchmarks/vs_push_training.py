@@ -11,16 +11,20 @@ call differs, each as a training makes it:
 
 Every ``VS_PUSH_EVERY`` seconds (wall clock, fixed schedule) it reports progress, an
 ETA and the metrics ``stamp`` (the report's wall time, seconds since the epoch, 3
-decimals: the freshness key) and ``loss``.  At ``VS_PUSH_END_AT`` (epoch seconds; the
-same for every TrainJob of a run, so a fault can span every end) it makes the final
-report (progress 100, ETA 0) and exits 0.  Before exiting it writes
-``$VS_PUSH_OUT/<namespace>_<trainjob>.json``: every report's stamp, the wall time of
+decimals: the freshness key) and ``loss``.  It ends at the epoch time in the file
+``VS_PUSH_END_FILE`` (written by the benchmark once every pod runs; the same for
+every TrainJob of a run, so a fault can span every end), at the latest
+``VS_PUSH_MAX_SECONDS`` after its start: it makes the final report (progress 100,
+ETA 0) and exits 0.  Before exiting it writes
+``$VS_PUSH_OUT/<trainjob>.json``: every report's stamp, the wall time of
 each call in nanoseconds (``time.perf_counter_ns`` around the call alone), what the
-call returned (push: ``True`` for a 200) and the final stamp.
+call returned (push: ``True`` for a 200) and the final stamp; after its first report
+it creates ``$VS_PUSH_OUT/<trainjob>.up``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -51,11 +55,12 @@ def _reporter(mode: str) -> Callable[[int, int, dict[str, str]], object]:
 def main() -> int:
     mode = os.environ["VS_PUSH_MODE"]
     every = float(os.environ["VS_PUSH_EVERY"])
-    end_at = float(os.environ["VS_PUSH_END_AT"])
+    end_file = Path(os.environ["VS_PUSH_END_FILE"])
     out = Path(os.environ["VS_PUSH_OUT"])
     job = os.environ.get("VS_PUSH_NAME", "job")
     report = _reporter(mode)
     started = time.time()
+    end_at = started + float(os.environ["VS_PUSH_MAX_SECONDS"])
     span = max(end_at - started, every)
     stamps: list[float] = []
     call_ns: list[int] = []
@@ -73,14 +78,19 @@ def main() -> int:
 
     # A bounded loop: at most span / every reports, then the final.
     for k in range(int(span / every) + 1):
+        with contextlib.suppress(OSError, ValueError):
+            end_at = min(end_at, float(end_file.read_text()))
+            span = max(end_at - started, every)
         now = time.time()
         if now >= end_at:
             break
         once(min(99, int(100 * (now - started) / span)), max(0, int(end_at - now)))
+        if k == 0:  # the benchmark's window starts once every training reported
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{job}.up").touch()
         nxt = started + (k + 1) * every
         time.sleep(max(0.0, min(nxt, end_at) - time.time()))
     final = once(100, 0)
-    out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{job}.json.tmp"
     tmp.write_text(json.dumps({"mode": mode, "every": every, "started": started,
                                "stamps": stamps, "call_ns": call_ns,
