@@ -83,6 +83,9 @@ FIELD_MANAGER = {"push": "trainer-status", "pull": "trainjob-scraper"}
 TRAINER = "trainer-controller-manager"
 #: The SDK's throttle (``_MIN_UPDATE_INTERVAL_SECONDS``), read from the installed SDK.
 SCRAPER_DEFAULT_INTERVAL = 30.0
+#: Resident memory of one training process with the SDK imported (measured: ~90 MB; with
+#: exporter_lib ~40 MB), plus its pod runner bookkeeping: N is capped to fit.
+TRAINING_BYTES = 120 << 20
 KEYS = ("api_writes_per_trainjob_hour", "freshness_p50_s", "freshness_p99_s",
         "cpu_seconds_per_trainjob_hour", "training_cost_us_per_report",
         "finals_delivered", "finals_expected")
@@ -93,6 +96,22 @@ def sdk_throttle_seconds() -> float:
     from kubeflow.trainer.backends.kubernetes import utils
 
     return float(utils._MIN_UPDATE_INTERVAL_SECONDS)
+
+
+def memory_available() -> int:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (0 when unknown)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as handle:
+        for line in handle:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def fit_jobs(jobs: int, available: int) -> int:
+    """``jobs`` capped so the trainings take at most half of ``available`` bytes (>= 1)."""
+    if available <= 0:
+        return jobs
+    return max(1, min(jobs, available // 2 // TRAINING_BYTES))
 
 
 def push_supported() -> bool:
@@ -440,6 +459,12 @@ def run(jobs: list[int], every: list[float], window: float, fault: float, settle
                            "sdk_throttle_seconds": sdk_throttle_seconds(),
                            "scrape_interval": scrape_interval or SCRAPER_DEFAULT_INTERVAL,
                            "window": window, "fault": fault, "errors": {}}
+    # The same N for both designs (like with like), capped once to fit this machine.
+    available = memory_available()
+    fitted = [fit_jobs(n, available) for n in jobs]
+    res["jobs_asked"], res["jobs"] = jobs, fitted
+    res["memory_available_bytes"] = available
+    jobs = list(dict.fromkeys(fitted))
     for design in DESIGNS:
         if design == "push" and not push_supported():
             res["errors"]["push"] = ("push mode not on this stack: Cluster has no push=True "
@@ -536,7 +561,9 @@ def table(res: dict[str, Any]) -> str:
         f"{res['machine']}; load average at start {res['loadavg_start']}, end "
         f"{res.get('loadavg_end')}; window {res['window']:g} s per run, fault "
         f"{res['fault']:g} s across the end; SDK throttle {res['sdk_throttle_seconds']:g} s; "
-        f"scraper interval {res['scrape_interval']:g} s (waiting scrapes on).", "",
+        f"scraper interval {res['scrape_interval']:g} s (waiting scrapes on); N asked "
+        f"{res['jobs_asked']}, run {res['jobs']} (capped to half the available memory at "
+        f"{TRAINING_BYTES >> 20} MiB per training).", "",
         "| run | design | writes / TrainJob-hour (audit) | bytes / write (audit) | "
         "freshness p50 / p99 | CPU-s / TrainJob-hour | training cost / report | finals | "
         "load |",
@@ -589,19 +616,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setup-timeout", type=float, default=None,
                         help="seconds for N pods to run (default 30 + 1.5 N)")
     parser.add_argument("--quick", action="store_true",
-                        help="N=3, every 1 s, 45 s window, 10 s fault, 5 s scrape interval")
+                        help="N=3, every 1 s, 45 s window, 10 s fault, 40 s settle, 5 s "
+                             "scrape interval, 90 s setup")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     jobs = [int(x) for x in args.jobs.split(",")]
     every = [float(x) for x in args.every.split(",")]
     window, fault, settle, interval = args.window, args.fault, args.settle, args.scrape_interval
+    setup = args.setup_timeout
     if args.quick:
         jobs, every, window, fault, settle, interval = [3], [1.0], 45.0, 10.0, 40.0, 5.0
+        setup = 90.0 if setup is None else setup
     if min(jobs) < 1 or min(every) <= 0 or window < 20 or fault < 0:
         parser.error(f"--jobs={args.jobs} (each >= 1), --every={args.every} (> 0), "
                      f"--window={window:g} (>= 20), --fault={fault:g} (>= 0)")
     started = time.monotonic()
-    res = run(jobs, every, window, fault, settle, interval, args.setup_timeout)
+    res = run(jobs, every, window, fault, settle, interval, setup)
     res["seconds"] = time.monotonic() - started
     res["loadavg_end"] = _loadavg()
     args.out.mkdir(parents=True, exist_ok=True)
