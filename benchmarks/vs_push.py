@@ -513,6 +513,12 @@ def summarise(res: dict[str, Any]) -> None:
     res["targets"] = targets(res)
 
 
+def _labels(res: dict[str, Any]) -> list[str]:
+    """The runs' labels measured by either design, in the order they ran."""
+    done = {*res["push"]["finals_expected"], *res["pull"]["finals_expected"]}
+    return [lb for lb in dict.fromkeys(r["label"] for r in res["runs"]) if lb in done]
+
+
 def _ratio(x: Any, y: Any) -> float | None:
     return None if x is None or not y else x / y
 
@@ -521,8 +527,7 @@ def targets(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The issue's three targets per label: value, limit and verdict (None: not measured)."""
     push, pull = res["push"], res["pull"]
     out: dict[str, dict[str, Any]] = {}
-    labels = sorted(set(push["finals_expected"]) | set(pull["finals_expected"]))
-    for label in labels:
+    for label in _labels(res):
         every = float(label.split("every=")[1].rstrip("s"))
         w = _ratio(pull["api_writes_per_trainjob_hour"].get(label),
                    push["api_writes_per_trainjob_hour"].get(label))
@@ -568,7 +573,7 @@ def table(res: dict[str, Any]) -> str:
         "freshness p50 / p99 | CPU-s / TrainJob-hour | training cost / report | finals | "
         "load |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for label in sorted({lb for d in (push, pull) for lb in d["finals_expected"]}):
+    for label in _labels(res):
         for design, d in (("push", push), ("pull", pull)):
             if label not in d["finals_expected"]:
                 continue
