@@ -192,14 +192,16 @@ async def status_writes(count: int) -> dict[str, float]:
             ``json.loads``)."""
 
             async def _ssa(self, namespace: str, name: str, st: TrainerStatus,
-                           place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
-                return await asyncio.to_thread(self._call_api, namespace, name, st)
+                           place: Place = Place.STATUS, uid: str = "",
+                           resource_version: str = "") -> dict[str, Any]:
+                return await asyncio.to_thread(self._call_api, namespace, name, st,
+                                               resource_version)
 
-            def _call_api(self, namespace: str, name: str,
-                          st: TrainerStatus) -> dict[str, Any]:
-                body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "TrainJob",
-                        "metadata": {"name": name, "namespace": namespace},
-                        "status": {"trainerStatus": st.to_api()}}
+            def _call_api(self, namespace: str, name: str, st: TrainerStatus,
+                          resource_version: str) -> dict[str, Any]:
+                # The same body as today's (resourceVersion precondition included).
+                _, _, body = apply_request(Place.STATUS, namespace, name, st, "",
+                                           resource_version)
                 resp = self._api.call_api(
                     path, "PATCH", {**params, "name": name}, [("fieldManager", FIELD_MANAGER),
                                                   ("force", "true")],
@@ -215,12 +217,15 @@ async def status_writes(count: int) -> dict[str, float]:
             straight to the official client's urllib3 pool, in a worker thread."""
 
             async def _ssa(self, namespace: str, name: str, st: TrainerStatus,
-                           place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
-                return await asyncio.to_thread(self._pool, namespace, name, st)
+                           place: Place = Place.STATUS, uid: str = "",
+                           resource_version: str = "") -> dict[str, Any]:
+                return await asyncio.to_thread(self._pool, namespace, name, st,
+                                               resource_version)
 
-            def _pool(self, namespace: str, name: str, st: TrainerStatus) -> dict[str, Any]:
+            def _pool(self, namespace: str, name: str, st: TrainerStatus,
+                      resource_version: str) -> dict[str, Any]:
                 request_path, request_params, body = apply_request(
-                    Place.STATUS, namespace, name, st, "")
+                    Place.STATUS, namespace, name, st, "", resource_version)
                 headers = {**self._api.default_headers, "Content-Type": APPLY_CONTENT_TYPE,
                            "Accept": "application/json"}
                 query = [("fieldManager", FIELD_MANAGER), ("force", "true")]

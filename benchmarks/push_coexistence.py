@@ -79,6 +79,8 @@ def report(run: Run, label: str, scraper_ref: str, load: str) -> str:
         "Transformers' own KubeflowCallback (pushes at most every 5 s).",
         f"Machine load (uptime at the end): {load}.",
         "",
+        f"Trainer container exit code {run.exit_code}, finished at {run.finished_at}.",
+        "",
         f"Changes of trainerStatus seen by the watch: {len(history)} over {span:.0f} s.",
         "",
         "| writer | changes | per minute |",
@@ -125,15 +127,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--down-at", type=int, default=None, metavar="PROGRESS",
                         help="stop the status server at this progress until the final arrived")
     parser.add_argument("--label", default="main", help="what scraper this measures")
+    parser.add_argument("--scraper-pythonpath", default=None,
+                        help="PYTHONPATH of the scraper process, to measure another version "
+                        "(e.g. a `git archive` of its scraper/ and exporter_lib/)")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="keep the cluster's logs here (default: a temporary directory)")
+    parser.add_argument("--assets-dir", type=Path, default=None,
+                        help="a bundle directory of scripts/stack-assets (default: build/reuse)")
     args = parser.parse_args(argv)
     started = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    scraper_env = None
+    if args.scraper_pythonpath:
+        inherited = os.environ.get("PYTHONPATH", "")
+        scraper_env = {"PYTHONPATH": f"{args.scraper_pythonpath}:{inherited}"}
     with tempfile.TemporaryDirectory(prefix="push-coexistence-") as tmp, \
-            Cluster(push=True) as cluster:
+            Cluster(args.assets_dir, args.workdir, push=True) as cluster:
         assert isinstance(cluster, Cluster)
+        scratch = args.workdir if args.workdir is not None else Path(tmp)
         with cluster.api_client() as api:
             client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
-            run = run_both_writers(cluster, api, NAMESPACE, Path(tmp), epochs=args.epochs,
-                                   samples=args.samples, down_at_progress=args.down_at)
+            run = run_both_writers(cluster, api, NAMESPACE, scratch, epochs=args.epochs,
+                                   samples=args.samples, down_at_progress=args.down_at,
+                                   scraper_env=scraper_env)
     load = os.getloadavg()
     text = report(run, args.label, f"branch {args.label}",
                   f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (2 cores)")

@@ -44,6 +44,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import secrets
 import socket
 import struct
 import threading
@@ -101,6 +102,12 @@ DRAIN_TIMEOUT_SECONDS = 2.0
 CONTRACT_VERSION = 2
 #: Sent on every answer, so a scraper knows it may ask to wait, and for how long at most.
 CONTRACT_HEADER = ("Trainjob-Exporter-Contract", f"{CONTRACT_VERSION};max-wait={MAX_WAIT_SECONDS}")
+
+#: On every ``/metrics`` answer: ``<n>; start=<id>``, ``n`` the status generation the body
+#: was rendered from (it only grows within one server), ``id`` a random name of this
+#: server's start.  The scraper orders one target's answers by it, whatever the clocks
+#: say (docs/scraper.md, "Other writers and time", rule 5).
+SEQUENCE_HEADER = "Trainjob-Exporter-Sequence"
 
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
@@ -270,6 +277,7 @@ class _Server:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self._date = (0, "")
+        self._start_id = secrets.token_hex(8)
 
     # -- connections -----------------------------------------------------------
 
@@ -414,14 +422,21 @@ class _Server:
     async def _metrics(self, conn: _Connection, request: Request, head: bool) -> None:
         accept = request.headers.get("accept")
         if_none_match = request.headers.get("if-none-match")
+        # The generation is read before the body is rendered: the sequence sent is never
+        # ahead of the body, so a lower sequence always means an older body.
+        generation = self._renderer.version()[0]
         rendered = self._renderer.render(accept)
         wait = requested_wait(request.headers.get("prefer"))
         applied: int | None = None
         if (wait and _unchanged(rendered, if_none_match) and self._held < MAX_HELD
                 and not self._stopping):
             applied = min(wait, MAX_WAIT_SECONDS)
-            rendered = await self._hold(conn, accept, if_none_match, applied)
-        extra = [("Preference-Applied", f"wait={applied}")] if applied is not None else []
+            await self._hold(conn, accept, if_none_match, applied)
+            generation = self._renderer.version()[0]
+            rendered = self._renderer.render(accept)
+        extra = [(SEQUENCE_HEADER, f"{generation}; start={self._start_id}")]
+        if applied is not None:
+            extra.append(("Preference-Applied", f"wait={applied}"))
         if rendered is None:
             await self._send(conn, HTTPStatus.NO_CONTENT, b"", None, head=True, extra=extra)
             return

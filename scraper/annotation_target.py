@@ -40,10 +40,10 @@ from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, encode_annotation
-from scraper.trainjobs import Held
+from scraper.trainjobs import Held, Writer
 
 __all__ = ["Place", "StatusTarget", "apply_request", "held_in", "place_for", "stored",
-           "uid_precondition_failed", "written"]
+           "uid_precondition_failed", "writer_in", "written"]
 
 _PATH = "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}"
 
@@ -80,19 +80,33 @@ def held_in(held: Held | None, place: Place) -> TrainerStatus | None:
 
 
 def written(held: Held, place: Place, status: TrainerStatus, uid: str,
-            resource_version: str) -> Held:
-    """``held`` after ``status`` was applied to ``place`` (the other place unchanged)."""
+            resource_version: str, by: Writer | None = None) -> Held:
+    """``held`` after ``status`` was applied to ``place`` by ``by`` (None: the writer
+    kept as it was; the other place unchanged)."""
     if place is Place.ANNOTATION:
-        return replace(held, uid=uid, annotated=status, resource_version=resource_version)
-    return replace(held, uid=uid, status=status, resource_version=resource_version)
+        return replace(held, uid=uid, annotated=status, resource_version=resource_version,
+                       annotated_by=by or held.annotated_by)
+    return replace(held, uid=uid, status=status, resource_version=resource_version,
+                   status_by=by or held.status_by)
+
+
+def writer_in(held: Held | None, place: Place) -> Writer | None:
+    """Who wrote what ``held`` holds in ``place`` (:class:`scraper.trainjobs.Writer`)."""
+    if held is None:
+        return None
+    return held.annotated_by if place is Place.ANNOTATION else held.status_by
 
 
 def apply_request(place: Place, namespace: str, name: str, status: TrainerStatus,
-                  uid: str = "") -> tuple[str, dict[str, str], dict[str, Any]]:
+                  uid: str = "", resource_version: str = "",
+                  ) -> tuple[str, dict[str, str], dict[str, Any]]:
     """``(path template, path parameters, apply body)`` of the write of ``status``.
 
     ``uid`` (the TrainJob's, as the informer holds it) goes into the annotation body's
     ``metadata.uid``, the precondition described in the module doc; ``""`` leaves it out.
+    ``resource_version`` (the one the write was decided against) goes into
+    ``metadata.resourceVersion`` in both places: the API server answers 409 Conflict when
+    the object changed since (docs/scraper.md, "Other writers and time", rule 6).
 
     Raises:
         StatusError: the annotation value would exceed its bound (never for a valid
@@ -101,6 +115,8 @@ def apply_request(place: Place, namespace: str, name: str, status: TrainerStatus
     params = {"group": API_GROUP, "version": API_VERSION, "namespace": namespace,
               "plural": TRAINJOB_PLURAL, "name": name}
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if resource_version:
+        meta["resourceVersion"] = resource_version
     head = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "TrainJob", "metadata": meta}
     if place is Place.ANNOTATION:
         if uid:

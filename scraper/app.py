@@ -31,7 +31,7 @@ from scraper.config import ScraperSettings
 from scraper.discovery import PodEvent, PodWatcher, Synced, WatchItem, probe_selector
 from scraper.identity import LABEL_JOBSET_NAME, Identity, OwnerIndex
 from scraper.kube.client import load_client, without_retries
-from scraper.kube.informer import ListWatch, ScopesListed
+from scraper.kube.informer import ListWatch, ScopesListed, slim
 from scraper.leader import LeaseElector
 from scraper.loop import ScrapeLoop
 from scraper.manager import TargetManager
@@ -41,7 +41,7 @@ from scraper.scraping import ExporterScraper, ScrapeLimits
 from scraper.status_writer import StatusWriter
 from scraper.supervisor import Supervisor
 from scraper.telemetry import Telemetry
-from scraper.trainjobs import Held, TrainJobStore
+from scraper.trainjobs import Held, TrainJobStore, slim_trainjob
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,9 @@ class ScraperApp:
             on_request=self.telemetry.write_duration.observe,
             metrics_interval=s.metrics_write_interval,
             target=StatusTarget(s.status_target),
+            other_writer_grace=s.other_writer_grace,
+            on_deferred=lambda reason: self.telemetry.writes_deferred.labels(reason).inc(),
+            on_skew=lambda direction: self.telemetry.clock_skew.labels(direction).inc(),
         )
         self.telemetry.writes_pending.set_function(lambda: len(self.writer.queue))
         self.trainjobs = self.writer.store
@@ -323,7 +326,8 @@ class ScraperApp:
                     lister, name=f"{kind}/{ns or 'all'}", loop=loop,
                     on_list=functools.partial(sink.on_list, ns),
                     on_event=sink.on_event, on_restart=self._watch_restarted,
-                    relist_interval=self.settings.resync_interval))
+                    relist_interval=self.settings.resync_interval,
+                    slim=slim_trainjob if kind == "trainjobs" else slim))
         return watches
 
     def _owners_changed(self) -> None:

@@ -153,6 +153,12 @@ class ScraperSettings(BaseSettings):
         description="a change of metrics alone (progress and remaining time unchanged) is "
         "written at most this often per TrainJob (0: whenever the budget allows)",
     )
+    other_writer_grace: float = Field(
+        default=60.0, ge=0,
+        description="another writer of trainerStatus (e.g. upstream's push status server) "
+        "keeps the field while its last change is younger than this: no progress write "
+        "meanwhile (finals are still delivered; docs/scraper.md, Other writers and time)",
+    )
     resync_interval: float = Field(
         default=0.0,
         description="how often the TrainJob informer relists besides its watch (a safety "
@@ -240,6 +246,7 @@ class ScraperSettings(BaseSettings):
         "backoff_max",
         "resync_interval",
         "metrics_write_interval",
+        "other_writer_grace",
         "lease_duration",
         "renew_deadline",
         "retry_period",

@@ -17,6 +17,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from typing import Any, Literal, cast
 
@@ -63,6 +64,9 @@ class Final:
         messages: ``(container name, message)`` pairs to try in order; empty when
             no container left one.
         trainjob_uid: the TrainJob UID of the pod's owner chain, once verified.
+        finished_at: ``(container name, state.terminated.finishedAt as epoch seconds)``
+            of the containers that left a message and say when they ended (the rule
+            for other writers: a write after that delivered the final).
     """
 
     namespace: str
@@ -71,6 +75,11 @@ class Final:
     pod_uid: str
     messages: tuple[tuple[str, str], ...]
     trainjob_uid: str = ""
+    finished_at: tuple[tuple[str, float], ...] = ()
+
+    def finished(self, container: str) -> float | None:
+        """When ``container`` ended (epoch seconds), None when unknown."""
+        return dict(self.finished_at).get(container)
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,8 @@ def classify(
         return Ignore(f"{ANNOTATION_SCRAPE}=false")
     phase = status.get("phase", "")
     if phase in ("Succeeded", "Failed"):
-        return Final(namespace, trainjob, name, uid, _termination_messages(pod))
+        return Final(namespace, trainjob, name, uid, _termination_messages(pod),
+                     finished_at=_finished_at(pod))
     if phase != "Running":
         return Wait(f"phase {phase or 'unknown'}")
     ip = status.get("podIP")
@@ -163,7 +173,25 @@ def final_from_deleted(pod: Mapping[str, Any]) -> Final | None:
     if not trainjob or not messages:
         return None
     return Final(meta.get("namespace", ""), trainjob, meta.get("name", ""),
-                 meta.get("uid", ""), messages)
+                 meta.get("uid", ""), messages, finished_at=_finished_at(pod))
+
+
+def _finished_at(pod: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
+    """``(container, finishedAt epoch seconds)`` of every terminated container (regular
+    and init) whose ``finishedAt`` reads as RFC 3339."""
+    status = pod.get("status") or {}
+    out = []
+    for cs in [*(status.get("initContainerStatuses") or []),
+               *(status.get("containerStatuses") or [])]:
+        stamp = ((cs.get("state") or {}).get("terminated") or {}).get("finishedAt")
+        if not isinstance(stamp, str):
+            continue
+        try:
+            at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            continue
+        out.append((str(cs.get("name", "")), at))
+    return tuple(out)
 
 
 def _termination_messages(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

@@ -20,6 +20,12 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
 * Final status: a terminated pod's termination message is applied once (the
   caller claims it through :meth:`TargetState.claim_final`); a scrape that returns
   after the pod ended writes nothing, so the final status wins.
+* Order and news (docs/scraper.md, "Other writers and time"): an answer whose
+  exporter sequence (:data:`scraper.writer_rules.SEQUENCE_HEADER`) is lower than the
+  last one of the same exporter process is late and dropped (``scrapes_total{result=
+  "late"}``); each status goes to the writer with when its content (values, time,
+  sequence) was first seen, so an exporter answering the same content again is no
+  news to another writer's status, whatever the wire format (ETag or not, JSON or text).
 
 The neighbours are :class:`Scraper`, :class:`StatusWriter` and
 :class:`EventRecorder` (Protocols); their production implementations are
@@ -51,6 +57,7 @@ from scraper.scraping import (
 from scraper.status_writer import TrainJobGone, WriteOutcome
 from scraper.targets import Target
 from scraper.telemetry import JobView
+from scraper.writer_rules import Sequence, is_late
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +99,11 @@ class StatusWriter(Protocol):
     """
 
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
-                    final: bool = False, uid: str = "") -> WriteOutcome: ...
+                    final: bool = False, uid: str = "", seen: float | None = None,
+                    finished_at: float | None = None) -> WriteOutcome:
+        """``seen``: monotonic time the content was first seen (None: now; ``-inf``:
+        unknown); ``finished_at``: a final's container end (epoch seconds)."""
+        ...
 
 
 class EventRecorder(Protocol):
@@ -119,6 +130,10 @@ class TargetState:
             scrapes (contract 2), else None (the target is polled).
         answered_at: monotonic time of the target's last answer (the floor of the next).
         held: the task keeping this target's one waiting scrape open, if any.
+        sequence: the exporter sequence of the last answer in order (None: none had one).
+        reported: the content (status, sequence) of the last answer in order.
+        reported_seen: monotonic time ``reported`` was first seen (``-inf`` for the
+            target's first answer: when its content changed is unknown).
     """
 
     view: JobView
@@ -134,6 +149,9 @@ class TargetState:
     max_wait: float | None = None
     answered_at: float = float("-inf")
     held: asyncio.Task[None] | None = None
+    sequence: Sequence | None = None
+    reported: tuple[TrainerStatus, int | None] | None = None
+    reported_seen: float = float("-inf")
 
     def stop_holding(self) -> None:
         """Cancel the waiting scrape in flight (leadership lost, pod gone, stop)."""
@@ -283,12 +301,23 @@ class ScrapeLoop:
             self._count_scrape("empty")
             return
         assert isinstance(result, Fresh)
+        if is_late(state.sequence, result.sequence):
+            self._count_scrape("late")
+            log.debug("target %s: answer of sequence %s is older than %s; dropped",
+                      target.key, result.sequence, state.sequence)
+            return
         self._count_scrape("ok")
+        if result.sequence is not None:
+            state.sequence = result.sequence
+        content = (result.status, None if result.sequence is None else result.sequence.n)
+        if content != state.reported:
+            state.reported_seen = float("-inf") if state.reported is None else self._clock()
+            state.reported = content
         state.view.status = result.status
         if state.dropped or state.target is None:
             return  # the pod ended meanwhile: its final status wins
         outcome = await self.write(target.namespace, target.trainjob, result.status,
-                                   uid=target.trainjob_uid)
+                                   uid=target.trainjob_uid, seen=state.reported_seen)
         state.etag = result.etag if outcome in _SETTLED else None
 
     async def _on_failure(self, state: TargetState, target: Target, failure: Failure) -> None:
@@ -316,11 +345,14 @@ class ScrapeLoop:
                                  message + "; the previous status is kept")
 
     async def write(self, namespace: str, trainjob: str, status: TrainerStatus, *,
-                    final: bool = False, uid: str = "") -> WriteOutcome | None:
+                    final: bool = False, uid: str = "", seen: float | None = None,
+                    finished_at: float | None = None) -> WriteOutcome | None:
         """Apply ``status`` to TrainJob ``uid`` (``""``: whichever exists); None when the
-        TrainJob is gone (``on_gone`` was called)."""
+        TrainJob is gone (``on_gone`` was called).  ``seen`` and ``finished_at``: as
+        :meth:`StatusWriter.apply` takes them."""
         try:
-            return await self._writer.apply(namespace, trainjob, status, final=final, uid=uid)
+            return await self._writer.apply(namespace, trainjob, status, final=final, uid=uid,
+                                            seen=seen, finished_at=finished_at)
         except TrainJobGone:
             log.info("TrainJob %s/%s is gone: no longer scraping its pod", namespace, trainjob)
             self._on_gone(namespace, trainjob)
@@ -347,7 +379,8 @@ class ScrapeLoop:
             if state is not None:
                 state.view.status = status
             outcome = await self.write(final.namespace, final.trainjob, status, final=True,
-                                       uid=final.trainjob_uid)
+                                       uid=final.trainjob_uid,
+                                       finished_at=final.finished(container))
             log.info("final status of TrainJob %s/%s from pod %s (container %s): %s",
                      final.namespace, final.trainjob, final.pod_name, container,
                      outcome.value if outcome else "TrainJob gone")

@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter_lib.status import StatusError, TrainerStatus, metric_value_text
 from scraper.targets import Target
+from scraper.writer_rules import SEQUENCE_HEADER, Sequence, sequence_of
 
 #: JSON first; the Prometheus text format is the fallback any exporter can serve.
 ACCEPT = "application/json, text/plain;version=0.0.4;q=0.5, */*;q=0.1"
@@ -58,11 +59,14 @@ class FailureKind(enum.Enum):
 @dataclass(frozen=True)
 class Fresh:
     """A new status.  ``etag`` is the response's ETag (None when absent); ``max_wait`` the
-    exporter's longest wait when it serves waiting scrapes (:func:`max_wait_of`)."""
+    exporter's longest wait when it serves waiting scrapes (:func:`max_wait_of`);
+    ``sequence`` the answer's place in its exporter's order
+    (:data:`scraper.writer_rules.SEQUENCE_HEADER`; None without the header)."""
 
     status: TrainerStatus
     etag: str | None
     max_wait: float | None = None
+    sequence: Sequence | None = None
 
 
 @dataclass(frozen=True)
@@ -384,15 +388,17 @@ class ExporterScraper:
                     return Failure(FailureKind.TOO_LARGE, f"body exceeds the {cap}-byte cap")
             etag = resp.headers.get("ETag")
             ctype = resp.content_type
+            sequence = sequence_of(resp.headers.get(SEQUENCE_HEADER))
         if ctype == "application/json":
             try:
-                return Fresh(TrainerStatus.from_json(bytes(body)), etag, max_wait)
+                return Fresh(TrainerStatus.from_json(bytes(body)), etag, max_wait, sequence)
             except StatusError as exc:
                 return Failure(FailureKind.INVALID, f"invalid trainerStatus JSON: {exc}"[:1000])
-        return parse_text(bytes(body), etag)
+        return parse_text(bytes(body), etag, sequence)
 
 
-def parse_text(body: bytes, etag: str | None = None) -> ScrapeResult:
+def parse_text(body: bytes, etag: str | None = None,
+               sequence: Sequence | None = None) -> ScrapeResult:
     """Build a status from the Prometheus text series of docs/metrics.md.
 
     ``trainjob_progress_ratio`` (0..1) becomes ``progressPercentage`` (rounded),
@@ -435,7 +441,7 @@ def parse_text(body: bytes, etag: str | None = None) -> ScrapeResult:
             "metrics": [{"name": k, "value": v} for k, v in metrics.items()],
             "last_updated_time": datetime.fromtimestamp(updated, UTC),
         }
-        return Fresh(TrainerStatus.from_api(data), etag)
+        return Fresh(TrainerStatus.from_api(data), etag, sequence=sequence)
     except (StatusError, ValueError, OverflowError) as exc:
         return Failure(FailureKind.INVALID, f"invalid trainjob_* series: {exc}"[:1000])
 

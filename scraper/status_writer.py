@@ -23,11 +23,22 @@ server-side apply, only on change.
   status survives an API outage of any length; 403 (e.g. an authorizer warming up
   after an API server restart) is retried the same way.  400/422 (the API refuses
   the body) are not retried.
-* Drift: when the informer shows that another writer changed or removed the status
-  this scraper applied last, the scraper's status is applied again if it is the
-  newer one (its ``lastUpdatedTime`` is not older); a newer status of another writer
-  (e.g. upstream's push status server, field manager ``trainer-status``) is left
-  alone until the next change this scraper sees (then ``force`` takes the field back).
+* Other writers and time (docs/scraper.md, "Other writers and time";
+  :mod:`scraper.writer_rules` decides): while another writer (e.g. upstream's push
+  status server, field manager ``trainer-status``) changed the field less than
+  ``--other-writer-grace`` ago, no progress write; after that, only a report whose
+  content changed after that write replaces it; a final is written unless the other
+  writer wrote after the container ended.  The written ``lastUpdatedTime`` never moves
+  back silently (:func:`scraper.writer_rules.settle_time`: the arrival time instead,
+  a log line, ``clock_skew_total`` and a ``ClockSkew`` Event).  The decision is made
+  again by the writer task right before the request, against the informer's newest.
+* Every apply carries the ``metadata.resourceVersion`` its decision was made against:
+  the API server answers 409 Conflict when the TrainJob changed since (measured on
+  kube-apiserver v1.37, ``tests/scraper/test_writer_rules.py``), so a write held on the
+  wire (a dead leader's) can never land over a newer status.  On 409 the TrainJob is
+  read again and the write decided again at once (a final is never dropped).
+* Drift: a status this scraper applied that somebody removed is applied again; one
+  another writer replaced is that writer's (the rule above).
 * A CRD without ``status.trainerStatus`` is detected from its schema
   (:class:`scraper.kube.crd.CrdSupport`) or from the apply's answer; either way a
   Warning Event per TrainJob.
@@ -48,6 +59,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Self
 
 import urllib3
@@ -55,7 +67,13 @@ from aiolimiter import AsyncLimiter
 from kubernetes.client import ApiClient, ApiextensionsV1Api, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
-from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
+from exporter_lib.status import (
+    API_GROUP,
+    API_VERSION,
+    TRAINJOB_PLURAL,
+    TrainerStatus,
+    format_time,
+)
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION
 from scraper.annotation_target import (
     Place,
@@ -65,6 +83,7 @@ from scraper.annotation_target import (
     place_for,
     stored,
     uid_precondition_failed,
+    writer_in,
     written,
 )
 from scraper.kube.apply_body import encode_apply_body
@@ -73,23 +92,41 @@ from scraper.kube.calls import Backoff, call, deadline_of, is_transient, retry_a
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.crd import CRD_NAME, REASON_UNSUPPORTED, CrdSupport
 from scraper.kube.events import EventRecorder
-from scraper.kube.informer import slim
 from scraper.trainjobs import (
+    OUR_FIELD_MANAGER,
     Held,
     TrainJobGone,
     TrainJobKey,
     TrainJobStore,
+    Writer,
     held_from_object,
     older,
+    slim_trainjob,
+    writers_of,
 )
 from scraper.write_queue import Pending, Priority, WriteQueue
+from scraper.writer_rules import (
+    FUTURE_LIMIT_SECONDS,
+    OTHER_WRITER_GRACE_SECONDS,
+    Report,
+    Skew,
+    Verdict,
+    decide,
+    same_content,
+    settle_time,
+)
 
 __all__ = ["FIELD_MANAGER", "NotLeader", "StatusWriter", "TrainJobGone", "WriteOutcome",
            "already_holds", "priority_of"]
 
 log = logging.getLogger(__name__)
 
-FIELD_MANAGER = "trainjob-scraper"
+FIELD_MANAGER = OUR_FIELD_MANAGER
+#: The Event recorded when the written ``lastUpdatedTime`` is not the report's own.
+REASON_CLOCK_SKEW = "ClockSkew"
+#: 409s in a row answered with a re-read and an immediate new decision; after that the
+#: queue's backoff applies (a TrainJob changing faster than a write can land).
+CONFLICTS_AT_ONCE = 3
 #: Concurrent writes (worker tasks) at least; the token bucket sets the rate.
 WRITERS = 4
 #: Writer tasks at most: each holds an API connection open.
@@ -120,6 +157,7 @@ class WriteOutcome(enum.Enum):
     NOT_STORED = "not_stored"  # the CRD has no trainerStatus: nothing can be written
     FAILED = "failed"
     NOT_LEADER = "not_leader"
+    DEFERRED = "deferred"  # another writer's status is kept (writer_rules: deferred_total)
     QUEUED = "queued"  # apply(): news, queued for the writers (not counted as a write)
     RETRIED = "retried"  # a write failed and stays queued
 
@@ -168,20 +206,10 @@ class _Ours:
 
 
 def already_holds(held: TrainerStatus | None, new: TrainerStatus) -> bool:
-    """True when applying ``new`` would not change what the TrainJob holds.
-
-    ``lastUpdatedTime`` is ignored (a repeat of the same values is no news).  A
-    field ``new`` leaves unset is ignored as well: the apply would not send it,
-    so a value another manager set there stays either way.  (The exporter never
-    unsets a field once reported, so this cannot hide a removal of our own.)
-    """
-    if held is None:
-        return False
-    return (
-        new.metrics == held.metrics
-        and new.progress_percentage in (None, held.progress_percentage)
-        and new.estimated_remaining_seconds in (None, held.estimated_remaining_seconds)
-    )
+    """True when applying ``new`` would not change what the TrainJob holds
+    (:func:`scraper.writer_rules.same_content`; the exporter never unsets a field once
+    reported, so ignoring unset fields cannot hide a removal of our own)."""
+    return same_content(held, new)
 
 
 class StatusWriter:
@@ -200,6 +228,12 @@ class StatusWriter:
             TrainJob (seconds; 0: as soon as the budget allows).
         target: where statuses go (``--status-target``, :mod:`scraper.annotation_target`).
         clock: monotonic seconds.
+        other_writer_grace: ``--other-writer-grace`` (seconds, :mod:`scraper.writer_rules`).
+        on_deferred: called with the reason (a :class:`~scraper.writer_rules.Verdict`
+            value) of each report not written because of another writer.
+        on_skew: called with ``"back"`` or ``"future"`` for each write whose
+            ``lastUpdatedTime`` is the arrival time instead of the report's own.
+        wall: epoch seconds (the arrival time of a report).
     """
 
     def __init__(
@@ -217,7 +251,19 @@ class StatusWriter:
         metrics_interval: float = 0.0,
         target: StatusTarget = StatusTarget.STATUS,
         clock: Callable[[], float] = time.monotonic,
+        other_writer_grace: float = OTHER_WRITER_GRACE_SECONDS,
+        on_deferred: Callable[[str], None] = lambda reason: None,
+        on_skew: Callable[[str], None] = lambda direction: None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        self.other_writer_grace = other_writer_grace
+        self._on_deferred = on_deferred
+        self._on_skew = on_skew
+        self._wall = wall
+        self._deferring: set[TrainJobKey] = set()
+        # (TrainJob, "back" | "future" | "held in the future"): logged and evented once.
+        self._skew_told: set[tuple[TrainJobKey, str]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # ClockSkew Events being recorded
         self._api = api_client
         self._custom = CustomObjectsApi(api_client)
         self.store = store
@@ -255,6 +301,9 @@ class StatusWriter:
         on_request: Callable[[float], None] = lambda seconds: None,
         metrics_interval: float = 0.0,
         target: StatusTarget = StatusTarget.STATUS,
+        other_writer_grace: float = OTHER_WRITER_GRACE_SECONDS,
+        on_deferred: Callable[[str], None] = lambda reason: None,
+        on_skew: Callable[[str], None] = lambda direction: None,
     ) -> Self:
         """A writer with its own CRD knowledge and Event recorder; writes take tokens of a
         bucket of ``qps`` sustained, ``burst`` at once (Events have a bucket of their own:
@@ -267,7 +316,8 @@ class StatusWriter:
         writer = cls(api_client, store=store, crd=crd, events=events, limiter=limiter,
                      may_write=may_write, on_write=on_write, on_request=on_request,
                      metrics_interval=metrics_interval,
-                     target=target)
+                     target=target, other_writer_grace=other_writer_grace,
+                     on_deferred=on_deferred, on_skew=on_skew)
         crd.on_supported = writer.supported_again
         return writer
 
@@ -286,6 +336,8 @@ class StatusWriter:
         self._ours.pop(key, None)
         self._unsupported_told.discard(key)
         self._failing_told.discard(key)
+        self._deferring.discard(key)
+        self._skew_told = {told for told in self._skew_told if told[0] != key}
 
     def stop_leading(self) -> None:
         """Drop every queued write: the next leader re-derives them from the pods."""
@@ -295,15 +347,23 @@ class StatusWriter:
     # ------------------------------------------------------------ the queue side
 
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
-                    final: bool = False, uid: str = "") -> WriteOutcome:
-        """Queue ``status`` for the TrainJob unless it already holds the same report.
+                    final: bool = False, uid: str = "", seen: float | None = None,
+                    finished_at: float | None = None) -> WriteOutcome:
+        """Queue ``status`` for the TrainJob unless it already holds the same report or
+        the rule for other writers keeps what it holds (:mod:`scraper.writer_rules`).
 
         Returns at once: :attr:`WriteOutcome.UNCHANGED` (nothing to write),
+        :attr:`WriteOutcome.DEFERRED` (another writer's status is kept),
         :attr:`WriteOutcome.QUEUED`, or :attr:`WriteOutcome.NOT_STORED`.
 
         Args:
             final: a final status (first in the queue, kept until applied).
             uid: the TrainJob UID the status is meant for (``""``: the one that exists).
+            seen: when this content was first seen (the store's monotonic clock); None:
+                now for a final or a caller that knows no order (tools, push-compat),
+                ``-inf`` is "unknown, maybe old" (:class:`scraper.writer_rules.Report`).
+            finished_at: a final's container end (``state.terminated.finishedAt``, epoch
+                seconds), None when unknown.
 
         Raises:
             TrainJobGone: the informer knows the TrainJob with another UID (re-created):
@@ -318,9 +378,16 @@ class StatusWriter:
         pending = self.queue.pending(key)
         place = self.place()
         there = held_in(held, place)
-        if pending is None and held is not None and already_holds(there, status):
-            self._on_write(WriteOutcome.UNCHANGED)
-            return WriteOutcome.UNCHANGED
+        report = Report(status, self.store.clock() if seen is None else seen, final,
+                        finished_at)
+        if held is not None:
+            verdict = self._verdict(key, held, place, report)
+            if verdict is Verdict.UNCHANGED and pending is None:
+                self._on_write(WriteOutcome.UNCHANGED)
+                return WriteOutcome.UNCHANGED
+            if verdict not in (Verdict.WRITE, Verdict.UNCHANGED):
+                self._on_write(WriteOutcome.DEFERRED)
+                return WriteOutcome.DEFERRED
         if (place is Place.STATUS and self.crd.supported is False
                 and not self.crd.recheck_due()):
             await self._tell_unsupported(namespace, name, held.uid if held else "")
@@ -334,8 +401,34 @@ class StatusWriter:
             last = self._ours.get(key)
             hold = (last.at if last else 0.0) + self._metrics_interval
         self.queue.put(key, status, priority, uid=uid or (held.uid if held else ""),
-                       hold_until=hold)
+                       hold_until=hold, seen=report.seen, finished_at=finished_at,
+                       arrived=self._wall())
         return WriteOutcome.QUEUED
+
+    def _verdict(self, key: TrainJobKey, held: Held, place: Place, report: Report) -> Verdict:
+        """:func:`scraper.writer_rules.decide` for ``report``; counts a report kept out and
+        logs when deferring to another writer starts and when it ends."""
+        writer = writer_in(held, place)
+        verdict = decide(held_in(held, place), writer, report, now=self.store.clock(),
+                         grace=self.other_writer_grace)
+        if verdict in (Verdict.WRITE, Verdict.UNCHANGED):
+            if key in self._deferring:
+                self._deferring.discard(key)
+                log.info("TrainJob %s/%s: no longer deferring to another writer of %s: %s",
+                         *key, place.value, "the status is written" if verdict is
+                         Verdict.WRITE else "it holds the same content")
+            return verdict
+        self._on_deferred(verdict.value)
+        if key not in self._deferring and writer is not None:
+            self._deferring.add(key)
+            why = {Verdict.OTHER_WRITER: f"it changed it {self.store.clock() - writer.seen:.0f}s "
+                                         f"ago (< --other-writer-grace "
+                                         f"{self.other_writer_grace:g}s)",
+                   Verdict.NOT_NEWS: "no report changed since it wrote",
+                   Verdict.DELIVERED: "it wrote after the container ended"}[verdict]
+            log.info("TrainJob %s/%s: deferring to another writer of %s (field manager %s): "
+                     "%s", *key, place.value, writer.manager, why)
+        return verdict
 
     async def apply_and_wait(self, namespace: str, name: str, status: TrainerStatus, *,
                              final: bool = False) -> WriteOutcome:
@@ -383,16 +476,18 @@ class StatusWriter:
             # A status of ours is on its way (the watch may show a write's result before
             # its answer is back): that write decides.
             return
-        theirs = there
-        if theirs is not None and theirs.last_updated_time > ours.status.last_updated_time:
-            log.info("TrainJob %s/%s: another writer set a newer %s; leaving it "
-                     "until this scraper sees a change", namespace, name, ours.place.value)
+        if there is not None:
+            # Another writer's status: the rule decides our next write (writer_rules).
+            writer = writer_in(held, ours.place)
+            log.info("TrainJob %s/%s: %s changed by %s; the rule for other writers "
+                     "decides the next write", namespace, name, ours.place.value,
+                     f"field manager {writer.manager}" if writer else "another writer")
             del self._ours[key]
             return
-        log.info("TrainJob %s/%s: %s was %s by another writer; restoring ours",
-                 namespace, name, ours.place.value,
-                 "removed" if theirs is None else "changed to an older one")
-        self.queue.put(key, ours.status, Priority.PROGRESS, uid=ours.uid)
+        log.info("TrainJob %s/%s: %s was removed by another writer; restoring ours",
+                 namespace, name, ours.place.value)
+        self.queue.put(key, ours.status, Priority.PROGRESS, uid=ours.uid,
+                       seen=self.store.clock(), arrived=self._wall())
 
     # ------------------------------------------------------------ the worker side
 
@@ -415,6 +510,8 @@ class StatusWriter:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._workers.clear()
+        for event in list(self._tasks):
+            event.cancel()
         await self._apply.close()
 
     async def _work(self) -> None:
@@ -453,19 +550,25 @@ class StatusWriter:
                        f"{item.uid})")
             return None, None
         place = self.place()
-        if already_holds(held_in(held, place), item.status):
+        verdict = self._verdict(item.key, held, place, Report(
+            item.status, item.seen, item.priority is Priority.FINAL, item.finished_at))
+        if verdict is Verdict.UNCHANGED:
             return WriteOutcome.UNCHANGED, None
+        if verdict is not Verdict.WRITE:
+            return WriteOutcome.DEFERRED, None
         if (place is Place.STATUS and self.crd.supported is False
                 and not self.crd.recheck_due()):
             await self._tell_unsupported(namespace, name, held.uid)
             return WriteOutcome.NOT_STORED, None
+        status = self._settle_time(item, held_in(held, place), held.uid)
         try:
             async with self._limiter:
                 self._fence()
                 began = time.monotonic()
                 try:
-                    obj = await call(self._ssa, namespace, name, item.status, place,
-                                     held.uid, deadline=deadline_of(REQUEST_TIMEOUT))
+                    obj = await call(self._ssa, namespace, name, status, place,
+                                     held.uid, held.resource_version,
+                                     deadline=deadline_of(REQUEST_TIMEOUT))
                 finally:
                     self._on_request(time.monotonic() - began)
         except NotLeader:
@@ -489,8 +592,12 @@ class StatusWriter:
         # no second validation of the answer's trainerStatus.
         meta = obj.get("metadata") or {}
         uid, rv = meta.get("uid", held.uid), meta.get("resourceVersion", "")
-        self.store.keep(namespace, name, written(held, place, item.status, uid, rv))
-        self._ours[item.key] = _Ours(uid, item.status, rv, self._clock(), place)
+        now = self.store.clock()
+        by_status, by_annotation = writers_of(meta.get("managedFields"), seen=now)
+        by = by_annotation if place is Place.ANNOTATION else by_status
+        self.store.keep(namespace, name, written(
+            held, place, status, uid, rv, by or Writer(FIELD_MANAGER, self._wall(), now)))
+        self._ours[item.key] = _Ours(uid, status, rv, self._clock(), place)
         if item.priority is Priority.FINAL:
             log.info("final status of TrainJob %s/%s applied (%d failed tries before)",
                      namespace, name, item.attempts)
@@ -512,7 +619,7 @@ class StatusWriter:
             if exc.status == 404:
                 raise TrainJobGone(f"{namespace}/{name}") from None
             raise
-        self.store.store(namespace, name, slim(obj))
+        self.store.store(namespace, name, slim_trainjob(obj))
         return self.store.get(namespace, name) or held_from_object(obj)
 
     async def _not_stored(self, item: Pending,
@@ -525,7 +632,7 @@ class StatusWriter:
         return WriteOutcome.NOT_STORED, None
 
     async def _failed(self, item: Pending, held: Held, exc: BaseException,
-                      place: Place = Place.STATUS) -> tuple[WriteOutcome, float | None]:
+                      place: Place = Place.STATUS) -> tuple[WriteOutcome | None, float | None]:
         namespace, name = item.key
         detail = (f"HTTP {exc.status} {exc.reason}" if isinstance(exc, ApiException)
                   else f"{type(exc).__name__}: {str(exc)[:200]}")
@@ -536,6 +643,8 @@ class StatusWriter:
             self._gone(item, f"the apply's UID precondition failed ({detail}; the status "
                        f"was for UID {held.uid})")
             return WriteOutcome.FAILED, None
+        if isinstance(exc, ApiException) and exc.status == 409:
+            return await self._conflict(item, held, detail)
         if _not_in_schema(exc):
             self.crd.mark_unsupported("server-side apply answered that "
                                       "status.trainerStatus is not declared in its schema")
@@ -551,6 +660,67 @@ class StatusWriter:
                         "in %.1fs", "final " if item.priority is Priority.FINAL else "",
                         namespace, name, detail, delay)
         return WriteOutcome.RETRIED, delay
+
+    async def _conflict(self, item: Pending, held: Held,
+                        detail: str) -> tuple[WriteOutcome | None, float | None]:
+        """409: the TrainJob changed since the write was decided (its resourceVersion
+        precondition failed).  Read it again and decide again at once (the item stays
+        queued, so a final is re-decided, never dropped); after
+        :data:`CONFLICTS_AT_ONCE` in a row, with the queue's backoff."""
+        namespace, name = item.key
+        log.info("%sstatus write to TrainJob %s/%s: %s (it changed since resourceVersion "
+                 "%s); reading it again to decide again",
+                 "final " if item.priority is Priority.FINAL else "", namespace, name,
+                 detail, held.resource_version or "?")
+        try:
+            await self._read(namespace, name)
+        except TrainJobGone:
+            self._gone(item, "it does not exist")
+            return None, None
+        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError):
+            return WriteOutcome.RETRIED, QUEUE_BACKOFF.delay(item.attempts)
+        if item.attempts + 1 < CONFLICTS_AT_ONCE:
+            return WriteOutcome.RETRIED, 0.0
+        return WriteOutcome.RETRIED, QUEUE_BACKOFF.delay(item.attempts - CONFLICTS_AT_ONCE + 1)
+
+    def _settle_time(self, item: Pending, there: TrainerStatus | None,
+                     uid: str) -> TrainerStatus:
+        """``item.status`` with the ``lastUpdatedTime`` to write
+        (:func:`scraper.writer_rules.settle_time`); a skew is logged once per TrainJob and
+        direction (a held time in the future is its own case), counted each time and
+        recorded as a ``ClockSkew`` Event."""
+        arrived = datetime.fromtimestamp(item.arrived or self._wall(), UTC)
+        reported = item.status.last_updated_time
+        held_time = there.last_updated_time if there is not None else None
+        settled, skew = settle_time(reported, held_time, arrived)
+        if skew is None:
+            return item.status
+        self._on_skew(skew.value)
+        namespace, name = item.key
+        kind = skew.value
+        if skew is Skew.FUTURE:
+            why = (f"lastUpdatedTime {format_time(reported)} is more than "
+                   f"{FUTURE_LIMIT_SECONDS:g}s ahead of the scraper's clock")
+        elif held_time is not None and settled < held_time:
+            kind = "held in the future"
+            why = (f"the held lastUpdatedTime {format_time(held_time)} is in the future "
+                   f"(the report says {format_time(reported)})")
+        else:
+            assert held_time is not None
+            why = (f"lastUpdatedTime {format_time(reported)} is older than the held "
+                   f"{format_time(held_time)}")
+        message = (f"{why}; wrote the scraper's arrival time {format_time(settled)} "
+                   "instead (the reported values are kept)")
+        if (item.key, kind) not in self._skew_told:
+            self._skew_told.add((item.key, kind))
+            log.warning("TrainJob %s/%s: clock skew (%s): %s", namespace, name, skew.value,
+                        message)
+            task = asyncio.create_task(self.events.event(
+                namespace, name, REASON_CLOCK_SKEW, message, uid=uid),
+                name=f"clock-skew-event {namespace}/{name}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return item.status.model_copy(update={"last_updated_time": settled})
 
     def _gone(self, item: Pending, why: str) -> None:
         namespace, name = item.key
@@ -577,10 +747,13 @@ class StatusWriter:
         )
 
     async def _ssa(self, namespace: str, name: str, status: TrainerStatus,
-                   place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
-        """The apply request itself, on the loop.  Its path and body:
+                   place: Place = Place.STATUS, uid: str = "",
+                   resource_version: str = "") -> dict[str, Any]:
+        """The apply request itself, on the loop.  Its path and body (with the
+        ``metadata.resourceVersion`` precondition):
         :func:`scraper.annotation_target.apply_request`."""
-        path, params, body = apply_request(place, namespace, name, status, uid)
+        path, params, body = apply_request(place, namespace, name, status, uid,
+                                           resource_version)
         return await self._apply.patch(
             path.format(**params),
             [("fieldManager", FIELD_MANAGER), ("force", "true")],

@@ -91,6 +91,16 @@ class Telemetry:
                                "Exporter scrapes by result", ["result"], registry=r)
         self.writes = Counter("trainjob_scraper_status_writes_total",
                               "Status write decisions by result", ["result"], registry=r)
+        self.writes_deferred = Counter(
+            "trainjob_scraper_status_writes_deferred_total", "Reports not written because "
+            "another writer's status is kept (other_writer: it is live; not_news: the report "
+            "did not change since it wrote; delivered: it wrote a final after the container "
+            "ended)", ["reason"], registry=r)
+        self.clock_skew = Counter(
+            "trainjob_scraper_clock_skew_total", "Writes whose lastUpdatedTime is the "
+            "scraper's arrival time instead of the report's own (back: older than the held "
+            "one; future: more than 60 s ahead of the scraper's clock)", ["direction"],
+            registry=r)
         self.write_duration = Histogram(
             "trainjob_scraper_status_write_duration_seconds", "Duration of one status write "
             "request (apply PATCH) to the API server, whatever its answer",

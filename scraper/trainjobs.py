@@ -15,6 +15,19 @@ Callbacks (on the event loop):
 * ``on_change(namespace, name, held)``: its status or annotation changed (the drift check,
   :meth:`scraper.status_writer.StatusWriter.on_trainjob_change`).
 
+Who wrote each place (docs/scraper.md, "Other writers and time"): the field manager
+owning ``f:status.f:trainerStatus`` (for the annotation, its key) in
+``metadata.managedFields``, with that entry's ``time`` (the API server's clock, whole
+seconds), kept as a :class:`Writer`.  When several managers own part of it (SSA shares
+a field two managers applied with the same value), the owner of ``lastUpdatedTime`` (a
+writer sends it with every report, so it changes hands with every write) wins, then the
+latest ``time``, then a manager that is not ours.  :func:`slim_trainjob` keeps only
+those entries' manager, time and ownership of the two places (the rest of
+``managedFields`` is most of an object's bytes).  :attr:`Writer.seen` is when this
+scraper saw that write: the store's monotonic clock when a watch event (or an apply
+answer) delivered it; for a write first seen in a list (or a GET), its ``time``'s age
+on the scraper's wall clock (at least 0) before now.
+
 resourceVersions are compared as integers to skip a watch event older than an apply
 answer already stored: kube-apiserver's resourceVersions are etcd revisions, which
 only grow.  When one does not parse as an integer, nothing is skipped.
@@ -22,8 +35,10 @@ only grow.  When one does not parse as an integer, nothing is skipped.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from exporter_lib.status import StatusError, TrainerStatus
@@ -32,6 +47,35 @@ from scraper.kube.informer import ScopesListed
 
 #: ``(namespace, name)`` of a TrainJob.
 TrainJobKey = tuple[str, str]
+
+#: The scraper's field manager (its status writes and annotation writes).
+OUR_FIELD_MANAGER = "trainjob-scraper"
+_ANNOTATION_KEY = f"f:{TRAINER_STATUS_ANNOTATION}"
+
+
+@dataclass(frozen=True)
+class Writer:
+    """Who last wrote one place of a TrainJob (module doc).
+
+    Attributes:
+        manager: the field manager (``trainjob-scraper`` is ours).
+        time: its managedFields ``time``, epoch seconds of the API server's clock
+            (0.0 when absent).
+        seen: monotonic seconds (the store's clock) when this scraper saw that write.
+    """
+
+    manager: str
+    time: float
+    seen: float = 0.0
+
+    @property
+    def ours(self) -> bool:
+        """True for this scraper's own field manager."""
+        return self.manager == OUR_FIELD_MANAGER
+
+    def same_write(self, other: Writer | None) -> bool:
+        """True when ``other`` is the same write (manager and time), whenever seen."""
+        return other is not None and (self.manager, self.time) == (other.manager, other.time)
 
 
 class TrainJobGone(Exception):
@@ -47,12 +91,87 @@ class Held:
         status: its trainerStatus (None when absent or unreadable).
         resource_version: the resourceVersion it was read at.
         annotated: the trainer status in its annotation (None when absent or invalid).
+        status_by: who wrote ``status.trainerStatus`` (None: nobody owns it).
+        annotated_by: who wrote the annotation (None: nobody owns it).
     """
 
     uid: str
     status: TrainerStatus | None
     resource_version: str = ""
     annotated: TrainerStatus | None = None
+    status_by: Writer | None = None
+    annotated_by: Writer | None = None
+
+
+def _epoch(stamp: Any) -> float:
+    """RFC 3339 ``stamp`` (a managedFields ``time``) as epoch seconds; 0.0 if unreadable."""
+    if not isinstance(stamp, str) or not stamp:
+        return 0.0
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _owned(entry: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+    """``(its trainerStatus fieldset or None, owns the annotation)`` of one managedFields
+    entry."""
+    fields = entry.get("fieldsV1") or {}
+    if not isinstance(fields, dict):
+        return None, False
+    status = (fields.get("f:status") or {}).get("f:trainerStatus")
+    annotations = (fields.get("f:metadata") or {}).get("f:annotations") or {}
+    return (status if isinstance(status, dict) else None), _ANNOTATION_KEY in annotations
+
+
+def writers_of(managed: Any, seen: float = 0.0) -> tuple[Writer | None, Writer | None]:
+    """``(writer of status.trainerStatus, writer of the annotation)`` from a
+    ``metadata.managedFields`` list (module doc for the choice); ``seen`` goes into both."""
+    status: list[tuple[bool, float, bool, str]] = []
+    annotation: list[tuple[bool, float, bool, str]] = []
+    for entry in managed if isinstance(managed, list) else ():
+        if not isinstance(entry, dict):
+            continue
+        manager = str(entry.get("manager", ""))
+        at = _epoch(entry.get("time"))
+        foreign = manager != OUR_FIELD_MANAGER
+        fieldset, annotated = _owned(entry)
+        if fieldset is not None:
+            status.append(("f:lastUpdatedTime" in fieldset, at, foreign, manager))
+        if annotated:
+            annotation.append((True, at, foreign, manager))
+    out = []
+    for found in (status, annotation):
+        best = max(found, default=None)
+        out.append(None if best is None else Writer(best[3], best[1], seen))
+    return out[0], out[1]
+
+
+def slim_trainjob(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with ``metadata.managedFields`` cut to what :func:`writers_of` reads: the
+    entries owning trainerStatus or the annotation, each with its manager, time and
+    those fields only (in place; returns ``obj``)."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return obj
+    kept = []
+    for entry in meta.pop("managedFields", None) or ():
+        if not isinstance(entry, dict):
+            continue
+        fieldset, annotated = _owned(entry)
+        if fieldset is None and not annotated:
+            continue
+        fields: dict[str, Any] = {}
+        if fieldset is not None:
+            fields["f:status"] = {"f:trainerStatus": {
+                k: {} for k in fieldset if k == "f:lastUpdatedTime"}}
+        if annotated:
+            fields["f:metadata"] = {"f:annotations": {_ANNOTATION_KEY: {}}}
+        kept.append({"manager": entry.get("manager", ""), "time": entry.get("time"),
+                     "fieldsV1": fields})
+    if kept:
+        meta["managedFields"] = kept
+    return obj
 
 
 def held_from_object(obj: dict[str, Any]) -> Held:
@@ -62,7 +181,9 @@ def held_from_object(obj: dict[str, Any]) -> Held:
     status = _readable(TrainerStatus.from_api, (obj.get("status") or {}).get("trainerStatus"))
     annotated = _readable(decode_annotation,
                           (meta.get("annotations") or {}).get(TRAINER_STATUS_ANNOTATION))
-    return Held(meta.get("uid", ""), status, meta.get("resourceVersion", ""), annotated)
+    status_by, annotated_by = writers_of(meta.get("managedFields"))
+    return Held(meta.get("uid", ""), status, meta.get("resourceVersion", ""), annotated,
+                status_by, annotated_by)
 
 
 def _readable(parse: Callable[[Any], TrainerStatus], raw: Any) -> TrainerStatus | None:
@@ -93,9 +214,15 @@ class TrainJobStore:
 
     Args:
         scopes: the namespaces listed (None: all); :meth:`wait_synced` waits for each.
+        clock: monotonic seconds (:attr:`Writer.seen`).
+        wall: epoch seconds (the age of a write first seen in a list).
     """
 
-    def __init__(self, scopes: list[str | None]) -> None:
+    def __init__(self, scopes: list[str | None], *,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.wall = wall
         self._held: dict[TrainJobKey, Held] = {}
         self._listed = ScopesListed(scopes)
         self.synced = self._listed.event
@@ -127,8 +254,11 @@ class TrainJobStore:
         return held
 
     def store(self, namespace: str, name: str, obj: dict[str, Any]) -> None:
-        """Keep what an API answer (e.g. a GET) says the TrainJob holds."""
-        self.keep(namespace, name, held_from_object(obj))
+        """Keep what an API answer (e.g. a GET) says the TrainJob holds (its writes not
+        seen before are aged by their managedFields time, as in a list)."""
+        key = (namespace, name)
+        self.keep(namespace, name, self._seen(self._held.get(key), held_from_object(obj),
+                                              listed=True))
 
     def keep(self, namespace: str, name: str, new: Held) -> None:
         """Keep ``new`` as what the TrainJob holds (an apply's result), unless the store
@@ -138,6 +268,27 @@ class TrainJobStore:
                                                               old.resource_version):
             return
         self._held[(namespace, name)] = new
+
+    def _seen(self, old: Held | None, new: Held, *, listed: bool) -> Held:
+        """``new`` with :attr:`Writer.seen` set: kept from ``old`` for the same write,
+        else now (a watch event) or now minus the write's age (``listed``)."""
+        if old is not None and old.uid != new.uid:
+            old = None
+        now = self.clock()
+
+        def seen(was: Writer | None, writer: Writer | None) -> Writer | None:
+            if writer is None:
+                return None
+            if writer.same_write(was):
+                assert was is not None
+                return replace(writer, seen=was.seen)
+            if not listed or not writer.time:
+                return replace(writer, seen=now)
+            return replace(writer, seen=now - max(0.0, self.wall() - writer.time))
+
+        return replace(new, status_by=seen(old.status_by if old else None, new.status_by),
+                       annotated_by=seen(old.annotated_by if old else None,
+                                         new.annotated_by))
 
     # -- informer callbacks (event loop)
 
@@ -152,7 +303,7 @@ class TrainJobStore:
                 del self._held[key]
                 self.on_gone(key[0], key[1], held.uid)
         for key, new in listed.items():
-            self._update(key, new)
+            self._update(key, new, listed=True)
         self._listed.listed(scope)
 
     def on_event(self, kind: str, obj: dict[str, Any]) -> None:
@@ -170,11 +321,12 @@ class TrainJobStore:
             self.on_gone(key[0], key[1], old.uid)
         self._update(key, new)
 
-    def _update(self, key: TrainJobKey, new: Held) -> None:
+    def _update(self, key: TrainJobKey, new: Held, *, listed: bool = False) -> None:
         old = self._held.get(key)
         if old is not None and old.uid == new.uid and older(new.resource_version,
                                                               old.resource_version):
             return  # an event older than an apply answer already kept
+        new = self._seen(old, new, listed=listed)
         self._held[key] = new
         if (old is None or old.uid != new.uid or old.status != new.status
                 or old.annotated != new.annotated):

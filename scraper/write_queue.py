@@ -69,6 +69,9 @@ class Pending:
         attempts: failed tries so far.
         since: monotonic time the key's last write ended (its queued time if none): the
             tie-break that makes a saturated queue round robin.
+        seen: when the status's content was first seen (:class:`scraper.writer_rules.Report`).
+        finished_at: a final's container end, epoch seconds (None: unknown or not final).
+        arrived: epoch seconds the status arrived (the time written instead of a skewed one).
     """
 
     key: TrainJobKey
@@ -80,6 +83,9 @@ class Pending:
     hold_until: float = 0.0
     attempts: int = 0
     since: float = 0.0
+    seen: float = float("-inf")
+    finished_at: float | None = None
+    arrived: float = 0.0
 
     def due(self) -> float:
         """Monotonic time from which the item may be handed out."""
@@ -136,12 +142,14 @@ class WriteQueue:
         return out
 
     def put(self, key: TrainJobKey, status: TrainerStatus, priority: Priority, *,
-            uid: str = "", hold_until: float = 0.0) -> None:
+            uid: str = "", hold_until: float = 0.0, seen: float = float("-inf"),
+            finished_at: float | None = None, arrived: float = 0.0) -> None:
         """Queue ``status`` for ``key``, coalesced with what is pending (module doc)."""
         now = self._clock()
         item = Pending(key, status, priority, uid, queued_at=now,
                        hold_until=hold_until if priority is Priority.METRICS else 0.0,
-                       since=self._written.get(key, now))
+                       since=self._written.get(key, now), seen=seen,
+                       finished_at=finished_at, arrived=arrived)
         self._add(item)
 
     def _add(self, item: Pending) -> None:

@@ -20,7 +20,7 @@ from kubernetes import client
 from localdev.cluster import objects
 from localdev.cluster.assets import AssetsError
 from localdev.cluster.controlplane import ControlPlane, ControlPlaneError
-from localdev.cluster.crds import FLAVOUR_CURRENT, CrdError, install_trainjob_crds
+from localdev.cluster.crds import FLAVOUR_CURRENT, FLAVOUR_LEGACY, CrdError, install_trainjob_crds
 from localdev.cluster.stack import Cluster
 from tests.helpers.stack import started_cluster
 
@@ -150,7 +150,7 @@ def kube_stack(pytestconfig: pytest.Config) -> Iterator[Cluster]:
 
     Its own API server, separate from :func:`control_plane` (whose hand-made
     objects the controllers would reconcile).  Flavour "v2.2-and-later" (Trainer
-    v2.3.0); tests that need the other CRD use :func:`legacy_stack_flavour`.
+    v2.3.0); tests of the "before-v2.2" flavour use :func:`legacy_stack`.
     With ``--push`` it is started with ``push=True``.
     """
     yield from started_cluster(pytestconfig, Cluster(flavour=FLAVOUR_CURRENT,
@@ -218,12 +218,34 @@ def push_namespace(push_api: client.ApiClient, request: pytest.FixtureRequest) -
             core.delete_namespace(name)
 
 
-@pytest.fixture
-def legacy_stack_flavour(kube_stack: Cluster) -> Iterator[Cluster]:
-    """The local cluster with the TrainJob CRD as Trainer v2.0.0 ships it (no
-    trainerStatus), for this test only; the v2.2-and-later CRD is restored after."""
+@pytest.fixture(scope="session")
+def legacy_stack(pytestconfig: pytest.Config) -> Iterator[Cluster]:
+    """A local cluster of the "before-v2.2" flavour: Trainer v2.0.0 with its CRDs (no
+    trainerStatus), webhook and runtimes as shipped; TrainJobs take ``podSpecOverrides``
+    (``trainjobs.trainjob_body(..., legacy=True)``)."""
+    yield from started_cluster(pytestconfig, Cluster(flavour=FLAVOUR_LEGACY))
+
+
+@pytest.fixture(scope="session")
+def legacy_api(legacy_stack: Cluster) -> Iterator[client.ApiClient]:
+    """An admin ApiClient for :func:`legacy_stack`."""
+    api = legacy_stack.api_client()
     try:
-        kube_stack.install_flavour("before-v2.2")
-        yield kube_stack
+        yield api
     finally:
-        kube_stack.install_flavour(FLAVOUR_CURRENT)
+        api.close()
+
+
+@pytest.fixture
+def legacy_namespace(legacy_api: client.ApiClient, request: pytest.FixtureRequest
+                     ) -> Iterator[str]:
+    """A fresh namespace on :func:`legacy_stack`, deleted after the test."""
+    name = _namespace_name(request.node.name)
+    core = client.CoreV1Api(legacy_api)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=name, labels={"trainjob-progress.dev/test": "true"})))
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(client.ApiException, OSError):
+            core.delete_namespace(name)

@@ -55,21 +55,47 @@ class Write:
     status: dict[str, Any] | None
 
 
+def _entries_by_manager(obj: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["manager"]: e for e in trainer_status_entries(obj)}
+
+
+def writer_of_change(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> str | None:
+    """The field manager whose write turned ``before`` into ``after`` (two versions of one
+    TrainJob), from their managedFields: the owner whose entry's ``time`` changed
+    (the API server sets it for the manager that made the change); if none did
+    (both in the same second), the owner whose fields changed; else :func:`last_writer`.
+    """
+    old = _entries_by_manager(before) if before is not None else {}
+    new = _entries_by_manager(after)
+    timed = [m for m, e in new.items() if (old.get(m) or {}).get("time") != e.get("time")]
+    if len(timed) == 1:
+        return timed[0]
+    changed = [m for m, e in new.items()
+               if (old.get(m) or {}).get("fieldsV1") != e.get("fieldsV1")]
+    if len(changed) == 1:
+        return changed[0]
+    return last_writer(after)
+
+
 def writes(versions: Iterable[Mapping[str, Any]],
            seen_at: Sequence[datetime] | None = None) -> list[Write]:
-    """The versions whose trainerStatus differs from the version before, in order.
+    """The versions whose trainerStatus differs from the version before, in order,
+    each with its writer (:func:`writer_of_change`).
 
     ``seen_at`` (same length as ``versions``) is when the watch delivered each;
     without it each write is timed by its writer's managedFields ``time``.
     """
     result: list[Write] = []
     previous: object = None
+    before: Mapping[str, Any] | None = None
     for index, obj in enumerate(versions):
         status = (obj.get("status") or {}).get("trainerStatus")
         if status == previous:
+            before = obj
             continue
         previous = status
-        writer = last_writer(obj)
+        writer = writer_of_change(before, obj)
+        before = obj
         if seen_at is not None:
             at = seen_at[index]
         else:

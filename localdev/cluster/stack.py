@@ -21,8 +21,9 @@ kube-apiserver), :class:`Cluster` starts, all built from Go modules by
 Nodes: ``kwok-node-0`` (pods are simulated end to end by kwok's stages) and
 ``runner-node-0`` (tainted :data:`RUNNER_TAINT_KEY`; kwok gives its pods their
 IP and Running state, the pod runner runs them and owns their end).  A pod goes
-to the runner node through the TrainJob's ``podSpecOverrides`` (node selector
-and toleration, see :func:`runner_pod_overrides`).
+to the runner node through the TrainJob: Trainer v2.3.0's ``runtimePatches``
+(:func:`runner_runtime_patches`), v2.0.0's ``podSpecOverrides``
+(:func:`runner_pod_overrides`); both set a node selector and a toleration.
 
 Every process runs in its own process group with PDEATHSIG
 (:mod:`localdev.cluster.processes`), so none outlives the caller.  The
@@ -156,6 +157,24 @@ def trainer_service_host() -> str:
     """The Service name the Trainer puts in ``KUBEFLOW_TRAINER_SERVER_URL``
     (``<webhook service>.<operator namespace>.svc``)."""
     return f"{TRAINER_WEBHOOK_SERVICE}.{TRAINER_NAMESPACE}.svc"
+
+
+#: The manager name of the local cluster's TrainJob ``runtimePatches`` entry.
+RUNTIME_PATCH_MANAGER = "trainjob-progress.dev/local-cluster"
+
+
+def runner_runtime_patches(*jobs: str) -> list[dict[str, Any]]:
+    """Trainer v2.3.0 TrainJob ``spec.runtimePatches`` that put the pods of ``jobs`` on
+    the runner node (the field replaced ``podSpecOverrides``; one entry, manager
+    :data:`RUNTIME_PATCH_MANAGER`).  Pods of other jobs stay on the kwok node.
+    """
+    pod_spec = {
+        "nodeSelector": {RUNNER_TAINT_KEY: "true"},
+        "tolerations": [{"key": RUNNER_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    return [{"manager": RUNTIME_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {
+        "replicatedJobs": [{"name": job, "template": {"spec": {"template": {"spec": pod_spec}}}}
+                           for job in jobs]}}}}]
 
 
 def runner_pod_overrides(*jobs: str) -> list[dict[str, Any]]:
@@ -613,4 +632,5 @@ def _nodes_ready(core: client.CoreV1Api) -> bool:
     return True
 
 
-__all__ = ["FLAVOUR_CURRENT", "FLAVOUR_LEGACY", "Cluster", "runner_pod_overrides"]
+__all__ = ["FLAVOUR_CURRENT", "FLAVOUR_LEGACY", "Cluster", "runner_pod_overrides",
+           "runner_runtime_patches"]

@@ -1,7 +1,8 @@
 """TrainJobs on the local cluster's shipped runtimes, as a user creates them.
 
 Only the API a user has: a TrainJob (``spec.trainer.command``, ``env``,
-``numNodes``, ``podSpecOverrides``) on a ClusterTrainingRuntime.  The Trainer,
+``numNodes``, ``runtimePatches``; ``podSpecOverrides`` on Trainer v2.0.0) on a
+ClusterTrainingRuntime.  The Trainer,
 JobSet and Job controllers make the JobSet, Jobs and pods; the scheduler binds
 them, kwok and the pod runner (:mod:`localdev.cluster.podrunner`) run them.
 """
@@ -15,7 +16,7 @@ from typing import Any
 from kubernetes import client
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
-from localdev.cluster.stack import runner_pod_overrides
+from localdev.cluster.stack import runner_pod_overrides, runner_runtime_patches
 
 #: The replicated job that runs the trainer command in the shipped runtimes (torch,
 #: torchtune: ``node``; deepspeed, mlx, mpi: ``launcher``, while their ``node`` pods run
@@ -29,12 +30,13 @@ def trainjob_body(namespace: str, name: str, *, runtime: str = "torch-distribute
                   command: Sequence[str] | None = None,
                   env: Mapping[str, str | dict[str, Any]] | None = None,
                   num_nodes: int | None = None, run_jobs: Sequence[str] | None = None,
-                  suspend: bool | None = None) -> dict[str, Any]:
+                  suspend: bool | None = None, legacy: bool = False) -> dict[str, Any]:
     """A TrainJob on ClusterTrainingRuntime ``runtime``.
 
     ``run_jobs`` are the replicated jobs whose pods the pod runner runs (default:
     :data:`TRAINER_JOBS` of the runtime, else ``node``); the others are simulated
-    by kwok.  ``command`` replaces the trainer container's command.
+    by kwok.  ``command`` replaces the trainer container's command.  ``legacy``:
+    for Trainer v2.0.0 (``podSpecOverrides`` instead of v2.3.0's ``runtimePatches``).
     """
     trainer: dict[str, Any] = {}
     if command is not None:
@@ -45,11 +47,14 @@ def trainjob_body(namespace: str, name: str, *, runtime: str = "torch-distribute
                           else {"name": k, "valueFrom": v} for k, v in env.items()]
     if num_nodes is not None:
         trainer["numNodes"] = num_nodes
+    jobs = run_jobs if run_jobs is not None else TRAINER_JOBS.get(runtime, ("node",))
     spec: dict[str, Any] = {
         "runtimeRef": {"name": runtime, "apiGroup": API_GROUP, "kind": "ClusterTrainingRuntime"},
-        "podSpecOverrides": runner_pod_overrides(
-            *(run_jobs if run_jobs is not None else TRAINER_JOBS.get(runtime, ("node",)))),
     }
+    if legacy:
+        spec["podSpecOverrides"] = runner_pod_overrides(*jobs)
+    else:
+        spec["runtimePatches"] = runner_runtime_patches(*jobs)
     if trainer:
         spec["trainer"] = trainer
     if suspend is not None:

@@ -85,6 +85,7 @@ class ListWatch:
         handoff: how the thread hands a callback and its arguments over; default: run it
             on ``loop`` (``call_soon_threadsafe``).  A handoff may block the thread
             (backpressure); it should give up once :attr:`stopping` is set.
+        slim: applied to every object before it is handed over (default :func:`slim`).
     """
 
     def __init__(
@@ -99,7 +100,9 @@ class ListWatch:
         relist_interval: float = 0.0,
         backoff: Backoff = WATCH_BACKOFF,
         handoff: Callable[[Callable[..., None], tuple[Any, ...]], None] | None = None,
+        slim: Callable[[Obj], Obj] = slim,
     ) -> None:
+        self._slim = slim
         self._lister = lister
         self._handoff = handoff
         self.name = name
@@ -152,7 +155,7 @@ class ListWatch:
                 kwargs["_continue"] = cont
             resp = self._lister(**kwargs)
             body = json.loads(resp.data)
-            items.extend(slim(o) for o in body.get("items") or [])
+            items.extend(self._slim(o) for o in body.get("items") or [])
             meta = body.get("metadata") or {}
             cont = meta.get("continue")
             if not cont:
@@ -185,7 +188,7 @@ class ListWatch:
                 resource_version = (obj.get("metadata") or {}).get(
                     "resourceVersion", resource_version)
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self._deliver(self._on_event, kind, slim(obj))
+                    self._deliver(self._on_event, kind, self._slim(obj))
         except ApiException as exc:
             if exc.status == 410:
                 raise _Gone() from None

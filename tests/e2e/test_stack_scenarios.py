@@ -110,23 +110,23 @@ def test_namespace_deleted_while_training(kube_stack: Cluster, stack_api: client
 
 
 def test_before_v2_2_flavour_one_error_and_event_series_still_served(
-        legacy_stack_flavour: Cluster, stack_api: client.ApiClient, stack_namespace: str,
+        legacy_stack: Cluster, legacy_api: client.ApiClient, legacy_namespace: str,
         tmp_path: Path) -> None:
-    ns = stack_namespace
-    with scraper(legacy_stack_flavour, ns, tmp_path) as child:
-        trainjobs.create(stack_api, trainjobs.trainjob_body(
+    ns = legacy_namespace
+    with scraper(legacy_stack, ns, tmp_path) as child:
+        trainjobs.create(legacy_api, trainjobs.trainjob_body(
             ns, "old", env={"RUN_ID": "old"},
-            command=trainer_command("--steps", "40", "--step-seconds", "0.3")))
+            command=trainer_command("--steps", "40", "--step-seconds", "0.3"), legacy=True))
         deadline = time.monotonic() + TIMEOUT
         events: list[client.CoreV1Event] = []
         while time.monotonic() < deadline and not events:
-            events = [e for e in client.CoreV1Api(stack_api).list_namespaced_event(ns).items
+            events = [e for e in client.CoreV1Api(legacy_api).list_namespaced_event(ns).items
                       if e.reason == "TrainerStatusUnsupported"]
             time.sleep(0.5)
         assert len(events) == 1, events
         assert events[0].involved_object.name == "old"
         assert events[0].type == "Warning"
-        obj = trainjobs.get(stack_api, ns, "old")
+        obj = trainjobs.get(legacy_api, ns, "old")
         assert "trainerStatus" not in (obj.get("status") or {})
         # The exporter's series are still served to Prometheus through the scraper.
         writes = scraper_metric(child, "trainjob_scraper_status_writes_total")
@@ -138,19 +138,19 @@ def test_before_v2_2_flavour_one_error_and_event_series_still_served(
 
 
 def test_before_v2_2_flavour_auto_target_writes_progress_and_final_to_the_annotation(
-        legacy_stack_flavour: Cluster, stack_api: client.ApiClient, stack_namespace: str,
+        legacy_stack: Cluster, legacy_api: client.ApiClient, legacy_namespace: str,
         tmp_path: Path) -> None:
     """``--status-target auto`` on Trainer v2.0.0's CRD (docs/scraper.md, "Trainer before
     v2.2: the annotation"): the real controllers run the TrainJob, the status lands in the
     annotation, the final one (100 %) included, with no Event and no ERROR."""
-    ns = stack_namespace
-    with scraper(legacy_stack_flavour, ns, tmp_path, ["--status-target", "auto"]) as child:
-        trainjobs.create(stack_api, trainjobs.trainjob_body(
+    ns = legacy_namespace
+    with scraper(legacy_stack, ns, tmp_path, ["--status-target", "auto"]) as child:
+        trainjobs.create(legacy_api, trainjobs.trainjob_body(
             ns, "old", env={"RUN_ID": "old"},
-            command=trainer_command("--steps", "20", "--step-seconds", "0.3")))
+            command=trainer_command("--steps", "20", "--step-seconds", "0.3"), legacy=True))
 
         def annotated() -> TrainerStatus | None:
-            value = (trainjobs.get(stack_api, ns, "old")["metadata"].get("annotations")
+            value = (trainjobs.get(legacy_api, ns, "old")["metadata"].get("annotations")
                      or {}).get(TRAINER_STATUS_ANNOTATION)
             return None if value is None else decode_annotation(value)
 
@@ -159,13 +159,13 @@ def test_before_v2_2_flavour_auto_target_writes_progress_and_final_to_the_annota
             assert time.monotonic() < deadline, "no status in the annotation"
             time.sleep(0.3)
         assert first.metrics_dict()["run"] == "old"
-        trainjobs.wait_finished(stack_api, ns, "old", TIMEOUT)
+        trainjobs.wait_finished(legacy_api, ns, "old", TIMEOUT)
         while (last := annotated()) is None or last.progress_percentage != 100:
             assert time.monotonic() < deadline, f"final status not in the annotation: {last}"
             time.sleep(0.3)
-        obj = trainjobs.get(stack_api, ns, "old")
+        obj = trainjobs.get(legacy_api, ns, "old")
         assert "trainerStatus" not in (obj.get("status") or {})
-        assert [e for e in client.CoreV1Api(stack_api).list_namespaced_event(ns).items
+        assert [e for e in client.CoreV1Api(legacy_api).list_namespaced_event(ns).items
                 if e.reason == "TrainerStatusUnsupported"] == []
         writes = scraper_metric(child, "trainjob_scraper_status_writes_total")
         assert 'result="not_stored"' not in writes, writes

@@ -82,13 +82,15 @@ def _terminated(api: client.ApiClient, namespace: str, name: str) -> Any:
 def run_both_writers(cluster: Cluster, api: client.ApiClient, namespace: str, workdir: Path,
                      *, name: str = "both", epochs: int = 2, samples: int = 256,
                      down_at_progress: int | None = None,
-                     scraper_options: Sequence[str] = ()) -> Run:
+                     scraper_options: Sequence[str] = (),
+                     scraper_env: dict[str, str] | None = None) -> Run:
     """Run one training with both writers and watch its TrainJob; return what was seen.
 
     ``down_at_progress``: once the TrainJob holds at least that progress, stop the
     Trainer controller (with it the status server) until the pod ended and the
     final status arrived (or :data:`FINAL_TIMEOUT_SECONDS` passed), then start it
-    again.
+    again.  ``scraper_options``/``scraper_env`` go to the scraper's command line and
+    environment (e.g. a ``PYTHONPATH`` with another version of the scraper).
 
     Raises:
         TimeoutError: the TrainJob did not finish within :data:`TRAINING_TIMEOUT_SECONDS`.
@@ -101,7 +103,7 @@ def run_both_writers(cluster: Cluster, api: client.ApiClient, namespace: str, wo
     exit_code: int | None = None
     final_while_down = None
     down = None
-    with scraper(cluster, namespace, workdir, scraper_options) as child, \
+    with scraper(cluster, namespace, workdir, scraper_options, scraper_env) as child, \
             recording(api, namespace, name) as recorder:
         trainjobs.create(api, trainjobs.trainjob_body(namespace, name, command=command,
                                                       env={"PYTHONUNBUFFERED": "1"}))

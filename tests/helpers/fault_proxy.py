@@ -97,6 +97,7 @@ class Seen:
     status: int | None = None  # answered status; None while in flight or cut
     injected: bool = False  # answered (or altered) by a fault, not only forwarded
     finished: float | None = None  # time.monotonic() when the response ended
+    answer: bytes = b""  # the API server's body (not for watches)
     watch_errors: list[dict[str, Any]] = field(default_factory=list)  # ERROR events' objects
 
 
@@ -322,12 +323,17 @@ class FaultProxy:
                 resp.headers.add(name, value)
         if upstream.content_length is not None:
             resp.content_length = upstream.content_length
-        await resp.prepare(request)
         if not seen.watch:
-            await resp.write(await upstream.read())
-            await resp.write_eof()
+            data = await upstream.read()
+            # The API server's answer is recorded before it is relayed: a client that died
+            # while its request was held (a SIGKILLed leader) cannot take it any more.
             seen.status, seen.finished = upstream.status, time.monotonic()
+            seen.answer = data
+            await resp.prepare(request)
+            await resp.write(data)
+            await resp.write_eof()
             return resp
+        await resp.prepare(request)
         done = asyncio.Event()
         self._watches[id(request)] = (request, done)
         seen.status = upstream.status

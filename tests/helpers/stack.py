@@ -157,10 +157,12 @@ def recording(api: client.ApiClient, namespace: str, name: str) -> Iterator[Trai
 
 @contextlib.contextmanager
 def scraper(cluster: Cluster, namespace: str, workdir: Path,
-            options: Sequence[str] = ()) -> Iterator[Child]:
-    """``trainjob-scraper run`` against the local cluster, for ``namespace``."""
+            options: Sequence[str] = (), env: dict[str, str] | None = None) -> Iterator[Child]:
+    """``trainjob-scraper run`` against the local cluster, for ``namespace``
+    (``env`` added to its environment)."""
     child = start_scraper(workdir, kubeconfig=cluster.kubeconfig_path, port=free_port(),
-                          options=["--interval", "1s", "--namespaces", namespace, *options])
+                          options=["--interval", "1s", "--namespaces", namespace, *options],
+                          env=env)
     try:
         wait_http_ok(child.extra["base_url"] + "/readyz", child)
         yield child

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator
+from typing import Any
 
 from kubernetes import client
 
@@ -13,24 +14,27 @@ from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from scraper.annotation_target import StatusTarget
 from scraper.kube.informer import ListWatch
 from scraper.status_writer import StatusWriter
-from scraper.trainjobs import TrainJobStore
+from scraper.trainjobs import TrainJobStore, slim_trainjob
 
 
 @contextlib.asynccontextmanager
 async def running_writer(api: client.ApiClient, namespace: str, *, qps: float = 50,
                          burst: int = 50, metrics_interval: float = 0.0,
-                         target: StatusTarget = StatusTarget.STATUS,
+                         target: StatusTarget = StatusTarget.STATUS, **options: Any,
                          ) -> AsyncIterator[tuple[StatusWriter, ListWatch]]:
-    """A :class:`StatusWriter` whose store watches TrainJobs of ``namespace`` (synced)."""
+    """A :class:`StatusWriter` whose store watches TrainJobs of ``namespace`` (synced);
+    ``options`` go to :meth:`StatusWriter.for_client` (e.g. ``other_writer_grace``)."""
     store = TrainJobStore([namespace])
     custom = client.CustomObjectsApi(api)
     watch = ListWatch(
         functools.partial(custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
                           namespace, TRAINJOB_PLURAL),
         name=f"trainjobs/{namespace}", loop=asyncio.get_running_loop(),
-        on_list=functools.partial(store.on_list, namespace), on_event=store.on_event)
+        on_list=functools.partial(store.on_list, namespace), on_event=store.on_event,
+        slim=slim_trainjob)
     writer = StatusWriter.for_client(api, identity="test", qps=qps, burst=burst, store=store,
-                                     metrics_interval=metrics_interval, target=target)
+                                     metrics_interval=metrics_interval, target=target,
+                                     **options)
     watch.start()
     writer.start()
     try:

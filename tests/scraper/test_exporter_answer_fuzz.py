@@ -126,7 +126,8 @@ class Events:
 
 class Writer:
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
-                    final: bool = False, uid: str = "") -> WriteOutcome:
+                    final: bool = False, uid: str = "", seen: float | None = None,
+                    finished_at: float | None = None) -> WriteOutcome:
         return WriteOutcome.WRITTEN
 
 

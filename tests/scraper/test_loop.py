@@ -97,7 +97,8 @@ class FakeWriter:
     applied: list[tuple[str, str, TrainerStatus]] = field(default_factory=list)
 
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
-                    final: bool = False, uid: str = "") -> WriteOutcome:
+                    final: bool = False, uid: str = "", seen: float | None = None,
+                    finished_at: float | None = None) -> WriteOutcome:
         self.applied.append((namespace, name, status))
         outcome = self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]
         if isinstance(outcome, BaseException):

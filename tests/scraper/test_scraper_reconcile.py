@@ -34,7 +34,9 @@ async def test_force_takes_ownership_and_removes_dropped_fields(
         {"status": {"trainerStatus": {"progressPercentage": 5, "estimatedRemainingSeconds": 9,
                                       "lastUpdatedTime": "2025-01-01T00:00:00Z"}}},
         field_manager="someone-else")
-    async with running_writer(kube_api, namespace) as (rec, _):
+    # Its write is quiet at once (grace 0): the rule for other writers lets news in, and
+    # force takes the field (docs/scraper.md, "Other writers and time").
+    async with running_writer(kube_api, namespace, other_writer_grace=0.0) as (rec, _):
         await _force_and_remove(rec, kube_api, namespace)
 
 

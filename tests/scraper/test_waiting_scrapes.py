@@ -39,7 +39,8 @@ class Writer:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
-                    final: bool = False, uid: str = "") -> WriteOutcome:
+                    final: bool = False, uid: str = "", seen: float | None = None,
+                    finished_at: float | None = None) -> WriteOutcome:
         self.applied.append((time.monotonic(), status.progress_percentage))
         self.arrived.set()
         return WriteOutcome.WRITTEN

@@ -76,6 +76,7 @@ would print 1048576 as 1.048576e+06.
   "write_attempts" (int $c.writeAttempts)
   "resync_interval" $c.resyncInterval
   "metrics_write_interval" $c.metricsWriteInterval
+  "other_writer_grace" $c.otherWriterGrace
   "status_target" $c.statusTarget
   "shutdown_timeout" $c.shutdownTimeout
   "log_level" $c.logLevel

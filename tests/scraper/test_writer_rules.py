@@ -1,0 +1,286 @@
+"""The rule for other writers and time (docs/scraper.md, "Other writers and time"), in
+process: hypothesis over the decisions of :mod:`scraper.writer_rules` and over whole
+runs of the real scrape loop (:class:`scraper.loop.ScrapeLoop`) feeding a writer that
+decides with the real rule.
+
+The exporter and the TrainJob are fakes here (orders of answers, sequences, clock
+offsets and foreign writes are what is generated); the same rule against the real API
+server, real exporters and a real second writer is ``test_writer_rules_api.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporter_lib.status import TrainerStatus
+from scraper.loop import ScrapeLoop, TargetState
+from scraper.scraping import Fresh, NotModified, ScrapeResult
+from scraper.status_writer import WriteOutcome
+from scraper.targets import Target
+from scraper.telemetry import JobView
+from scraper.trainjobs import OUR_FIELD_MANAGER, Writer
+from scraper.writer_rules import (
+    FUTURE_LIMIT_SECONDS,
+    Report,
+    Sequence,
+    Skew,
+    Verdict,
+    decide,
+    is_late,
+    same_content,
+    sequence_of,
+    settle_time,
+)
+
+BASE = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
+GRACE = 60.0
+
+seconds = st.integers(min_value=-10 * 86400, max_value=10 * 86400)
+
+
+def _status(progress: int, at: datetime = BASE) -> TrainerStatus:
+    return TrainerStatus(progress_percentage=progress, last_updated_time=at)
+
+
+# ---------------------------------------------------------------- time (rule 5)
+
+
+@given(reported=seconds, held=st.none() | seconds, arrival=seconds)
+def test_time_never_moves_back_silently(reported: int, held: int | None,
+                                        arrival: int) -> None:
+    rep = BASE + timedelta(seconds=reported)
+    hold = None if held is None else BASE + timedelta(seconds=held)
+    arr = BASE + timedelta(seconds=arrival, microseconds=250_000)
+    written, skew = settle_time(rep, hold, arr)
+    arrival_whole = arr.replace(microsecond=0)
+    if skew is None:
+        # The report's own time is written only when it neither moves the held time back
+        # nor runs more than a minute ahead of the scraper's clock.
+        assert written == rep
+        assert hold is None or written >= hold
+        assert (written - arrival_whole).total_seconds() <= FUTURE_LIMIT_SECONDS
+    else:
+        assert written == arrival_whole
+        if skew is Skew.FUTURE:
+            assert (rep - arrival_whole).total_seconds() > FUTURE_LIMIT_SECONDS
+        else:
+            assert hold is not None and rep < hold
+    # Whatever was written: never more than the limit ahead of the scraper's clock, and
+    # below the held time only when the held time itself is ahead of the scraper's clock.
+    assert (written - arrival_whole).total_seconds() <= FUTURE_LIMIT_SECONDS
+    if hold is not None and written < hold:
+        assert skew is not None and arrival_whole < hold
+
+
+def test_time_named_cases_of_issue_21() -> None:
+    arrival = BASE
+    # One hour older than what the TrainJob holds: the arrival time, counted as "back".
+    assert settle_time(BASE - timedelta(hours=1), BASE - timedelta(minutes=1), arrival) == (
+        arrival, Skew.BACK)
+    # The held status came from 10 minutes in the future; the report is an hour old: the
+    # arrival time (older than the held one: it was in the future), still "back".
+    assert settle_time(BASE - timedelta(hours=1), BASE + timedelta(minutes=10), arrival) == (
+        arrival, Skew.BACK)
+    assert settle_time(BASE + timedelta(minutes=2), None, arrival) == (arrival, Skew.FUTURE)
+    assert settle_time(BASE + timedelta(seconds=59), None, arrival) == (
+        BASE + timedelta(seconds=59), None)
+
+
+# ---------------------------------------------------------------- decisions (rules 2-4)
+
+
+writers = st.builds(Writer, manager=st.sampled_from([OUR_FIELD_MANAGER, "trainer-status",
+                                                     "kubectl-edit"]),
+                    time=st.floats(0, 2e9), seen=st.floats(-1e6, 1e6))
+
+
+@given(writer=st.none() | writers, held=st.none() | st.integers(0, 100),
+       new=st.integers(0, 100), seen=st.floats(-1e6, 1e6) | st.just(float("-inf")),
+       final=st.booleans(), finished=st.none() | st.floats(0, 2e9),
+       now=st.floats(-1e6, 2e6))
+def test_decide_follows_the_rule(writer: Writer | None, held: int | None, new: int,
+                                 seen: float, final: bool, finished: float | None,
+                                 now: float) -> None:
+    there = None if held is None else _status(held)
+    report = Report(_status(new), seen, final, finished if final else None)
+    verdict = decide(there, writer, report, now=now, grace=GRACE)
+    if there is not None and same_content(there, report.status):
+        assert verdict is Verdict.UNCHANGED
+        return
+    foreign = there is not None and writer is not None and not writer.ours
+    if not foreign:
+        assert verdict is Verdict.WRITE  # nobody else's status is there
+        return
+    assert writer is not None
+    if final:
+        # Rule 4: a final is never deferred by a live writer; only a write of the other
+        # writer after the container ended counts as its delivery.
+        delivered = finished is not None and writer.time >= finished
+        assert verdict is (Verdict.DELIVERED if delivered else Verdict.WRITE)
+    elif now - writer.seen < GRACE:
+        assert verdict is Verdict.OTHER_WRITER  # rule 2: a live writer keeps the field
+    else:
+        # Rule 3: only a report whose content changed after that write is news.
+        assert verdict is (Verdict.WRITE if seen > writer.seen else Verdict.NOT_NEWS)
+
+
+# ---------------------------------------------------------------- sequences
+
+
+@given(start=st.sampled_from(["a1", "b2"]), n=st.integers(0, 2**40),
+       other_start=st.sampled_from(["a1", "b2"]), m=st.integers(0, 2**40))
+def test_sequence_orders_one_process_only(start: str, n: int, other_start: str,
+                                          m: int) -> None:
+    last = sequence_of(f"{n}; start={start}")
+    new = sequence_of(f" {m} ;start={other_start}")
+    assert last == Sequence(start, n) and new == Sequence(other_start, m)
+    assert is_late(last, new) is (start == other_start and m < n)
+    assert not is_late(None, new) and not is_late(last, None)
+
+
+@given(st.text(max_size=40))
+def test_malformed_sequence_header_is_no_order(header: str) -> None:
+    parsed = sequence_of(header)
+    if parsed is not None:
+        assert f"{parsed.n}" in header and parsed.start in header
+
+
+# ---------------------------------------------------------------- whole runs of the loop
+
+
+@dataclass
+class ScriptedExporter:
+    """Answers with whatever the step sets; 304 for a matching ETag when it sends ETags."""
+
+    status: TrainerStatus
+    sequence: Sequence | None
+    etags: bool
+    late: list[Fresh] = field(default_factory=list)  # answers delivered out of order
+
+    async def scrape(self, target: Target, etag: str | None = None) -> ScrapeResult:
+        if self.late:
+            return self.late.pop(0)
+        tag = f'"{hash((self.status, self.sequence))}"' if self.etags else None
+        if tag is not None and etag == tag:
+            return NotModified()
+        return Fresh(self.status, tag, sequence=self.sequence)
+
+    async def wait_for_change(self, target: Target, etag: str | None,
+                              wait: float) -> ScrapeResult:
+        return await self.scrape(target, etag)
+
+
+@dataclass
+class RuleWriter:
+    """A TrainJob and a writer that decides with the real rule (no queue, no API)."""
+
+    clock: list[float]
+    held: TrainerStatus | None = None
+    writer: Writer | None = None
+    written: list[tuple[float, TrainerStatus, float]] = field(default_factory=list)
+
+    async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
+                    final: bool = False, uid: str = "", seen: float | None = None,
+                    finished_at: float | None = None) -> WriteOutcome:
+        now = self.clock[0]
+        report = Report(status, now if seen is None else seen, final, finished_at)
+        verdict = decide(self.held, self.writer, report, now=now, grace=GRACE)
+        if verdict is Verdict.UNCHANGED:
+            return WriteOutcome.UNCHANGED
+        if verdict is not Verdict.WRITE:
+            return WriteOutcome.DEFERRED
+        self.written.append((now, status, report.seen))
+        self.held, self.writer = status, Writer(OUR_FIELD_MANAGER, now, now)
+        return WriteOutcome.WRITTEN
+
+    def foreign(self, status: TrainerStatus) -> None:
+        now = self.clock[0]
+        self.held, self.writer = status, Writer("trainer-status", now, now)
+
+
+class NoEvents:
+    async def event(self, namespace: str, name: str, reason: str, message: str) -> None:
+        return None
+
+
+steps = st.lists(st.one_of(
+    st.tuples(st.just("report"), st.integers(0, 3)),  # the exporter's content changes
+    st.tuples(st.just("same"), st.integers(0, 0)),  # it answers again, unchanged
+    st.tuples(st.just("late"), st.integers(1, 3)),  # an older answer arrives late
+    st.tuples(st.just("foreign"), st.integers(50, 53)),  # the other writer writes
+    st.tuples(st.just("tick"), st.integers(1, 90)),  # seconds pass
+), min_size=1, max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(script=steps, etags=st.booleans(), sequenced=st.booleans())
+def test_loop_and_rule_over_any_order(script: list[tuple[str, int]], etags: bool,
+                                      sequenced: bool) -> None:
+    """Whatever the order of answers, late answers and foreign writes, and whatever the
+    wire format (ETag or not, sequence or not): no progress write while the other writer
+    is live, after its write only content that changed after it (and that content once
+    the writer is quiet), never a late answer's status."""
+    clock = [1000.0]
+    writer = RuleWriter(clock)
+    n = 0
+    history: list[Fresh] = []
+
+    def answer(progress: int) -> tuple[TrainerStatus, Sequence | None]:
+        return _status(progress, BASE + timedelta(seconds=n)), (
+            Sequence("p1", n) if sequenced else None)
+
+    status, seq = answer(0)
+    exporter = ScriptedExporter(status, seq, etags)
+    loop = ScrapeLoop(exporter, writer, NoEvents(), backoff_max=60.0,
+                      clock=lambda: clock[0], waiting=False)
+    state = TargetState(JobView("ns", "tj", "pod"))
+    state.target = Target("ns", "tj", "pod", "uid", "http://127.0.0.1:1/metrics", 10.0)
+
+    async def run() -> None:
+        nonlocal n
+        foreign_at: float | None = None
+        late_statuses: set[TrainerStatus] = set()
+        model_content: TrainerStatus | None = None
+        model_seen = float("-inf")
+        for kind, value in script:
+            if kind == "report":
+                n += 1
+                exporter.status, exporter.sequence = answer(value)
+                history.append(Fresh(exporter.status, None, sequence=exporter.sequence))
+            elif kind == "late" and sequenced and len(history) > value:
+                old = history[-1 - value]
+                if old.status != exporter.status:
+                    exporter.late.append(old)
+                    late_statuses.add(old.status)
+            elif kind == "foreign":
+                writer.foreign(_status(value, BASE + timedelta(hours=1)))
+                foreign_at = clock[0]
+            elif kind == "tick":
+                clock[0] += value
+            before = len(writer.written)
+            late_answer = bool(exporter.late)
+            await loop.run(state)
+            if not late_answer and exporter.status != model_content:
+                # The model's own account of when the loop first got this content.
+                model_seen = clock[0] if model_content is not None else float("-inf")
+                model_content = exporter.status
+            if (foreign_at is not None and not late_answer
+                    and clock[0] - foreign_at >= GRACE and model_seen > foreign_at):
+                # And the other side of rule 3: news after a quiet writer is written.
+                assert same_content(writer.held, exporter.status), (writer.held, foreign_at)
+            for at, written, seen in writer.written[before:]:
+                if foreign_at is not None:
+                    # Rule 2: nothing while the other writer is live.
+                    assert at - foreign_at >= GRACE, (at, foreign_at)
+                    # Rule 3: only content first seen after the other writer's write.
+                    assert seen > foreign_at, (seen, foreign_at)
+                # A late answer (lower sequence of the same process) is never written.
+                assert written not in late_statuses
+                foreign_at = None  # ours again: the next foreign write starts over
+
+    asyncio.run(run())
