@@ -71,6 +71,7 @@ from kubernetes import client
 from benchmarks.cp import _Scraper, _Watcher, percentile
 from benchmarks.procstat import cpu_seconds
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+from localdev.cluster.controlplane import ControlPlaneError
 from localdev.cluster.stack import Cluster
 from localdev.cluster.trainjobs import trainjob_body
 
@@ -442,8 +443,16 @@ def _cluster(design: str) -> Iterator[Cluster]:
     kwargs: dict[str, Any] = {"audit_log": "Request"}
     if design == "push":
         kwargs["push"] = True
-    cluster = Cluster(**kwargs)
-    cluster.start()
+    # One retry: a free port picked for a controller can be taken before it binds
+    # (seen with seven engineers' clusters on one machine).
+    for attempt in range(2):
+        cluster = Cluster(**kwargs)
+        try:
+            cluster.start()
+            break
+        except ControlPlaneError:
+            if attempt:
+                raise
     try:
         yield cluster
     finally:
