@@ -36,6 +36,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import secrets
 import ssl
 import subprocess
 import sys
@@ -67,7 +68,9 @@ from localdev.cluster.mounts import private_mount_prefix, with_bind_mounts
 from localdev.cluster.pki import serving_pki
 
 #: Fake nodes.  Their pod CIDRs are loopback ranges: a process bound to a pod IP
-#: is reached over ``lo`` like any 127.0.0.0/8 address.
+#: is reached over ``lo`` like any 127.0.0.0/8 address.  These are the defaults'
+#: shapes; each cluster picks its own pair (:func:`pod_cidrs`), so exporters of two
+#: clusters on one machine do not get the same pod IP and port.
 KWOK_NODE = "kwok-node-0"
 KWOK_NODE_CIDR = "127.0.20.0/24"
 RUNNER_NODE = "runner-node-0"
@@ -127,6 +130,14 @@ KWOK_POD_STAGES = ("pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml",
                    "pod/fast/pod-delete.yaml")
 #: Pod stages that end a pod: the runner node's pods are excluded from them.
 KWOK_ENDING_STAGES = ("pod-complete", "pod-delete")
+
+
+def pod_cidrs() -> tuple[str, str]:
+    """A random pair of loopback /24s for the kwok and the runner node of one cluster
+    (``127.<64..191>.<0..254>.0/24`` and the next /24): concurrent clusters on one
+    machine (tests of several engineers) then hand their pods different IPs."""
+    second, third = secrets.choice(range(64, 192)), secrets.choice(range(0, 254, 2))
+    return f"127.{second}.{third}.0/24", f"127.{second}.{third + 1}.0/24"
 
 
 def trainer_configuration(*, webhook_port: int, probe_port: int, status_port: int,
@@ -261,6 +272,8 @@ class Cluster(ControlPlane):
                              f"Trainer v2.0.0 has no status server")
         self.flavour = flavour
         self.push = push
+        self.kwok_cidr, self.runner_cidr = pod_cidrs()
+        """Pod CIDRs of the kwok node and the runner node (loopback, this cluster's own)."""
         self._trainer_flavour = flavour
         self.status_server_port: int | None = None
         """Port of the Trainer's status server (any interface; ``push`` only)."""
@@ -382,7 +395,7 @@ class Cluster(ControlPlane):
         kwok_config = work / "kwok.yaml"
         kwok_config.write_text(yaml.safe_dump_all([
             {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
-             "options": KWOK_OPTIONS},
+             "options": {**KWOK_OPTIONS, "cidr": self.kwok_cidr}},
             *kwok_stages(manifests / "kwok" / "stage", [RUNNER_NODE]),
         ], sort_keys=False))
         self._spawn("kwok", [str(stack["kwok"]), f"--kubeconfig={kubeconfig}",
@@ -415,8 +428,8 @@ class Cluster(ControlPlane):
         self._wait("pod runner", ready_file.exists)
 
     def _create_nodes(self, core: client.CoreV1Api) -> None:
-        for name, cidr, runner in ((KWOK_NODE, KWOK_NODE_CIDR, False),
-                                   (RUNNER_NODE, RUNNER_NODE_CIDR, True)):
+        for name, cidr, runner in ((KWOK_NODE, self.kwok_cidr, False),
+                                   (RUNNER_NODE, self.runner_cidr, True)):
             labels = {KWOK_NODE_LABEL: KWOK_NODE_LABEL_VALUE, "kubernetes.io/hostname": name}
             spec: dict[str, Any] = {"podCIDR": cidr, "podCIDRs": [cidr]}
             if runner:
