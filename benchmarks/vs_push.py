@@ -14,9 +14,10 @@ reporting every ``every`` seconds, once per design:
 
 Each run of N TrainJobs at one ``every``: the trainings all end at the same wall time
 ``end``; the figures are taken over a window ``[a, b]`` from once every pod runs to
-``b = end - fault/2``; at ``b`` the process doing the work (push: the Trainer
-controller, which serves the status server; pull: the scraper) is SIGKILLed and
-started again at ``end + fault/2``, so its outage spans every training's end.
+``b = end - fault/2``; at ``b`` the process doing the work is stopped (push: the
+Trainer controller, which serves the status server, by ``Cluster.stop_component``,
+SIGTERM then SIGKILL; pull: the scraper, SIGKILL) and started again at
+``end + fault/2``, so its outage spans every training's end.
 
 Figures per design and run (keys of the JSON, each a mapping from the run's label,
 e.g. ``N=20 every=1s``, to its value):
