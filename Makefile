@@ -29,6 +29,7 @@ bench:
 	.venv/bin/python -m benchmarks.churn --api
 	.venv/bin/python -m benchmarks.cluster_scale
 	.venv/bin/python -m benchmarks.log_source --report
+	.venv/bin/python -m benchmarks.vs_push
 
 image:
 	scripts/bootstrap test

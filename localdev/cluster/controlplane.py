@@ -47,6 +47,35 @@ SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 LOG_TAIL_LINES = 40
 #: Timeout of one kubectl invocation (seconds).
 KUBECTL_TIMEOUT_SECONDS = 120.0
+#: Verbs that change an object: the ones the audit policy logs.
+AUDIT_WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+
+
+def audit_policy(status_level: str = "Metadata") -> dict[str, Any]:
+    """The audit Policy of ``audit_log``: writes only, each event once (ResponseComplete).
+
+    Writes to ``trainjobs/status`` (and ``trainjobs``) are logged at ``status_level``
+    (``Metadata``, or ``Request`` to keep the request body); every other write at
+    ``Metadata``; reads are not logged.  A Metadata event carries ``user``,
+    ``userAgent``, ``verb``, ``objectRef`` and ``requestURI``, whose query names the
+    ``fieldManager`` of a patch (audit.k8s.io/v1 Policy, Kubernetes' auditing docs).
+
+    Raises:
+        ValueError: ``status_level`` is neither ``Metadata`` nor ``Request``.
+    """
+    if status_level not in ("Metadata", "Request"):
+        raise ValueError(f"status_level={status_level!r}: must be 'Metadata' or 'Request'")
+    return {
+        "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+        "omitStages": ["RequestReceived", "ResponseStarted", "Panic"],
+        "rules": [
+            {"level": status_level, "verbs": list(AUDIT_WRITE_VERBS),
+             "resources": [{"group": "trainer.kubeflow.org",
+                            "resources": ["trainjobs", "trainjobs/status"]}]},
+            {"level": "Metadata", "verbs": list(AUDIT_WRITE_VERBS)},
+            {"level": "None"},
+        ],
+    }
 
 
 class ControlPlaneError(RuntimeError):
@@ -74,11 +103,19 @@ class ControlPlane:
     group ``system:masters``; restricted identities are ServiceAccounts whose
     tokens come from the TokenRequest API (:meth:`service_account_token`).
 
+    ``audit_log`` (``Metadata`` or ``Request``, default off) turns the API server's
+    audit log on with :func:`audit_policy` at that level for TrainJob writes; the
+    events (JSON lines) go to :attr:`audit_log_path`.
+
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
 
     def __init__(self, assets_dir: str | Path | None = None,
-                 workdir: str | Path | None = None, *, controllers: bool = False) -> None:
+                 workdir: str | Path | None = None, *, controllers: bool = False,
+                 audit_log: str | None = None) -> None:
+        if audit_log is not None:
+            audit_policy(audit_log)  # refuses an unknown level before anything starts
+        self._audit_log = audit_log
         self._controllers = controllers
         self._assets_dir = None if assets_dir is None else str(assets_dir)
         self._own_workdir = workdir is None
@@ -191,6 +228,13 @@ class ControlPlane:
             "--kubelet-preferred-address-types=InternalIP",
             f"--cert-dir={work / 'pki'}",
         ]
+        if self._audit_log is not None:
+            policy = work / "audit-policy.yaml"
+            policy.write_text(yaml.safe_dump(audit_policy(self._audit_log), sort_keys=False))
+            self._apiserver_args += [f"--audit-policy-file={policy}",
+                                     f"--audit-log-path={work / 'audit.log'}",
+                                     # One file however long the run: no rotation.
+                                     "--audit-log-maxsize=0", "--audit-log-format=json"]
         self._apiserver = processes.spawn(self._apiserver_args, work / "kube-apiserver.log")
         self._wait_ready()
         self._write_kubeconfig(self.kubeconfig_path, self._admin_user())
@@ -320,6 +364,17 @@ class ControlPlane:
     def ca_cert_path(self) -> Path:
         """PEM of the CA that signed the API server's serving certificate."""
         return self._require()[1].ca_cert
+
+    @property
+    def audit_log_path(self) -> Path:
+        """The audit log (JSON lines, ``audit.k8s.io/v1`` Events) when ``audit_log`` is on.
+
+        Raises:
+            ControlPlaneError: not started, or started without ``audit_log``.
+        """
+        if self._audit_log is None:
+            raise ControlPlaneError("audit log is off: pass audit_log='Metadata' or 'Request'")
+        return self._require()[0] / "audit.log"
 
     @property
     def kubeconfig_path(self) -> Path:

@@ -270,8 +270,8 @@ class Cluster(ControlPlane):
 
     def __init__(self, assets_dir: str | Path | None = None,
                  workdir: str | Path | None = None, *, flavour: str = FLAVOUR_CURRENT,
-                 push: bool = False) -> None:
-        super().__init__(assets_dir, workdir, controllers=True)
+                 push: bool = False, audit_log: str | None = None) -> None:
+        super().__init__(assets_dir, workdir, controllers=True, audit_log=audit_log)
         if flavour not in FLAVOURS:
             raise ValueError(f"flavour={flavour!r}: must be one of {FLAVOURS}")
         if push and flavour != FLAVOUR_CURRENT:
@@ -324,6 +324,14 @@ class Cluster(ControlPlane):
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         self._spawned[name] = (args, env)
         self._children[name] = processes.spawn(args, self.workdir / f"{name}.log", env=env)
+
+    def process_pid(self, name: str) -> int:
+        """Process id of the stack's process ``name`` (e.g. ``trainer-controller-manager``).
+
+        Raises:
+            KeyError: no such process is running.
+        """
+        return self._children[name].pid
 
     def stop_component(self, name: str) -> None:
         """SIGTERM (then SIGKILL) one process of the stack, e.g. ``"trainer-controller-manager"``
