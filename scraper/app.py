@@ -108,7 +108,7 @@ class ScraperApp:
         self.events = self.writer.events
         self.scraper = ExporterScraper(
             ScrapeLimits(s.scrape_timeout, s.max_body_bytes, s.concurrency),
-            observe=self.telemetry.scrape_duration.observe,
+            observe=self.telemetry.scrape_duration.observe, waiting=s.wait_scrapes,
         )
         self.scheduler = TargetScheduler(
             self._run_target,

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
 from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
@@ -218,10 +219,19 @@ class ExporterScraper:
     """Scrapes exporters; create inside a running loop, ``await close()`` at the end."""
 
     def __init__(self, limits: ScrapeLimits,
-                 observe: Callable[[float], None] | None = None) -> None:
+                 observe: Callable[[float], None] | None = None, *,
+                 waiting: bool = False) -> None:
         """``observe(seconds)`` gets the duration of each request made, from the moment a
-        slot was free (the wait for a slot is the scraper's, not the exporter's)."""
+        slot was free (the wait for a slot is the scraper's, not the exporter's).
+
+        ``waiting``: the caller turns an answer offering waiting scrapes into held
+        requests (``--wait-scrapes``); the polled connection of such an answer is then
+        closed rather than pooled, since the held requests have a pool of their own and
+        it would sit idle until the keep-alive ends (two descriptors per target for up to
+        two minutes after a start: 20,000 at 10,000 targets, the whole of a common limit).
+        """
         self.limits = limits
+        self._waiting = waiting
         self._observe = observe
         self._hung = HungLane(hung_slots(limits.concurrency))
         # The connector's cap covers both lanes.
@@ -377,9 +387,29 @@ class ExporterScraper:
 
     async def _get(self, url: str, headers: dict[str, str],
                    session: aiohttp.ClientSession) -> ScrapeResult:
+        handed_over: list[ResponseHandler] = []
+        try:
+            return await self._exchange(url, headers, session, handed_over)
+        finally:
+            for protocol in handed_over:
+                protocol.close()
+
+    async def _exchange(self, url: str, headers: dict[str, str],
+                        session: aiohttp.ClientSession,
+                        handed_over: list[ResponseHandler]) -> ScrapeResult:
         async with session.get(self._url(url), headers=headers,
                                allow_redirects=False) as resp:
             max_wait = max_wait_of(resp.headers.get(CONTRACT_HEADER))
+            if max_wait is not None and self._waiting and session is self._session:
+                # Held requests take over on their own pool (__init__): this connection
+                # is closed, not left idle.  aiohttp pools it by itself as soon as the
+                # body has ended (often before this line), so its protocol is taken
+                # from ``ClientResponse._protocol`` (aiohttp 3.x, pinned; anything else
+                # there is left alone and the keep-alive ends it as before) and closed
+                # once the answer is read; test_waiting_scrapes.py checks the effect.
+                protocol = getattr(resp, "_protocol", None)
+                if isinstance(protocol, ResponseHandler):
+                    handed_over.append(protocol)
             if resp.status == 304:
                 return NotModified(max_wait)
             if resp.status == 204:
