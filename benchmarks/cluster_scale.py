@@ -167,12 +167,43 @@ def serve(ports: list[int], mode_file: Path, duration: float) -> None:
     asyncio.run(main())
 
 
+def listen_ports(count: int, first: int = 10000) -> list[int]:
+    """``count`` free loopback ports below the kernel's ephemeral range (from ``first``).
+
+    :func:`benchmarks.farm.free_ports` takes ephemeral ports; at 10,000 of them the
+    outgoing connections of every process on the machine take some between their release
+    and the exporters' bind ("address already in use").  Below the range only another
+    listener can.
+    """
+    import socket
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+            low = int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    if low - first < count:
+        return free_ports(count)
+    ports: list[int] = []
+    for port in range(first, low):
+        if len(ports) == count:
+            break
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports if len(ports) == count else free_ports(count)
+
+
 class _Exporters:
     """The exporter children (``--serve``, :data:`PORTS_PER_CHILD` ports each at most) on
     ``count`` free loopback ports."""
 
     def __init__(self, count: int, workdir: Path, duration: float) -> None:
-        self.ports = free_ports(count)
+        self.ports = listen_ports(count)
         self.mode = workdir / "exporter-mode"
         self.mode.write_text("static")
         self.procs: list[subprocess.Popen[bytes]] = []
