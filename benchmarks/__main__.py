@@ -64,7 +64,7 @@ def log(message: str) -> None:
 def run_ours(urls: list[str], interval: float, warmup: float, window: float,
              cores: frozenset[int] | None = None, profile: Path | None = None,
              writes: bool = True, wait: bool = True,
-             default_budget: bool = False) -> dict[str, Any]:
+             default_budget: bool = False, queue_only: bool = False) -> dict[str, Any]:
     """Our scraper (discovery bypassed) in a child process started on ``cores``; see
     benchmarks/our_scraper.py (writes go to memory: no API request)."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
@@ -78,6 +78,8 @@ def run_ours(urls: list[str], interval: float, warmup: float, window: float,
             cmd.append("--no-wait-scrapes")
         if default_budget:
             cmd.append("--default-budget")
+        if queue_only:
+            cmd.append("--queue-only")
         if profile is not None:  # py-spy (dev extra) samples the child without pausing it
             spy = Path(sys.executable).with_name("py-spy")
             cmd = [str(spy), "record", "--nonblocking", "-r", "250", "-f", "raw",

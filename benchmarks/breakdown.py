@@ -8,6 +8,12 @@ microseconds (user+system of this process) per operation:
   scrape that does nothing, N targets at a 1 s interval;
 * aiohttp's ``ClientSession`` GET answered by a 304 from nginx, alone, in the
   pattern the 20 phases give (N/20 requests at once, 20 times a second);
+* a changing scrape's pieces (:func:`changing_pieces`): aiohttp's GET -> 200 with the
+  JSON body read, alone; :meth:`scraper.scraping.ExporterScraper.scrape` of the same
+  answer (slot, timeout, GET, body cap, decode and validate); the decode and validate
+  of the body alone; and the scrape loop's handling of a fresh status
+  (:meth:`scraper.loop.ScrapeLoop._handle`: counts, compare, hand to the write queue,
+  no writer running);
 * ``asyncio.to_thread`` of a no-op, the hop every call into the synchronous
   Kubernetes client makes (status writes made it too before they moved to aiohttp);
 * one status write to a real kube-apiserver (``--writes N``, 0 skips it; needs the
@@ -28,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
+from collections.abc import Awaitable, Callable
 
 from benchmarks.farm import NginxFarm
 from scraper.scheduling import PHASES, TargetScheduler
@@ -113,6 +121,102 @@ async def aiohttp_304(urls: list[str], window: float = WINDOW) -> float:
         return 1e6 * (time.process_time() - c0) / max(1, done)
     finally:
         await session.close()
+
+
+async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, float]:
+    """CPU us per operation of a changing scrape's pieces, nginx answering 200 with the
+    JSON body (no ``If-None-Match``), ``len(urls)/PHASES`` at once, ``PHASES`` bursts a
+    second, as :func:`aiohttp_304`; the pure-CPU pieces in a loop of their own."""
+    from exporter_lib.status import TrainerStatus
+    from scraper.loop import ScrapeLoop, TargetState
+    from scraper.scraping import ExporterScraper, Fresh
+    from scraper.status_writer import StatusWriter
+    from scraper.telemetry import JobView, Telemetry
+    from scraper.trainjobs import Held, TrainJobStore
+
+    targets = [Target("bench", f"job-{i}", f"pod-{i}", "uid", url, 1.0)
+               for i, url in enumerate(urls)]
+    burst = max(1, len(urls) // PHASES)
+    batches = [targets[i:i + burst] for i in range(0, len(targets), burst)]
+    scraper = ExporterScraper(ScrapeLimits())
+    session = scraper._session  # the scraper's own session and pool
+
+    async def raw(target: Target) -> None:
+        async with session.get(target.url, headers={"Accept": "application/json"},
+                               allow_redirects=False) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"{target.url}: HTTP {resp.status}, expected 200")
+            await resp.read()
+
+    async def full(target: Target) -> None:
+        result = await scraper.scrape(target)
+        if not isinstance(result, Fresh):
+            raise RuntimeError(f"{target.url}: {result}, expected a fresh status")
+
+    async def timed(one: Callable[[Target], Awaitable[None]]) -> float:
+        for batch in batches:  # open every connection first
+            await asyncio.gather(*(one(t) for t in batch))
+        done, c0 = 0, time.process_time()
+        end = time.monotonic() + window
+        while time.monotonic() < end:
+            for batch in batches:
+                await asyncio.gather(*(one(t) for t in batch))
+                done += len(batch)
+                await asyncio.sleep(1.0 / PHASES)
+                if time.monotonic() >= end:
+                    break
+        return 1e6 * (time.process_time() - c0) / max(1, done)
+
+    out: dict[str, float] = {}
+    try:
+        out["aiohttp_200"] = await timed(raw)
+        out["scrape_200"] = await timed(full)
+        async with session.get(urls[0], headers={"Accept": "application/json"}) as resp:
+            body = await resp.read()
+    finally:
+        await scraper.close()
+    count = 20_000
+    c0 = time.process_time()
+    for _ in range(count):
+        TrainerStatus.from_json(body)
+    out["decode"] = 1e6 * (time.process_time() - c0) / count
+
+    # The loop's rules for a fresh status, with the writer's real apply (informer store
+    # lookup, same-report compare, the write queue); no writer task runs.
+    from kubernetes import client as k8s
+    store = TrainJobStore([None])
+    store.synced.set()
+    writer = StatusWriter.for_client(k8s.ApiClient(), identity="bench", qps=20, burst=30,
+                                     store=store)
+    telemetry = Telemetry(lambda: [])
+    loop = ScrapeLoop(scraper, writer, writer.events, backoff_max=60,
+                      count_scrape=lambda label: telemetry.scrapes.labels(label).inc())
+    status = TrainerStatus.from_json(body)
+    states = []
+    for t in targets:
+        store._held[(t.namespace, t.trainjob)] = Held("uid", None)
+        states.append(TargetState(JobView(t.namespace, t.trainjob, t.pod_name), target=t))
+    fresh = [Fresh(status.model_copy(update={"progress_percentage": p}), '"e"', 300.0)
+             for p in range(2)]
+    rounds = max(1, count // len(states))
+    c0 = time.process_time()
+    for k in range(rounds):
+        for state in states:
+            assert state.target is not None
+            await loop._handle(state, state.target, fresh[k % 2])
+    out["handle"] = 1e6 * (time.process_time() - c0) / (rounds * len(states))
+    return out
+
+
+#: The pieces :func:`changing_pieces` measures.
+CHANGING_PIECES = {
+    "aiohttp_200": "aiohttp ClientSession GET -> 200, JSON body read",
+    "scrape_200": "ExporterScraper.scrape -> Fresh (slot, timeout, GET, body cap, decode, "
+                  "validate)",
+    "decode": "decode + validate of the JSON body alone",
+    "handle": "ScrapeLoop._handle of a fresh status (counts, compare, hand to the write "
+              "queue; no writer)",
+}
 
 
 async def thread_hop(count: int = 2000) -> float:
@@ -299,16 +403,26 @@ WRITE_PATHS = {
 }
 
 
-def measure(n: int, window: float = WINDOW, writes: int = 0) -> list[str]:
-    """All pieces for ``n`` targets, ``window`` seconds each; one printable line each."""
+def measure(n: int, window: float = WINDOW, writes: int = 0,
+            cores: tuple[int, int] | None = None) -> list[str]:
+    """All pieces for ``n`` targets, ``window`` seconds each; one printable line each.
+
+    ``cores``: ``(nginx's, this process's)`` CPU to pin each to, or None (unpinned)."""
+    if cores is not None:
+        os.sched_setaffinity(0, {cores[1]})
     lines = [f"asyncio timer wakeup, {n}/s spread: "
              f"{asyncio.run(timer_wakeups(n, window)):.0f} us",
              f"APScheduler job run, no-op scrape, {n} targets, {PHASES} phases: "
              f"{asyncio.run(scheduler_noop(n, window)):.0f} us"]
     with NginxFarm(n) as farm:
+        if cores is not None:
+            os.sched_setaffinity(farm.pid, {cores[0]})
         lines.append(f"aiohttp ClientSession GET -> 304, {max(1, n // PHASES)} at once x "
                      f"{PHASES}/s: "
                      f"{asyncio.run(aiohttp_304(farm.urls(n), window)):.0f} us")
+        pieces = asyncio.run(changing_pieces(farm.urls(n), window))
+        lines += [f"changing scrape, {max(1, n // PHASES)} at once x {PHASES}/s: "
+                  f"{CHANGING_PIECES[k]}: {v:.0f} us" for k, v in pieces.items()]
     lines.append(f"asyncio.to_thread(no-op), the hop of each official-client call: "
                  f"{asyncio.run(thread_hop()):.0f} us")
     if writes:
@@ -324,10 +438,16 @@ def main() -> None:
     parser.add_argument("--targets", type=int, default=1000, help="at least 1")
     parser.add_argument("--writes", type=int, default=300,
                         help="status writes per path to a real kube-apiserver (0: skip)")
+    parser.add_argument("--pin", action="store_true",
+                        help="nginx on core 0, this process on core 1")
+    parser.add_argument("--window", type=float, default=WINDOW, help="seconds per piece")
     args = parser.parse_args()
     if args.targets < 1:
         parser.error(f"--targets={args.targets}: must be at least 1")
-    print("\n".join(measure(args.targets, writes=max(0, args.writes))))
+    print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print("\n".join(measure(args.targets, args.window, writes=max(0, args.writes),
+                           cores=(0, 1) if args.pin else None)))
+    print(f"load average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -78,39 +78,76 @@ SPARSE_INTERVAL = 15.0
 # ------------------------------------------------------------------ exporter child
 
 
+#: The exporter child's longest wait (``Trainjob-Exporter-Contract: 2;max-wait=N``).
+MAX_WAIT = 60
+#: Ports per exporter child at most: a child holds a listening socket per port and one
+#: or two accepted connections per port, within a 20,000-descriptor limit.
+PORTS_PER_CHILD = 4000
+
+
 def serve(ports: list[int], mode_file: Path, duration: float) -> None:
     """Answer on every port: a fixed status while ``mode_file`` reads "static", one that
-    changes every ``P`` s (at a per-port phase) once it reads "changing P".  Exits after
-    ``duration`` seconds or on SIGTERM."""
+    changes every ``P`` s (at a per-port phase) once it reads "changing P".  Offers
+    waiting scrapes as exporter_lib does (contract 2): a ``Prefer: wait=N`` request whose
+    ``If-None-Match`` names the current status is held until the status changes (or the
+    mode file does) or ``min(N, MAX_WAIT)`` s pass.  Exits after ``duration`` seconds
+    or on SIGTERM."""
     from aiohttp import web
 
-    state = {"period": 0.0, "read": 0.0}
+    state: dict[str, Any] = {"period": 0.0, "changed": asyncio.Event()}
+    contract = {"Trainjob-Exporter-Contract": f"2;max-wait={MAX_WAIT}"}
+
+    def read_mode() -> float:
+        words = mode_file.read_text().split()
+        return float(words[1]) if words[0] == "changing" else 0.0
+
+    async def watch_mode() -> None:
+        while True:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                period = read_mode()
+                if period != state["period"]:
+                    state["period"] = period
+                    changed, state["changed"] = state["changed"], asyncio.Event()
+                    changed.set()  # held requests answer under the new mode
+            await asyncio.sleep(0.5)
+
+    def phase(port: int, period: float) -> float:
+        return (port * 7919 % 1000) / 1000 * period
 
     def stamp(port: int) -> int:
-        now = time.time()
-        if now - state["read"] > 0.5:
-            state["read"] = now
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                words = mode_file.read_text().split()
-                state["period"] = float(words[1]) if words[0] == "changing" else 0.0
         period = state["period"]
         if not period:
             return 0
-        phase = (port * 7919 % 1000) / 1000 * period
-        return int((now + phase) // period)
+        return int((time.time() + phase(port, period)) // period)
+
+    def next_change(port: int) -> float:
+        """Seconds until ``stamp(port)`` changes (inf while static)."""
+        period = state["period"]
+        if not period:
+            return math.inf
+        at = (stamp(port) + 1) * period - phase(port, period)
+        return max(0.0, at - time.time())
 
     async def handle(request: web.Request) -> web.Response:
         sock = request.transport.get_extra_info("sockname") if request.transport else None
         port = int(sock[1]) if sock else 0
         n = stamp(port)
         etag = f'"{n}"'
+        wait = request.headers.get("Prefer", "")
+        if wait.startswith("wait=") and request.headers.get("If-None-Match") == etag:
+            limit = min(float(wait[5:] or 0), MAX_WAIT)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(limit, next_change(port) + 0.01)):
+                    await state["changed"].wait()
+            n = stamp(port)
+            etag = f'"{n}"'
         if request.headers.get("If-None-Match") == etag:
-            return web.Response(status=304, headers={"ETag": etag})
+            return web.Response(status=304, headers={"ETag": etag, **contract})
         body = {"progressPercentage": n % 100,
                 "lastUpdatedTime": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
                 "metrics": [{"name": "stamp", "value": str(n)}]}
         return web.Response(text=json.dumps(body), content_type="application/json",
-                            headers={"ETag": etag})
+                            headers={"ETag": etag, **contract})
 
     async def main() -> None:
         app = web.Application()
@@ -119,41 +156,82 @@ def serve(ports: list[int], mode_file: Path, duration: float) -> None:
         await runner.setup()
         for port in ports:
             await web.TCPSite(runner, "127.0.0.1", port, backlog=128).start()
+        watcher = asyncio.create_task(watch_mode())
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), duration)
+        watcher.cancel()
         await runner.cleanup()
 
     asyncio.run(main())
 
 
+def listen_ports(count: int, first: int = 10000) -> list[int]:
+    """``count`` free loopback ports below the kernel's ephemeral range (from ``first``).
+
+    :func:`benchmarks.farm.free_ports` takes ephemeral ports; at 10,000 of them the
+    outgoing connections of every process on the machine take some between their release
+    and the exporters' bind ("address already in use").  Below the range only another
+    listener can.
+    """
+    import socket
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+            low = int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    if low - first < count:
+        return free_ports(count)
+    ports: list[int] = []
+    for port in range(first, low):
+        if len(ports) == count:
+            break
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports if len(ports) == count else free_ports(count)
+
+
 class _Exporters:
-    """The exporter child (``--serve``) on ``count`` free loopback ports."""
+    """The exporter children (``--serve``, :data:`PORTS_PER_CHILD` ports each at most) on
+    ``count`` free loopback ports."""
 
     def __init__(self, count: int, workdir: Path, duration: float) -> None:
-        self.ports = free_ports(count)
+        self.ports = listen_ports(count)
         self.mode = workdir / "exporter-mode"
         self.mode.write_text("static")
-        ports = workdir / "exporter-ports.json"
-        ports.write_text(json.dumps(self.ports))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.cluster_scale", "--serve", str(ports),
-             "--mode-file", str(self.mode), "--duration", str(duration)],
-            stdout=subprocess.DEVNULL, stderr=open(workdir / "exporters.log", "w"))  # noqa: SIM115
-        wait_http(f"http://127.0.0.1:{self.ports[-1]}/metrics", 30)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        children = -(-count // PORTS_PER_CHILD)
+        for i in range(children):
+            ports = workdir / f"exporter-ports-{i}.json"
+            ports.write_text(json.dumps(self.ports[i::children]))
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.cluster_scale", "--serve", str(ports),
+                 "--mode-file", str(self.mode), "--duration", str(duration)],
+                stdout=subprocess.DEVNULL,
+                stderr=open(workdir / f"exporters-{i}.log", "w")))  # noqa: SIM115
+        for port in self.ports[-children:]:
+            wait_http(f"http://127.0.0.1:{port}/metrics", 60)
 
     def changing(self, period: float) -> None:
         self.mode.write_text(f"changing {period}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
             try:
-                self.proc.wait(10)
+                proc.wait(10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+                proc.kill()
+                proc.wait(5)
 
 
 # ------------------------------------------------------------------ helpers
@@ -172,6 +250,37 @@ def _wait(predicate: Any, timeout: float, step: float = 0.5) -> bool:
     return False
 
 
+class _Sampler:
+    """Samples a process's RSS and open descriptors every ``step`` s in a thread: the
+    peak of each and the last sample (``/proc/<pid>/status`` VmRSS, ``/proc/<pid>/fd``)."""
+
+    def __init__(self, pid: int, step: float = 2.0) -> None:
+        import threading
+
+        self.pid, self.step = pid, step
+        self.peak_rss = self.peak_fds = self.rss = self.fds = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def sample(self) -> tuple[int, int]:
+        from benchmarks.procstat import rss_bytes
+
+        with contextlib.suppress(OSError):
+            self.rss, self.fds = rss_bytes(self.pid), len(os.listdir(f"/proc/{self.pid}/fd"))
+            self.peak_rss = max(self.peak_rss, self.rss)
+            self.peak_fds = max(self.peak_fds, self.fds)
+        return self.rss, self.fds
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.step):
+            self.sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 # ------------------------------------------------------------------ scenarios
 
 
@@ -183,6 +292,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
     exporters = _Exporters(jobs, plane.workdir, duration=3 * budget + window + 900)
     watcher = _Watcher(api, SCALE_NS)
     scraper: _Scraper | None = None
+    sampler: _Sampler | None = None
     try:
         t0 = time.time()
         ran = _make_jobs(api, SCALE_NS, exporters.ports)
@@ -192,6 +302,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         started = time.time()
         scraper = _Scraper(plane.kubeconfig_path, plane.workdir, SCALE_NS,
                            ["--interval", f"{interval:g}s"])  # budget: the defaults
+        sampler = _Sampler(scraper.child.process.pid)
         scraper.wait_ready()
         serving = time.time()
         skipped0 = 0.0  # a new process: its counter starts at 0
@@ -216,6 +327,9 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             "target_p99": budget + interval,
             "skipped_runs": scraper.metric("trainjob_scraper_skipped_runs_total") - skipped0,
             "loadavg": _loadavg(),
+            "rss": sampler.sample()[0], "fds": sampler.fds, "peak_rss": sampler.peak_rss,
+            "peak_fds": sampler.peak_fds,
+            "held": scraper.metric("trainjob_scraper_held_scrapes"),
         }
         # b: every TrainJob changes every interval.
         exporters.changing(interval)
@@ -225,8 +339,12 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         written0 = scraper.metric("trainjob_scraper_status_writes_total", 'result="written"')
         req0 = (scraper.metric("trainjob_scraper_status_write_duration_seconds_sum"),
                 scraper.metric("trainjob_scraper_status_write_duration_seconds_count"))
+        scrapes0 = scraper.metric("trainjob_scraper_scrapes_total")
+        cpu0 = _cpu(scraper.child.process.pid)
         time.sleep(window)
         b = time.time()
+        cpu1 = _cpu(scraper.child.process.pid)
+        scrapes = scraper.metric("trainjob_scraper_scrapes_total") - scrapes0
         written = scraper.metric("trainjob_scraper_status_writes_total",
                                  'result="written"') - written0
         skipped = scraper.metric("trainjob_scraper_skipped_runs_total") - skipped0
@@ -249,10 +367,18 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             # Mean request time: with W writers, W / mean caps the rate below the budget.
             "request_mean": req_s / req_n if req_n else None, "pending_end": pending,
             "loadavg": _loadavg(),
+            "cpu_per_s": (cpu1 - cpu0) / (b - a) if cpu0 is not None and cpu1 is not None
+            else None,
+            "scrapes_per_s": scrapes / (b - a),
+            "rss": sampler.sample()[0], "fds": sampler.fds, "peak_rss": sampler.peak_rss,
+            "peak_fds": sampler.peak_fds,
+            "held": scraper.metric("trainjob_scraper_held_scrapes"),
         }
         out["scraper_cpu_seconds"] = _cpu(scraper.child.process.pid)
         out["first_seen_missing"] = sorted(set(ran) - set(first))[:20]
     finally:
+        if sampler is not None:
+            sampler.stop()
         watcher.stop()
         if scraper is not None:
             scraper.stop()
@@ -371,6 +497,12 @@ def table(res: dict[str, Any]) -> str:
             f" | {a['loadavg']} |",
             f"| same: skipped scheduler runs until every first status | "
             f"{a['skipped_runs']:.0f} | 0 | {_met(a['skipped_runs'] == 0)} | {a['loadavg']} |"]
+        if "rss" in a:
+            lines += [
+                f"| same, at the last first status: scraper RSS / open descriptors (peak so "
+                f"far) / waiting scrapes held | {a['rss'] / 2**20:.0f} MiB / {a['fds']} "
+                f"({a['peak_rss'] / 2**20:.0f} MiB / {a['peak_fds']}) / {_f(a['held'], '.0f')}"
+                f" | | | {a['loadavg']} |"]
     if b:
         lines += [
             f"| steady, {n} TrainJobs changing every {iv:g} s: longest gap between two "
@@ -382,6 +514,13 @@ def table(res: dict[str, Any]) -> str:
             f" | {b['loadavg']} |",
             f"| same: skipped scheduler runs in the window | {b['skipped_runs']:.0f} | 0 | "
             f"{_met(b['skipped_runs'] == 0)} | {b['loadavg']} |"]
+        if "rss" in b:
+            lines += [
+                f"| same, steady window: scraper CPU per second / scrapes per second / RSS / "
+                f"open descriptors at the end (peak of the run) / waiting scrapes held | "
+                f"{_f(b['cpu_per_s'], '.2f')} s/s / {_f(b['scrapes_per_s'], '.0f')} / "
+                f"{b['rss'] / 2**20:.0f} MiB / {b['fds']} ({b['peak_rss'] / 2**20:.0f} MiB / "
+                f"{b['peak_fds']}) / {_f(b['held'], '.0f')} | | | {b['loadavg']} |"]
     if c:
         lines += [
             f"| training logging every {c['log_every']:g} s, {c['jobs']} TrainJobs: API "
@@ -426,6 +565,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of scenario d (changes once per 30 s, 15 s interval)")
     parser.add_argument("--writes", type=int, default=300,
                         help="status writes per path for the CPU-per-write row (0: skip)")
+    parser.add_argument("--scale-only", action="store_true",
+                        help="scenarios a and b only (no c, d or the CPU-per-write row)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--mode-file", type=Path, help=argparse.SUPPRESS)
@@ -455,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(res["scale"], default=str), flush=True)
             except Exception as exc:  # the other scenarios still count
                 res["scale_error"] = f"{type(exc).__name__}: {exc}"
+            if args.scale_only:
+                api.close()
+                return 0
             try:
                 res["log"] = logging_training(plane, api, args.log_jobs, args.log_window)
                 print(json.dumps(res["log"], default=str), flush=True)

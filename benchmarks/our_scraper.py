@@ -107,8 +107,10 @@ UNBUDGETED = (1000.0, 10000)
 
 async def run(urls: list[str], interval: float, warmup: float, window: float,
               concurrency: int, writes: bool = True, wait: bool = True,
-              budget: tuple[float, int] = UNBUDGETED) -> dict[str, Any]:
-    """One measured window; ``budget`` is the writes' ``(QPS, burst)``."""
+              budget: tuple[float, int] = UNBUDGETED, queue_only: bool = False) -> dict[str, Any]:
+    """One measured window; ``budget`` is the writes' ``(QPS, burst)``; ``queue_only``:
+    the writer's tasks are not started, so each change ends in the write queue (one
+    pending status per TrainJob, the newest wins), the end of the scrape path."""
     settings = ScraperSettings(interval=interval, concurrency=concurrency,
                                write_qps=budget[0], write_burst=budget[1],
                                listen_host="127.0.0.1", listen_port=0,
@@ -123,7 +125,8 @@ async def run(urls: list[str], interval: float, warmup: float, window: float,
     app = ScraperApp(settings, api_client=api, writer=writer)
     apps.append(app)
     app.scheduler.start()
-    app.writer.start()
+    if not queue_only:
+        app.writer.start()
     rss_before = rss_bytes()
     try:
         for i, url in enumerate(urls):
@@ -176,6 +179,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--no-writes", action="store_true",
                         help="detect changes but leave out the status write path")
+    parser.add_argument("--queue-only", action="store_true",
+                        help="hand each change to the write queue but start no writer "
+                        "(the scrape path: fetch, read, decode, validate, compare, queue)")
     parser.add_argument("--no-wait-scrapes", action="store_true",
                         help="poll every target (no Prefer: wait)")
     parser.add_argument("--default-budget", action="store_true",
@@ -189,7 +195,7 @@ def main() -> None:
               else UNBUDGETED)
     result = asyncio.run(run(urls, args.interval, args.warmup, args.window, args.concurrency,
                              writes=not args.no_writes, wait=not args.no_wait_scrapes,
-                             budget=budget))
+                             budget=budget, queue_only=args.queue_only))
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
 

@@ -149,11 +149,32 @@ class TrainerStatus(BaseModel):
     def from_json(cls, body: bytes | str) -> TrainerStatus:
         """Parse and validate exporter JSON (the served body, a status file, a termination message).
 
+        Bytes are parsed and validated in one pass (pydantic's ``model_validate_json``,
+        no intermediate dict) when :func:`_one_pass_ok` allows it; anything that pass
+        refuses goes through :func:`parse_json_object` and :meth:`from_api`, so the
+        result and every refusal's text are those of the two-step path
+        (tests/exporter/test_status_one_pass.py compares both on generated bodies).
+
         Raises:
             StatusError: not a JSON object by :func:`parse_json_object`'s rules, or a
                 field breaks a limit.
         """
+        if isinstance(body, bytes) and _one_pass_ok(body):
+            try:
+                return cls.model_validate_json(body)
+            except ValidationError:
+                pass  # the two-step path names what is wrong, as it always did
         return cls.from_api(parse_json_object(body))
+
+
+def _one_pass_ok(body: bytes) -> bool:
+    """Whether ``model_validate_json`` may take ``body``: what it accepts, the two-step
+    path accepts with the same result, except the ``NaN`` and ``Infinity`` literals
+    (pydantic's JSON parser takes them, :func:`parse_json_object` refuses them; bodies
+    with those letters anywhere take the two-step path) and bodies over the size limit.
+    """
+    return (len(body) <= MAX_STATUS_JSON_BYTES and b"NaN" not in body
+            and b"Infinity" not in body)
 
 
 def parse_json_object(body: bytes | str, what: str = "body",

@@ -127,7 +127,7 @@ class ScraperApp:
                 on_parse_failure=self.telemetry.log_parse_failures.inc)
         self.scraper = SourceScraper(ExporterScraper(
             ScrapeLimits(s.scrape_timeout, s.max_body_bytes, s.concurrency),
-            observe=self.telemetry.scrape_duration.observe,
+            observe=self.telemetry.scrape_duration.observe, waiting=s.wait_scrapes,
         ), self.logs)
         self.scheduler = TargetScheduler(
             self._run_target,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import math
 import re
 import time
@@ -28,7 +29,9 @@ from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
 from prometheus_client.parser import text_string_to_metric_families
+from yarl import URL
 
 from exporter_lib.pod import POD_HEADER, PodIdentity, hostname_label
 from exporter_lib.status import StatusError, TrainerStatus, metric_value_text
@@ -38,6 +41,8 @@ from scraper.writer_rules import SEQUENCE_HEADER, Sequence, sequence_of
 #: JSON first; the Prometheus text format is the fallback any exporter can serve.
 ACCEPT = "application/json, text/plain;version=0.0.4;q=0.5, */*;q=0.1"
 USER_AGENT = "trainjob-scraper/0.1"
+#: The request headers of a scrape without an ETag (never mutated: aiohttp copies them).
+HEADERS = {"Accept": ACCEPT, "Accept-Encoding": "identity"}
 
 
 class FailureKind(enum.Enum):
@@ -153,6 +158,7 @@ WAIT_MAX_SECONDS = 300.0
 _CONTRACT = re.compile(r"^\s*(\d+)\s*;\s*max-wait\s*=\s*(\d{1,6})\s*$")
 
 
+@functools.lru_cache(maxsize=256)  # an exporter sends the same header every time
 def max_wait_of(header: str | None) -> float | None:
     """The seconds an exporter may hold a scrape, from ``Trainjob-Exporter-Contract:
     <version>;max-wait=<seconds>``; None without the header, below version 2, or when it
@@ -251,10 +257,19 @@ class ExporterScraper:
     """Scrapes exporters; create inside a running loop, ``await close()`` at the end."""
 
     def __init__(self, limits: ScrapeLimits,
-                 observe: Callable[[float], None] | None = None) -> None:
+                 observe: Callable[[float], None] | None = None, *,
+                 waiting: bool = False) -> None:
         """``observe(seconds)`` gets the duration of each request made, from the moment a
-        slot was free (the wait for a slot is the scraper's, not the exporter's)."""
+        slot was free (the wait for a slot is the scraper's, not the exporter's).
+
+        ``waiting``: the caller turns an answer offering waiting scrapes into held
+        requests (``--wait-scrapes``); the polled connection of such an answer is then
+        closed rather than pooled, since the held requests have a pool of their own and
+        it would sit idle until the keep-alive ends (two descriptors per target for up to
+        two minutes after a start: 20,000 at 10,000 targets, the whole of a common limit).
+        """
         self.limits = limits
+        self._waiting = waiting
         self._observe = observe
         self._hung = HungLane(hung_slots(limits.concurrency))
         # The connector's cap covers both lanes.
@@ -265,6 +280,16 @@ class ExporterScraper:
         # neither a scrape slot nor a pooled connection the polled scrapes need.
         self._held_session: aiohttp.ClientSession | None = None
         self.held = 0  # held requests in flight
+        # Each target's URL parsed once (aiohttp parses a str on every request).
+        self._urls: dict[str, URL] = {}
+
+    def _url(self, url: str) -> URL:
+        parsed = self._urls.get(url)
+        if parsed is None:
+            if len(self._urls) >= TIMEOUTS_KEPT:  # a bound under pod churn: the oldest go
+                del self._urls[next(iter(self._urls))]
+            parsed = self._urls[url] = URL(url)
+        return parsed
 
     def is_hung(self, key: str) -> bool:
         """Whether the target's scrapes go to the hung lane."""
@@ -288,6 +313,7 @@ class ExporterScraper:
         sockets, parsers and buffers to gone pods stayed open (issue 13, input 8).
         """
         self._timeouts.pop(target.key, None)
+        self._urls.pop(target.url, None)
         url = urlsplit(target.url)
         for session in (self._session, self._held_session):
             if session is not None:
@@ -312,8 +338,7 @@ class ExporterScraper:
         if self._held_session is None:
             self._held_session = client_session(0)
         limit = wait + min(self.limits.timeout, target.interval * 0.9)
-        headers = {"Accept": ACCEPT, "Accept-Encoding": "identity",
-                   "Prefer": f"wait={int(wait)}"}
+        headers = {**HEADERS, "Prefer": f"wait={int(wait)}"}
         if etag:
             headers["If-None-Match"] = etag
         self.held += 1
@@ -337,18 +362,19 @@ class ExporterScraper:
             scrape timeout; this method raises nothing but cancellation.
         """
         timeout = min(self.limits.timeout, target.interval * 0.9)
-        headers = {"Accept": ACCEPT, "Accept-Encoding": "identity"}
-        if etag:
-            headers["If-None-Match"] = etag
+        headers = {**HEADERS, "If-None-Match": etag} if etag else HEADERS
         if self.is_hung(target.key):
             return await self._scrape_hung(target, headers, timeout)
-        try:
-            # The wait for a slot is bounded too: hung exporters holding every slot
-            # must not stall the other targets' runs without end.
-            async with asyncio.timeout(timeout):
-                await self._slots.acquire()
-        except TimeoutError:
-            return Busy()
+        if not self._slots.locked():
+            await self._slots.acquire()  # a free slot: taken at once, no timer needed
+        else:
+            try:
+                # The wait for a slot is bounded too: hung exporters holding every slot
+                # must not stall the other targets' runs without end.
+                async with asyncio.timeout(timeout):
+                    await self._slots.acquire()
+            except TimeoutError:
+                return Busy()
         started = time.monotonic()
         try:
             result = await self._scrape(target, headers, timeout)
@@ -399,12 +425,33 @@ class ExporterScraper:
 
     async def _get(self, target: Target, headers: dict[str, str],
                    session: aiohttp.ClientSession) -> ScrapeResult:
-        async with session.get(target.url, headers=headers, allow_redirects=False) as resp:
+        handed_over: list[ResponseHandler] = []
+        try:
+            return await self._exchange(target, headers, session, handed_over)
+        finally:
+            for protocol in handed_over:
+                protocol.close()
+
+    async def _exchange(self, target: Target, headers: dict[str, str],
+                        session: aiohttp.ClientSession,
+                        handed_over: list[ResponseHandler]) -> ScrapeResult:
+        async with session.get(self._url(target.url), headers=headers,
+                               allow_redirects=False) as resp:
             # Before anything of the answer is read: another pod's status, 304 or error
             # says nothing about this target.
             if other := wrong_pod(target, PodIdentity.parse(resp.headers.get(POD_HEADER))):
                 return other
             max_wait = max_wait_of(resp.headers.get(CONTRACT_HEADER))
+            if max_wait is not None and self._waiting and session is self._session:
+                # Held requests take over on their own pool (__init__): this connection
+                # is closed, not left idle.  aiohttp pools it by itself as soon as the
+                # body has ended (often before this line), so its protocol is taken
+                # from ``ClientResponse._protocol`` (aiohttp 3.x, pinned; anything else
+                # there is left alone and the keep-alive ends it as before) and closed
+                # once the answer is read; test_waiting_scrapes.py checks the effect.
+                protocol = getattr(resp, "_protocol", None)
+                if isinstance(protocol, ResponseHandler):
+                    handed_over.append(protocol)
             if resp.status == 304:
                 return NotModified(max_wait)
             if resp.status == 204:
@@ -419,20 +466,26 @@ class ExporterScraper:
             if resp.content_length is not None and resp.content_length > cap:
                 return Failure(FailureKind.TOO_LARGE,
                                f"body of {resp.content_length} bytes exceeds the {cap}-byte cap")
-            body = bytearray()
-            while chunk := await resp.content.read(min(65536, cap + 1 - len(body))):
-                body += chunk
-                if len(body) > cap:
-                    return Failure(FailureKind.TOO_LARGE, f"body exceeds the {cap}-byte cap")
+            # A status body usually arrives whole with the head: then this one read takes
+            # it as it is, without a copy; a body in pieces is gathered up to the cap.
+            body = await resp.content.read(cap + 1)
+            if body and not resp.content.at_eof():
+                chunks = bytearray(body)
+                while len(chunks) <= cap and (
+                        chunk := await resp.content.read(cap + 1 - len(chunks))):
+                    chunks += chunk
+                body = bytes(chunks)
+            if len(body) > cap:
+                return Failure(FailureKind.TOO_LARGE, f"body exceeds the {cap}-byte cap")
             etag = resp.headers.get("ETag")
             ctype = resp.content_type
             sequence = sequence_of(resp.headers.get(SEQUENCE_HEADER))
         if ctype == "application/json":
             try:
-                return Fresh(TrainerStatus.from_json(bytes(body)), etag, max_wait, sequence)
+                return Fresh(TrainerStatus.from_json(body), etag, max_wait, sequence)
             except StatusError as exc:
                 return Failure(FailureKind.INVALID, f"invalid trainerStatus JSON: {exc}"[:1000])
-        return parse_text(bytes(body), etag, sequence)
+        return parse_text(body, etag, sequence)
 
 
 def parse_text(body: bytes, etag: str | None = None,

@@ -116,7 +116,11 @@ def test_capacity_verdict_only_for_what_was_tried() -> None:
 def test_breakdown_measures_each_piece() -> None:
     lines = breakdown.measure(40, window=1.0)
     assert [line.split(",")[0].split(" ")[0] for line in lines] == \
-        ["asyncio", "APScheduler", "aiohttp", "asyncio.to_thread(no-op)"]
+        ["asyncio", "APScheduler", "aiohttp", *["changing"] * len(breakdown.CHANGING_PIECES),
+         "asyncio.to_thread(no-op)"]
+    changing = [line for line in lines if line.startswith("changing")]
+    assert [next(k for k, text in breakdown.CHANGING_PIECES.items() if text in line)
+            for line in changing] == list(breakdown.CHANGING_PIECES)
     for line in lines:
         value = float(line.rsplit(": ", 1)[1].removesuffix(" us"))
         assert 0 < value < 1e6, line  # a real CPU cost per operation, in microseconds

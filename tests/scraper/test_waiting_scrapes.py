@@ -173,3 +173,57 @@ async def test_exporter_without_the_contract_is_polled() -> None:
     finally:
         await r.scraper.close()
         await runner.cleanup()
+
+
+def _established_to(port: int) -> int:
+    """TCP connections of this machine in state ESTABLISHED whose remote port is
+    ``port`` (the client ends of connections to a loopback server), from /proc/net/tcp."""
+    count = 0
+    with open("/proc/net/tcp") as handle:
+        next(handle)
+        for line in handle:
+            fields = line.split()
+            remote, state = fields[2], fields[3]
+            if state == "01" and int(remote.rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count
+
+
+async def test_one_connection_per_waiting_target(exporter: tuple[State, int]) -> None:
+    """The poll that learns contract 2 does not leave its connection idle in the polled
+    pool beside the held request's: one descriptor per target, not two."""
+    _, port = exporter
+    scraper = ExporterScraper(ScrapeLimits(timeout=0.5, concurrency=4), waiting=True)
+    writer = Writer()
+    loop = ScrapeLoop(scraper, writer, Events(), backoff_max=1.0)
+    target = Target("ns", "tj", "tj-node-0-0", "uid", f"http://127.0.0.1:{port}/metrics",
+                    INTERVAL)
+    state = TargetState(JobView("ns", "tj", "tj-node-0-0"), target=target, uid="uid")
+    try:
+        await loop.run(state)  # the poll: contract 2 learnt
+        await asyncio.sleep(0.1)
+        assert state.max_wait is not None
+        assert _established_to(port) == 0  # the polled connection was closed, not pooled
+        await loop.run(state)  # the held request
+        await asyncio.sleep(INTERVAL + 0.3)
+        assert scraper.held == 1
+        assert _established_to(port) == 1
+    finally:
+        state.stop_holding()
+        await scraper.close()
+
+
+async def test_polled_connection_kept_without_waiting(exporter: tuple[State, int]) -> None:
+    """With waiting scrapes off (``--wait-scrapes false``) the polled connection is pooled
+    as before, for the next poll."""
+    _, port = exporter
+    scraper = ExporterScraper(ScrapeLimits(timeout=0.5, concurrency=4))
+    target = Target("ns", "tj", "tj-node-0-0", "uid", f"http://127.0.0.1:{port}/metrics",
+                    INTERVAL)
+    try:
+        await scraper.scrape(target)
+        await scraper.scrape(target)
+        await asyncio.sleep(0.1)
+        assert _established_to(port) == 1
+    finally:
+        await scraper.close()
