@@ -142,6 +142,29 @@ def _empty_namespace(kube_api: client.ApiClient, name: str) -> None:
 # ----------------------------------------------------------------- the real stack
 
 
+def _admin_api(cluster: Cluster) -> Iterator[client.ApiClient]:
+    """An admin ApiClient for ``cluster``, closed after its fixture's scope."""
+    api = cluster.api_client()
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+def _deleted_namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace named after the test, deleted after it (on a cluster with
+    controllers: the namespace controller and the garbage collector remove its objects)."""
+    name = _namespace_name(request.node.name)
+    core = client.CoreV1Api(api)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=name, labels={"trainjob-progress.dev/test": "true"})))
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(client.ApiException, OSError):
+            core.delete_namespace(name)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     """``--push``: the session's local cluster (:func:`kube_stack`) runs with the
     Trainer's TrainJobStatus gate on (its status server serving), as ``make demo
@@ -178,50 +201,26 @@ def push_stack(pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> I
 @pytest.fixture(scope="session")
 def stack_api(kube_stack: Cluster) -> Iterator[client.ApiClient]:
     """An admin ApiClient for the session's local cluster."""
-    api = kube_stack.api_client()
-    try:
-        yield api
-    finally:
-        api.close()
+    yield from _admin_api(kube_stack)
 
 
 @pytest.fixture
 def stack_namespace(stack_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace on the local cluster, deleted after the test (the namespace
     controller and the garbage collector remove what is in it)."""
-    name = _namespace_name(request.node.name)
-    core = client.CoreV1Api(stack_api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"trainjob-progress.dev/test": "true"})))
-    try:
-        yield name
-    finally:
-        with contextlib.suppress(client.ApiException, OSError):
-            core.delete_namespace(name)
+    yield from _deleted_namespace(stack_api, request)
 
 
 @pytest.fixture(scope="session")
 def push_api(push_stack: Cluster) -> Iterator[client.ApiClient]:
     """An admin ApiClient for the push cluster (:func:`push_stack`)."""
-    api = push_stack.api_client()
-    try:
-        yield api
-    finally:
-        api.close()
+    yield from _admin_api(push_stack)
 
 
 @pytest.fixture
 def push_namespace(push_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace on the push cluster, deleted after the test."""
-    name = _namespace_name(request.node.name)
-    core = client.CoreV1Api(push_api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"trainjob-progress.dev/test": "true"})))
-    try:
-        yield name
-    finally:
-        with contextlib.suppress(client.ApiException, OSError):
-            core.delete_namespace(name)
+    yield from _deleted_namespace(push_api, request)
 
 
 @pytest.fixture(scope="session")
@@ -235,23 +234,11 @@ def legacy_stack(pytestconfig: pytest.Config) -> Iterator[Cluster]:
 @pytest.fixture(scope="session")
 def legacy_api(legacy_stack: Cluster) -> Iterator[client.ApiClient]:
     """An admin ApiClient for :func:`legacy_stack`."""
-    api = legacy_stack.api_client()
-    try:
-        yield api
-    finally:
-        api.close()
+    yield from _admin_api(legacy_stack)
 
 
 @pytest.fixture
 def legacy_namespace(legacy_api: client.ApiClient, request: pytest.FixtureRequest
                      ) -> Iterator[str]:
     """A fresh namespace on :func:`legacy_stack`, deleted after the test."""
-    name = _namespace_name(request.node.name)
-    core = client.CoreV1Api(legacy_api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"trainjob-progress.dev/test": "true"})))
-    try:
-        yield name
-    finally:
-        with contextlib.suppress(client.ApiException, OSError):
-            core.delete_namespace(name)
+    yield from _deleted_namespace(legacy_api, request)
