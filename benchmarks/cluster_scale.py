@@ -59,6 +59,7 @@ from kubernetes import client
 
 from benchmarks.cp import _make_jobs, _Scraper, _Watcher, percentile
 from benchmarks.farm import ExporterFarm, free_ports, wait_http
+from benchmarks.report import fmt, loadavg, verdict
 from localdev.cluster import ControlPlane, install_trainjob_crds
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -159,10 +160,6 @@ class _Exporters:
 # ------------------------------------------------------------------ helpers
 
 
-def _loadavg() -> str:
-    return " ".join(f"{x:.1f}" for x in os.getloadavg())
-
-
 def _wait(predicate: Any, timeout: float, step: float = 0.5) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -215,7 +212,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             "first_min": min(lat) if lat else None, "serving_after": serving - started,
             "target_p99": budget + interval,
             "skipped_runs": scraper.metric("trainjob_scraper_skipped_runs_total") - skipped0,
-            "loadavg": _loadavg(),
+            "loadavg": loadavg(),
         }
         # b: every TrainJob changes every interval.
         exporters.changing(interval)
@@ -248,7 +245,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             "target_gap": max(interval, budget) + 1.0, "skipped_runs": skipped,
             # Mean request time: with W writers, W / mean caps the rate below the budget.
             "request_mean": req_s / req_n if req_n else None, "pending_end": pending,
-            "loadavg": _loadavg(),
+            "loadavg": loadavg(),
         }
         out["scraper_cpu_seconds"] = _cpu(scraper.child.process.pid)
         out["first_seen_missing"] = sorted(set(ran) - set(first))[:20]
@@ -330,7 +327,7 @@ def logging_training(plane: ControlPlane, api: client.ApiClient, jobs: int,
             "writes_per_hour": writes / jobs / (b - a) * 3600,
             "changes": changes, "changes_seen": len(fresh),
             "fresh_p50": percentile(fresh, 0.5), "fresh_p99": percentile(fresh, 0.99),
-            "loadavg": _loadavg(),
+            "loadavg": loadavg(),
         })
     finally:
         if watcher is not None:
@@ -341,14 +338,6 @@ def logging_training(plane: ControlPlane, api: client.ApiClient, jobs: int,
 
 
 # ------------------------------------------------------------------ report
-
-
-def _f(value: Any, spec: str = ".1f") -> str:
-    return "n/a" if value is None else f"{value:{spec}}"
-
-
-def _met(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("met" if ok else "NOT met")
 
 
 def table(res: dict[str, Any]) -> str:
@@ -364,32 +353,33 @@ def table(res: dict[str, Any]) -> str:
     if a:
         lines += [
             f"| {n} TrainJobs at once (QPS {q:g}, interval {iv:g} s): first status p50 / p99 "
-            f"/ max from the scraper's start | {_f(a['first_p50'])} / {_f(a['first_p99'])} / "
-            f"{_f(a['first_max'])} s ({a['first_status']} of {n}; first at "
-            f"{_f(a.get('first_min'))} s) | p99 <= {a['target_p99']:g} s | "
-            f"{_met(None if a['first_p99'] is None else a['first_p99'] <= a['target_p99'])}"
+            f"/ max from the scraper's start | {fmt(a['first_p50'], '.1f')} / "
+            f"{fmt(a['first_p99'], '.1f')} / "
+            f"{fmt(a['first_max'], '.1f')} s ({a['first_status']} of {n}; first at "
+            f"{fmt(a.get('first_min'), '.1f')} s) | p99 <= {a['target_p99']:g} s | "
+            f"{verdict(None if a['first_p99'] is None else a['first_p99'] <= a['target_p99'])}"
             f" | {a['loadavg']} |",
             f"| same: skipped scheduler runs until every first status | "
-            f"{a['skipped_runs']:.0f} | 0 | {_met(a['skipped_runs'] == 0)} | {a['loadavg']} |"]
+            f"{a['skipped_runs']:.0f} | 0 | {verdict(a['skipped_runs'] == 0)} | {a['loadavg']} |"]
     if b:
         lines += [
             f"| steady, {n} TrainJobs changing every {iv:g} s: longest gap between two "
-            f"writes of one TrainJob (p50 of per-job longest) | {_f(b['longest_gap'])} s "
-            f"({_f(b['gap_p50'])} s; {b['writes_per_s']:.1f} writes/s over "
-            f"{b['window']:.0f} s, request mean {_f(b.get('request_mean'), '.3f')} s, "
-            f"{_f(b.get('pending_end'))} pending at the end) | <= {b['target_gap']:g} s | "
-            f"{_met(None if b['longest_gap'] is None else b['longest_gap'] <= b['target_gap'])}"
+            f"writes of one TrainJob (p50 of per-job longest) | {fmt(b['longest_gap'], '.1f')} s "
+            f"({fmt(b['gap_p50'], '.1f')} s; {b['writes_per_s']:.1f} writes/s over "
+            f"{b['window']:.0f} s, request mean {fmt(b.get('request_mean'), '.3f')} s, "
+            f"{fmt(b.get('pending_end'), '.1f')} pending at the end) | <= {b['target_gap']:g} s | "
+            f"{verdict(None if b['longest_gap'] is None else b['longest_gap'] <= b['target_gap'])}"
             f" | {b['loadavg']} |",
             f"| same: skipped scheduler runs in the window | {b['skipped_runs']:.0f} | 0 | "
-            f"{_met(b['skipped_runs'] == 0)} | {b['loadavg']} |"]
+            f"{verdict(b['skipped_runs'] == 0)} | {b['loadavg']} |"]
     if c:
         lines += [
             f"| training logging every {c['log_every']:g} s, {c['jobs']} TrainJobs: API "
             f"writes per TrainJob-hour, ours / push (SDK, counted) | "
-            f"{_f(c.get('writes_per_hour'), '.0f')} / {c['push_writes_per_hour']} | | | "
+            f"{fmt(c.get('writes_per_hour'), '.0f')} / {c['push_writes_per_hour']} | | | "
             f"{c.get('loadavg')} |",
             f"| same: freshness p50 / p99, ours (interval {c['interval']:g} s, waiting "
-            f"scrapes) | {_f(c.get('fresh_p50'), '.2f')} / {_f(c.get('fresh_p99'), '.2f')} s "
+            f"scrapes) | {fmt(c.get('fresh_p50'), '.2f')} / {fmt(c.get('fresh_p99'), '.2f')} s "
             f"({c.get('changes_seen')} of {c.get('changes')} changes) | push: one POST | | "
             f"{c.get('loadavg')} |"]
     if d:
@@ -397,15 +387,15 @@ def table(res: dict[str, Any]) -> str:
         lines += [
             f"| sparse changes, one per {d['log_every']:g} s at a {d['interval']:g} s interval, "
             f"{d['jobs']} TrainJobs: update() -> TrainJob status p50 / p99 | "
-            f"{_f(d.get('fresh_p50'), '.2f')} / {_f(p99, '.2f')} s ({d.get('changes_seen')} of "
+            f"{fmt(d.get('fresh_p50'), '.2f')} / {fmt(p99, '.2f')} s ({d.get('changes_seen')} of "
             f"{d.get('changes')} changes) | p99 <= 1 s | "
-            f"{_met(None if p99 is None else p99 <= 1.0)} | {d.get('loadavg')} |"]
+            f"{verdict(None if p99 is None else p99 <= 1.0)} | {d.get('loadavg')} |"]
     if w:
         lines += [f"| CPU per status write (scraper process), pre-queue (stop 9) / call_api "
                   f"in a thread (stop 10) / urllib3 pool in a thread (stop 11, before) / "
                   f"aiohttp on the loop (after) | {w.get('pre_queue', 0):.0f} / "
                   f"{w.get('call_api', 0):.0f} / {w['before']:.0f} / {w['after']:.0f} us | lower | "
-                  f"{_met(w['after'] < w['before'])} | {w['loadavg']} |"]
+                  f"{verdict(w['after'] < w['before'])} | {w['loadavg']} |"]
     for key in ("scale_error", "log_error", "sparse_error"):
         if res.get(key):
             lines += ["", f"{key}: `{res[key][:400]}`"]
@@ -441,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     window = args.window or 2.5 * args.jobs / DEFAULT_QPS
     res: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                            "machine": f"{os.cpu_count()} cores",
-                           "loadavg_start": _loadavg()}
+                           "loadavg_start": loadavg()}
     started = time.monotonic()
     try:
         with ControlPlane() as plane:
@@ -473,10 +463,10 @@ def main(argv: list[str] | None = None) -> int:
 
             paths = asyncio.run(status_writes(args.writes))
             res["writes"] = {**paths, "before": paths["pool_thread"], "after": paths["today"],
-                             "count": args.writes, "loadavg": _loadavg()}
+                             "count": args.writes, "loadavg": loadavg()}
     finally:
         res["seconds"] = time.monotonic() - started
-        res["loadavg_end"] = _loadavg()
+        res["loadavg_end"] = loadavg()
         args.out.mkdir(parents=True, exist_ok=True)
         stem = args.out / f"cluster-{time.strftime('%Y%m%d-%H%M%S')}"
         stem.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
