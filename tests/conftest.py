@@ -23,7 +23,7 @@ from localdev.cluster.assets import AssetsError
 from localdev.cluster.controlplane import ControlPlane, ControlPlaneError
 from localdev.cluster.crds import FLAVOUR_CURRENT, FLAVOUR_LEGACY, CrdError, install_trainjob_crds
 from localdev.cluster.stack import Cluster
-from tests.helpers.stack import started_cluster
+from tests.helpers.stack import started, started_cluster
 
 # The tests' exporters run outside pods (in this process or its children; pods of the
 # pod runner get theirs from it).  A HOSTNAME a CI container exports would be stated as
@@ -55,20 +55,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.fixture(scope="session")
 def control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
     """The session's running :class:`ControlPlane` (admin kubeconfig, tokens, kubectl)."""
-    plane = ControlPlane()
-    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-    # Show the (possibly long) first build's progress live instead of capturing it.
-    live = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
-    try:
-        with live:
-            plane.start()
-    except (AssetsError, ControlPlaneError, OSError) as exc:
-        plane.stop()
-        pytest.fail(f"local control plane could not start: {exc}", pytrace=False)
-    try:
-        yield plane
-    finally:
-        plane.stop()
+    yield from started(pytestconfig, ControlPlane(), "local control plane",
+                       (AssetsError, ControlPlaneError, OSError))
 
 
 @pytest.fixture(scope="session")
