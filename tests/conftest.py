@@ -59,14 +59,19 @@ def control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
                        (AssetsError, ControlPlaneError, OSError))
 
 
-@pytest.fixture(scope="session")
-def kube_api(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
-    """An admin ApiClient for the session's control plane."""
-    api = control_plane.api_client()
+def _admin_api(cluster: ControlPlane | Cluster) -> Iterator[client.ApiClient]:
+    """An admin ApiClient for ``cluster``, closed after its fixture's scope."""
+    api = cluster.api_client()
     try:
         yield api
     finally:
         api.close()
+
+
+@pytest.fixture(scope="session")
+def kube_api(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
+    """An admin ApiClient for the session's control plane."""
+    yield from _admin_api(control_plane)
 
 
 @pytest.fixture(scope="session")
@@ -96,6 +101,14 @@ def _namespace_name(test_name: str) -> str:
     return f"t-{base}-{secrets.token_hex(3)}"
 
 
+def _created_namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> str:
+    """A new namespace named after the test (labelled as a test's); its name."""
+    name = _namespace_name(request.node.name)
+    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=name, labels={"trainjob-progress.dev/test": "true"})))
+    return name
+
+
 @pytest.fixture
 def namespace(kube_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace for this test; its pods, Jobs and TrainJobs are deleted after.
@@ -103,10 +116,7 @@ def namespace(kube_api: client.ApiClient, request: pytest.FixtureRequest) -> Ite
     The namespace itself is left in place: without a namespace controller its
     deletion would never finish.
     """
-    name = _namespace_name(request.node.name)
-    core = client.CoreV1Api(kube_api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"trainjob-progress.dev/test": "true"})))
+    name = _created_namespace(kube_api, request)
     try:
         yield name
     finally:
@@ -130,27 +140,15 @@ def _empty_namespace(kube_api: client.ApiClient, name: str) -> None:
 # ----------------------------------------------------------------- the real stack
 
 
-def _admin_api(cluster: Cluster) -> Iterator[client.ApiClient]:
-    """An admin ApiClient for ``cluster``, closed after its fixture's scope."""
-    api = cluster.api_client()
-    try:
-        yield api
-    finally:
-        api.close()
-
-
 def _deleted_namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace named after the test, deleted after it (on a cluster with
     controllers: the namespace controller and the garbage collector remove its objects)."""
-    name = _namespace_name(request.node.name)
-    core = client.CoreV1Api(api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"trainjob-progress.dev/test": "true"})))
+    name = _created_namespace(api, request)
     try:
         yield name
     finally:
         with contextlib.suppress(client.ApiException, OSError):
-            core.delete_namespace(name)
+            client.CoreV1Api(api).delete_namespace(name)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
