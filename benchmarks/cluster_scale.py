@@ -59,7 +59,7 @@ from kubernetes import client
 
 from benchmarks.cp import _make_jobs, _Scraper, _Watcher, percentile
 from benchmarks.farm import ExporterFarm, free_ports, wait_http
-from benchmarks.report import fmt, loadavg, verdict
+from benchmarks.report import fmt, loadavg, verdict, write_report
 from localdev.cluster import ControlPlane, install_trainjob_crds
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -465,15 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             res["writes"] = {**paths, "before": paths["pool_thread"], "after": paths["today"],
                              "count": args.writes, "loadavg": loadavg()}
     finally:
-        res["seconds"] = time.monotonic() - started
-        res["loadavg_end"] = loadavg()
-        args.out.mkdir(parents=True, exist_ok=True)
-        stem = args.out / f"cluster-{time.strftime('%Y%m%d-%H%M%S')}"
-        stem.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
-        report = table(res)
-        stem.with_suffix(".md").write_text(report + "\n")
-        print(report)
-        print(f"wrote {stem}.md and .json ({res['seconds']:.0f} s)", file=sys.stderr)
+        write_report(res, args.out, "cluster", table, started)
     return 0
 
 

@@ -71,7 +71,7 @@ from kubernetes import client
 
 from benchmarks.cp import _Scraper, _Watcher, percentile
 from benchmarks.procstat import cpu_seconds
-from benchmarks.report import fmt, loadavg, verdict
+from benchmarks.report import fmt, loadavg, verdict, write_report
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from localdev.cluster.controlplane import ControlPlaneError
 from localdev.cluster.stack import Cluster
@@ -637,15 +637,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"--window={window:g} (>= 20), --fault={fault:g} (>= 0)")
     started = time.monotonic()
     res = run(jobs, every, window, fault, settle, interval, setup)
-    res["seconds"] = time.monotonic() - started
-    res["loadavg_end"] = loadavg()
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"vs-push-{time.strftime('%Y%m%d-%H%M%S')}"
-    stem.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
-    report = table(res)
-    stem.with_suffix(".md").write_text(report + "\n")
-    print(report)
-    print(f"wrote {stem}.md and .json ({res['seconds']:.0f} s)", file=sys.stderr)
+    write_report(res, args.out, "vs-push", table, started)
     return 0
 
 
