@@ -43,6 +43,7 @@ from benchmarks import breakdown, cp, pinning, prom
 from benchmarks.farm import ExporterFarm, NginxFarm
 from benchmarks.payload import render_payloads, series_count
 from benchmarks.pinning import Pinning, pinned
+from benchmarks.report import fmt, loadavg, verdict
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: Our CPU per scrape relative to Prometheus's (issue 7 targets).
@@ -251,14 +252,6 @@ def rate_verdict(cap: dict[str, Any]) -> bool | None:
     return False
 
 
-def fmt(value: float | None, spec: str = ".0f", suffix: str = "") -> str:
-    return "n/a" if value is None else f"{value:{spec}}{suffix}"
-
-
-def verdict(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("met" if ok else "NOT met")
-
-
 def table(res: dict[str, Any]) -> str:
     """The markdown report of one run."""
     p_static, o_static = res.get("prom_static"), res.get("ours_static")
@@ -432,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         "payload_bytes": {"text": len(text), "json": len(js)},
         "machine": f"{os.cpu_count()} cores, {platform.python_implementation()} "
                    f"{platform.python_version()}",
-        "loadavg_start": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        "loadavg_start": loadavg(),
     }
     pin = None if args.no_pin else pinning.choose()
     res["pinning"] = pin.text() if pin else None
@@ -503,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         res["breakdown"] = breakdown.measure(n)
     finally:
         res["seconds"] = time.monotonic() - started
-        res["loadavg_end"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+        res["loadavg_end"] = loadavg()
         args.out.mkdir(parents=True, exist_ok=True)
         stem = args.out / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
         stem.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))

@@ -59,6 +59,7 @@ from kubernetes import client
 
 from benchmarks.cp import _make_jobs, _Scraper, _Watcher, percentile
 from benchmarks.farm import ExporterFarm, free_ports, wait_http
+from benchmarks.report import fmt, loadavg, verdict, write_report
 from localdev.cluster import ControlPlane, install_trainjob_crds
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -237,10 +238,6 @@ class _Exporters:
 # ------------------------------------------------------------------ helpers
 
 
-def _loadavg() -> str:
-    return " ".join(f"{x:.1f}" for x in os.getloadavg())
-
-
 def _wait(predicate: Any, timeout: float, step: float = 0.5) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -326,7 +323,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             "first_min": min(lat) if lat else None, "serving_after": serving - started,
             "target_p99": budget + interval,
             "skipped_runs": scraper.metric("trainjob_scraper_skipped_runs_total") - skipped0,
-            "loadavg": _loadavg(),
+            "loadavg": loadavg(),
             "rss": sampler.sample()[0], "fds": sampler.fds, "peak_rss": sampler.peak_rss,
             "peak_fds": sampler.peak_fds,
             "held": scraper.metric("trainjob_scraper_held_scrapes"),
@@ -366,7 +363,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             "target_gap": max(interval, budget) + 1.0, "skipped_runs": skipped,
             # Mean request time: with W writers, W / mean caps the rate below the budget.
             "request_mean": req_s / req_n if req_n else None, "pending_end": pending,
-            "loadavg": _loadavg(),
+            "loadavg": loadavg(),
             "cpu_per_s": (cpu1 - cpu0) / (b - a) if cpu0 is not None and cpu1 is not None
             else None,
             "scrapes_per_s": scrapes / (b - a),
@@ -456,7 +453,7 @@ def logging_training(plane: ControlPlane, api: client.ApiClient, jobs: int,
             "writes_per_hour": writes / jobs / (b - a) * 3600,
             "changes": changes, "changes_seen": len(fresh),
             "fresh_p50": percentile(fresh, 0.5), "fresh_p99": percentile(fresh, 0.99),
-            "loadavg": _loadavg(),
+            "loadavg": loadavg(),
         })
     finally:
         if watcher is not None:
@@ -467,14 +464,6 @@ def logging_training(plane: ControlPlane, api: client.ApiClient, jobs: int,
 
 
 # ------------------------------------------------------------------ report
-
-
-def _f(value: Any, spec: str = ".1f") -> str:
-    return "n/a" if value is None else f"{value:{spec}}"
-
-
-def _met(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("met" if ok else "NOT met")
 
 
 def table(res: dict[str, Any]) -> str:
@@ -490,45 +479,46 @@ def table(res: dict[str, Any]) -> str:
     if a:
         lines += [
             f"| {n} TrainJobs at once (QPS {q:g}, interval {iv:g} s): first status p50 / p99 "
-            f"/ max from the scraper's start | {_f(a['first_p50'])} / {_f(a['first_p99'])} / "
-            f"{_f(a['first_max'])} s ({a['first_status']} of {n}; first at "
-            f"{_f(a.get('first_min'))} s) | p99 <= {a['target_p99']:g} s | "
-            f"{_met(None if a['first_p99'] is None else a['first_p99'] <= a['target_p99'])}"
+            f"/ max from the scraper's start | {fmt(a['first_p50'], '.1f')} / "
+            f"{fmt(a['first_p99'], '.1f')} / "
+            f"{fmt(a['first_max'], '.1f')} s ({a['first_status']} of {n}; first at "
+            f"{fmt(a.get('first_min'), '.1f')} s) | p99 <= {a['target_p99']:g} s | "
+            f"{verdict(None if a['first_p99'] is None else a['first_p99'] <= a['target_p99'])}"
             f" | {a['loadavg']} |",
             f"| same: skipped scheduler runs until every first status | "
-            f"{a['skipped_runs']:.0f} | 0 | {_met(a['skipped_runs'] == 0)} | {a['loadavg']} |"]
+            f"{a['skipped_runs']:.0f} | 0 | {verdict(a['skipped_runs'] == 0)} | {a['loadavg']} |"]
         if "rss" in a:
             lines += [
                 f"| same, at the last first status: scraper RSS / open descriptors (peak so "
                 f"far) / waiting scrapes held | {a['rss'] / 2**20:.0f} MiB / {a['fds']} "
-                f"({a['peak_rss'] / 2**20:.0f} MiB / {a['peak_fds']}) / {_f(a['held'], '.0f')}"
+                f"({a['peak_rss'] / 2**20:.0f} MiB / {a['peak_fds']}) / {fmt(a['held'], '.0f')}"
                 f" | | | {a['loadavg']} |"]
     if b:
         lines += [
             f"| steady, {n} TrainJobs changing every {iv:g} s: longest gap between two "
-            f"writes of one TrainJob (p50 of per-job longest) | {_f(b['longest_gap'])} s "
-            f"({_f(b['gap_p50'])} s; {b['writes_per_s']:.1f} writes/s over "
-            f"{b['window']:.0f} s, request mean {_f(b.get('request_mean'), '.3f')} s, "
-            f"{_f(b.get('pending_end'))} pending at the end) | <= {b['target_gap']:g} s | "
-            f"{_met(None if b['longest_gap'] is None else b['longest_gap'] <= b['target_gap'])}"
+            f"writes of one TrainJob (p50 of per-job longest) | {fmt(b['longest_gap'], '.1f')} s "
+            f"({fmt(b['gap_p50'], '.1f')} s; {b['writes_per_s']:.1f} writes/s over "
+            f"{b['window']:.0f} s, request mean {fmt(b.get('request_mean'), '.3f')} s, "
+            f"{fmt(b.get('pending_end'), '.1f')} pending at the end) | <= {b['target_gap']:g} s | "
+            f"{verdict(None if b['longest_gap'] is None else b['longest_gap'] <= b['target_gap'])}"
             f" | {b['loadavg']} |",
             f"| same: skipped scheduler runs in the window | {b['skipped_runs']:.0f} | 0 | "
-            f"{_met(b['skipped_runs'] == 0)} | {b['loadavg']} |"]
+            f"{verdict(b['skipped_runs'] == 0)} | {b['loadavg']} |"]
         if "rss" in b:
             lines += [
                 f"| same, steady window: scraper CPU per second / scrapes per second / RSS / "
                 f"open descriptors at the end (peak of the run) / waiting scrapes held | "
-                f"{_f(b['cpu_per_s'], '.2f')} s/s / {_f(b['scrapes_per_s'], '.0f')} / "
+                f"{fmt(b['cpu_per_s'], '.2f')} s/s / {fmt(b['scrapes_per_s'], '.0f')} / "
                 f"{b['rss'] / 2**20:.0f} MiB / {b['fds']} ({b['peak_rss'] / 2**20:.0f} MiB / "
-                f"{b['peak_fds']}) / {_f(b['held'], '.0f')} | | | {b['loadavg']} |"]
+                f"{b['peak_fds']}) / {fmt(b['held'], '.0f')} | | | {b['loadavg']} |"]
     if c:
         lines += [
             f"| training logging every {c['log_every']:g} s, {c['jobs']} TrainJobs: API "
             f"writes per TrainJob-hour, ours / push (SDK, counted) | "
-            f"{_f(c.get('writes_per_hour'), '.0f')} / {c['push_writes_per_hour']} | | | "
+            f"{fmt(c.get('writes_per_hour'), '.0f')} / {c['push_writes_per_hour']} | | | "
             f"{c.get('loadavg')} |",
             f"| same: freshness p50 / p99, ours (interval {c['interval']:g} s, waiting "
-            f"scrapes) | {_f(c.get('fresh_p50'), '.2f')} / {_f(c.get('fresh_p99'), '.2f')} s "
+            f"scrapes) | {fmt(c.get('fresh_p50'), '.2f')} / {fmt(c.get('fresh_p99'), '.2f')} s "
             f"({c.get('changes_seen')} of {c.get('changes')} changes) | push: one POST | | "
             f"{c.get('loadavg')} |"]
     if d:
@@ -536,15 +526,15 @@ def table(res: dict[str, Any]) -> str:
         lines += [
             f"| sparse changes, one per {d['log_every']:g} s at a {d['interval']:g} s interval, "
             f"{d['jobs']} TrainJobs: update() -> TrainJob status p50 / p99 | "
-            f"{_f(d.get('fresh_p50'), '.2f')} / {_f(p99, '.2f')} s ({d.get('changes_seen')} of "
+            f"{fmt(d.get('fresh_p50'), '.2f')} / {fmt(p99, '.2f')} s ({d.get('changes_seen')} of "
             f"{d.get('changes')} changes) | p99 <= 1 s | "
-            f"{_met(None if p99 is None else p99 <= 1.0)} | {d.get('loadavg')} |"]
+            f"{verdict(None if p99 is None else p99 <= 1.0)} | {d.get('loadavg')} |"]
     if w:
         lines += [f"| CPU per status write (scraper process), pre-queue (stop 9) / call_api "
                   f"in a thread (stop 10) / urllib3 pool in a thread (stop 11, before) / "
                   f"aiohttp on the loop (after) | {w.get('pre_queue', 0):.0f} / "
                   f"{w.get('call_api', 0):.0f} / {w['before']:.0f} / {w['after']:.0f} us | lower | "
-                  f"{_met(w['after'] < w['before'])} | {w['loadavg']} |"]
+                  f"{verdict(w['after'] < w['before'])} | {w['loadavg']} |"]
     for key in ("scale_error", "log_error", "sparse_error"):
         if res.get(key):
             lines += ["", f"{key}: `{res[key][:400]}`"]
@@ -582,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     window = args.window or 2.5 * args.jobs / DEFAULT_QPS
     res: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                            "machine": f"{os.cpu_count()} cores",
-                           "loadavg_start": _loadavg()}
+                           "loadavg_start": loadavg()}
     started = time.monotonic()
     try:
         with ControlPlane() as plane:
@@ -617,17 +607,9 @@ def main(argv: list[str] | None = None) -> int:
 
             paths = asyncio.run(status_writes(args.writes))
             res["writes"] = {**paths, "before": paths["pool_thread"], "after": paths["today"],
-                             "count": args.writes, "loadavg": _loadavg()}
+                             "count": args.writes, "loadavg": loadavg()}
     finally:
-        res["seconds"] = time.monotonic() - started
-        res["loadavg_end"] = _loadavg()
-        args.out.mkdir(parents=True, exist_ok=True)
-        stem = args.out / f"cluster-{time.strftime('%Y%m%d-%H%M%S')}"
-        stem.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
-        report = table(res)
-        stem.with_suffix(".md").write_text(report + "\n")
-        print(report)
-        print(f"wrote {stem}.md and .json ({res['seconds']:.0f} s)", file=sys.stderr)
+        write_report(res, args.out, "cluster", table, started)
     return 0
 
 

@@ -193,13 +193,15 @@ def scrape_once(port: int) -> tuple[str, float]:
     return outcome, time.monotonic() - started
 
 
-def _proc_counts(pid: int) -> tuple[int, int]:
+def proc_counts(pid: int) -> tuple[int, int]:
+    """Threads and open descriptors of process ``pid`` (``/proc/PID/status``, ``/proc/PID/fd``)."""
     threads = int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text()
                        .splitlines() if line.startswith("Threads:")))
     return threads, len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _steps(path: Path) -> int:
+def training_steps(path: Path) -> int:
+    """The step count :data:`TRAINING` last wrote to ``path`` (0 before its first step)."""
     try:
         return int(path.read_text() or 0)
     except (OSError, ValueError):
@@ -289,16 +291,16 @@ def measure(port: int, pid: int, steps: Path, seconds: float, flood_cmd: list[st
         time.sleep(1.5)  # the flood reaches its size
     row = Row(name, source, seconds, 0.0)
     pooled = threading.Thread(target=scraper_probe, args=(port, seconds, row.pooled))
-    before, start = _steps(steps), time.monotonic()
+    before, start = training_steps(steps), time.monotonic()
     pooled.start()
     end = start + seconds
     while time.monotonic() < end:
         outcome, took = scrape_once(port)
         row.fresh.add(outcome, took)
-        threads, fds = _proc_counts(pid)
+        threads, fds = proc_counts(pid)
         row.threads, row.fds = max(row.threads, threads), max(row.fds, fds)
         time.sleep(max(0.0, SCRAPE_PERIOD - took))
-    row.steps_per_second = (_steps(steps) - before) / (time.monotonic() - start)
+    row.steps_per_second = (training_steps(steps) - before) / (time.monotonic() - start)
     pooled.join(timeout=SCRAPE_TIMEOUT + 5)
     if child is not None and out is not None:
         child.wait(timeout=seconds + 30)

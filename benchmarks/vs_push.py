@@ -71,6 +71,7 @@ from kubernetes import client
 
 from benchmarks.cp import _Scraper, _Watcher, percentile
 from benchmarks.procstat import cpu_seconds
+from benchmarks.report import fmt, loadavg, verdict, write_report
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from localdev.cluster.controlplane import ControlPlaneError
 from localdev.cluster.stack import Cluster
@@ -205,10 +206,6 @@ class RunSpec:
         return hold + self.every + 5.0
 
 
-def _loadavg() -> str:
-    return " ".join(f"{x:.1f}" for x in os.getloadavg())
-
-
 def _running_pods(core: client.CoreV1Api, namespace: str) -> int:
     pods = core.list_namespaced_pod(namespace).items
     return sum(1 for p in pods if p.status.phase == "Running"
@@ -301,7 +298,7 @@ def run_one(cluster: Cluster, spec: RunSpec, setup_timeout: float) -> dict[str, 
     out_dir = cluster.workdir / "vs-push-out" / ns
     out_dir.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"design": spec.design, "jobs": spec.jobs, "every": spec.every,
-                           "namespace": ns, "loadavg_start": _loadavg()}
+                           "namespace": ns, "loadavg_start": loadavg()}
     worker = _Worker(cluster, spec)
     watcher = _Watcher(api, ns)
     trainer_pid = cluster.process_pid(TRAINER)
@@ -346,7 +343,7 @@ def run_one(cluster: Cluster, spec: RunSpec, setup_timeout: float) -> dict[str, 
                     else c1[0] - c0[0],  # type: ignore[operator]
                     "worker_cpu_seconds": None if None in (c0[1], c1[1])
                     else c1[1] - c0[1],  # type: ignore[operator]
-                    "loadavg_window": _loadavg()})
+                    "loadavg_window": loadavg()})
         # The fault: the worker killed across every training's end.
         if spec.fault > 0:
             worker.kill()
@@ -384,7 +381,7 @@ def run_one(cluster: Cluster, spec: RunSpec, setup_timeout: float) -> dict[str, 
             res["cpu_seconds_per_trainjob_hour"] = res["worker_cpu_seconds"] / hours
         if res["trainer_cpu_seconds"] is not None and hours:
             res["trainer_cpu_seconds_per_trainjob_hour"] = res["trainer_cpu_seconds"] / hours
-        res["loadavg_end"] = _loadavg()
+        res["loadavg_end"] = loadavg()
     finally:
         watcher.stop()
         worker.stop()
@@ -465,7 +462,7 @@ def run(jobs: list[int], every: list[float], window: float, fault: float, settle
     """Both designs, every (N, every) pair; the JSON's content (module doc)."""
     res: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                            "machine": f"{os.cpu_count()} cores",
-                           "loadavg_start": _loadavg(), "runs": [],
+                           "loadavg_start": loadavg(), "runs": [],
                            "sdk_throttle_seconds": sdk_throttle_seconds(),
                            "scrape_interval": scrape_interval or SCRAPER_DEFAULT_INTERVAL,
                            "window": window, "fault": fault, "errors": {}}
@@ -560,14 +557,6 @@ def targets(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # ------------------------------------------------------------------ report
 
 
-def _f(value: Any, spec: str = ".2f") -> str:
-    return "n/a" if value is None else f"{value:{spec}}"
-
-
-def _met(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("met" if ok else "NOT met")
-
-
 def table(res: dict[str, Any]) -> str:
     """The Markdown table of a run's figures and targets."""
     push, pull = res["push"], res["pull"]
@@ -590,24 +579,25 @@ def table(res: dict[str, Any]) -> str:
             r = by.get((design, label), {})
             cpu_note = " (controller on - off)" if design == "push" else " (scraper)"
             lines.append(
-                f"| {label} | {design} | {_f(d['api_writes_per_trainjob_hour'][label], '.0f')} | "
-                f"{_f(r.get('request_bytes_per_write'), '.0f')} | "
-                f"{_f(d['freshness_p50_s'][label])} / {_f(d['freshness_p99_s'][label])} s | "
-                f"{_f(d['cpu_seconds_per_trainjob_hour'][label])}{cpu_note} | "
-                f"{_f(d['training_cost_us_per_report'][label], '.1f')} us | "
+                f"| {label} | {design} | {fmt(d['api_writes_per_trainjob_hour'][label], '.0f')} | "
+                f"{fmt(r.get('request_bytes_per_write'), '.0f')} | "
+                f"{fmt(d['freshness_p50_s'][label], '.2f')} / "
+                f"{fmt(d['freshness_p99_s'][label], '.2f')} s | "
+                f"{fmt(d['cpu_seconds_per_trainjob_hour'][label], '.2f')}{cpu_note} | "
+                f"{fmt(d['training_cost_us_per_report'][label], '.1f')} us | "
                 f"{d['finals_delivered'][label]} of {d['finals_expected'][label]} | "
                 f"{r.get('loadavg_window')} |")
     lines += ["", "| run | target | value | verdict |", "| --- | --- | --- | --- |"]
     for label, t in res["targets"].items():
         lines += [
             f"| {label} | pull writes <= 0.5x push at freshness p99 <= push p99 + one interval "
-            f"({_f(t['freshness_p99_limit_s'])} s) | {_f(t['writes_ratio'])}x | "
-            f"{_met(t['writes_met'])} |",
+            f"({fmt(t['freshness_p99_limit_s'], '.2f')} s) | {fmt(t['writes_ratio'], '.2f')}x | "
+            f"{verdict(t['writes_met'])} |",
             f"| {label} | pull delivers every final under its fault | "
             f"{pull['finals_delivered'].get(label)} of {pull['finals_expected'].get(label)} | "
-            f"{_met(t['finals_met'])} |",
-            f"| {label} | pull training-side cost <= 0.01x push | {_f(t['cost_ratio'], '.4f')}x | "
-            f"{_met(t['cost_met'])} |"]
+            f"{verdict(t['finals_met'])} |",
+            f"| {label} | pull training-side cost <= 0.01x push | {fmt(t['cost_ratio'], '.4f')}x | "
+            f"{verdict(t['cost_met'])} |"]
     for design, err in res["errors"].items():
         lines += ["", f"{design} not run: {err[:400]}"]
     for r in res["runs"]:
@@ -647,15 +637,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"--window={window:g} (>= 20), --fault={fault:g} (>= 0)")
     started = time.monotonic()
     res = run(jobs, every, window, fault, settle, interval, setup)
-    res["seconds"] = time.monotonic() - started
-    res["loadavg_end"] = _loadavg()
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"vs-push-{time.strftime('%Y%m%d-%H%M%S')}"
-    stem.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
-    report = table(res)
-    stem.with_suffix(".md").write_text(report + "\n")
-    print(report)
-    print(f"wrote {stem}.md and .json ({res['seconds']:.0f} s)", file=sys.stderr)
+    write_report(res, args.out, "vs-push", table, started)
     return 0
 
 

@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import secrets
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +24,7 @@ from localdev.cluster.assets import AssetsError
 from localdev.cluster.controlplane import ControlPlane, ControlPlaneError
 from localdev.cluster.crds import FLAVOUR_CURRENT, FLAVOUR_LEGACY, CrdError, install_trainjob_crds
 from localdev.cluster.stack import Cluster
-from tests.helpers.stack import started_cluster
+from tests.helpers.stack import started, started_cluster
 
 # The tests' exporters run outside pods (in this process or its children; pods of the
 # pod runner get theirs from it).  A HOSTNAME a CI container exports would be stated as
@@ -55,30 +56,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.fixture(scope="session")
 def control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
     """The session's running :class:`ControlPlane` (admin kubeconfig, tokens, kubectl)."""
-    plane = ControlPlane()
-    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-    # Show the (possibly long) first build's progress live instead of capturing it.
-    live = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+    yield from started(pytestconfig, ControlPlane(), "local control plane",
+                       (AssetsError, ControlPlaneError, OSError))
+
+
+def _admin_api(cluster: ControlPlane | Cluster) -> Iterator[client.ApiClient]:
+    """An admin ApiClient for ``cluster``, closed after its fixture's scope."""
+    api = cluster.api_client()
     try:
-        with live:
-            plane.start()
-    except (AssetsError, ControlPlaneError, OSError) as exc:
-        plane.stop()
-        pytest.fail(f"local control plane could not start: {exc}", pytrace=False)
-    try:
-        yield plane
+        yield api
     finally:
-        plane.stop()
+        api.close()
 
 
 @pytest.fixture(scope="session")
 def kube_api(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
     """An admin ApiClient for the session's control plane."""
-    api = control_plane.api_client()
-    try:
-        yield api
-    finally:
-        api.close()
+    yield from _admin_api(control_plane)
 
 
 @pytest.fixture(scope="session")
@@ -108,6 +102,14 @@ def _namespace_name(test_name: str) -> str:
     return f"t-{base}-{secrets.token_hex(3)}"
 
 
+def _created_namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> str:
+    """A new namespace named after the test (labelled as a test's); its name."""
+    name = _namespace_name(request.node.name)
+    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=name, labels={"trainjob-progress.dev/test": "true"})))
+    return name
+
+
 @pytest.fixture
 def namespace(kube_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace for this test; its pods, Jobs and TrainJobs are deleted after.
@@ -115,10 +117,7 @@ def namespace(kube_api: client.ApiClient, request: pytest.FixtureRequest) -> Ite
     The namespace itself is left in place: without a namespace controller its
     deletion would never finish.
     """
-    name = _namespace_name(request.node.name)
-    core = client.CoreV1Api(kube_api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"trainjob-progress.dev/test": "true"})))
+    name = _created_namespace(kube_api, request)
     try:
         yield name
     finally:
@@ -140,6 +139,38 @@ def _empty_namespace(kube_api: client.ApiClient, name: str) -> None:
 
 
 # ----------------------------------------------------------------- the real stack
+
+
+def _deleted_namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace named after the test, deleted after it (on a cluster with
+    controllers: the namespace controller and the garbage collector remove its objects)."""
+    name = _created_namespace(api, request)
+    try:
+        _wait_default_service_account(api, name)
+        yield name
+    finally:
+        with contextlib.suppress(client.ApiException, OSError):
+            client.CoreV1Api(api).delete_namespace(name)
+
+
+#: How long the ServiceAccount controller may take to create a namespace's ``default``.
+SERVICE_ACCOUNT_TIMEOUT_SECONDS = 30.0
+
+
+def _wait_default_service_account(api: client.ApiClient, namespace: str) -> None:
+    """Wait until the ServiceAccount controller created ``namespace``'s ``default``: until
+    then the API server refuses pods there and token requests for it (seen: a test's
+    TokenRequest answered 404 'serviceaccounts "default" not found')."""
+    core = client.CoreV1Api(api)
+    deadline = time.monotonic() + SERVICE_ACCOUNT_TIMEOUT_SECONDS
+    while True:
+        try:
+            core.read_namespaced_service_account("default", namespace)
+            return
+        except client.ApiException as exc:
+            if exc.status != 404 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -178,50 +209,26 @@ def push_stack(pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> I
 @pytest.fixture(scope="session")
 def stack_api(kube_stack: Cluster) -> Iterator[client.ApiClient]:
     """An admin ApiClient for the session's local cluster."""
-    api = kube_stack.api_client()
-    try:
-        yield api
-    finally:
-        api.close()
+    yield from _admin_api(kube_stack)
 
 
 @pytest.fixture
 def stack_namespace(stack_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace on the local cluster, deleted after the test (the namespace
     controller and the garbage collector remove what is in it)."""
-    name = _namespace_name(request.node.name)
-    core = client.CoreV1Api(stack_api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"trainjob-progress.dev/test": "true"})))
-    try:
-        yield name
-    finally:
-        with contextlib.suppress(client.ApiException, OSError):
-            core.delete_namespace(name)
+    yield from _deleted_namespace(stack_api, request)
 
 
 @pytest.fixture(scope="session")
 def push_api(push_stack: Cluster) -> Iterator[client.ApiClient]:
     """An admin ApiClient for the push cluster (:func:`push_stack`)."""
-    api = push_stack.api_client()
-    try:
-        yield api
-    finally:
-        api.close()
+    yield from _admin_api(push_stack)
 
 
 @pytest.fixture
 def push_namespace(push_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace on the push cluster, deleted after the test."""
-    name = _namespace_name(request.node.name)
-    core = client.CoreV1Api(push_api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"trainjob-progress.dev/test": "true"})))
-    try:
-        yield name
-    finally:
-        with contextlib.suppress(client.ApiException, OSError):
-            core.delete_namespace(name)
+    yield from _deleted_namespace(push_api, request)
 
 
 @pytest.fixture(scope="session")
@@ -235,23 +242,11 @@ def legacy_stack(pytestconfig: pytest.Config) -> Iterator[Cluster]:
 @pytest.fixture(scope="session")
 def legacy_api(legacy_stack: Cluster) -> Iterator[client.ApiClient]:
     """An admin ApiClient for :func:`legacy_stack`."""
-    api = legacy_stack.api_client()
-    try:
-        yield api
-    finally:
-        api.close()
+    yield from _admin_api(legacy_stack)
 
 
 @pytest.fixture
 def legacy_namespace(legacy_api: client.ApiClient, request: pytest.FixtureRequest
                      ) -> Iterator[str]:
     """A fresh namespace on :func:`legacy_stack`, deleted after the test."""
-    name = _namespace_name(request.node.name)
-    core = client.CoreV1Api(legacy_api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"trainjob-progress.dev/test": "true"})))
-    try:
-        yield name
-    finally:
-        with contextlib.suppress(client.ApiException, OSError):
-            core.delete_namespace(name)
+    yield from _deleted_namespace(legacy_api, request)

@@ -35,6 +35,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--logging-steps", type=int, default=4)
     parser.add_argument("--log-file", type=Path, help="append each logged entry here as JSON")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--step-seconds", type=float, default=0.0,
+                        help="sleep this long after each training step (a floor on the "
+                             "run's length, whatever the machine's speed)")
     return parser.parse_args(argv)
 
 
@@ -49,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = counting_rows(args.samples + 32)
 
     callbacks: list[Any] = [log_to_file(args.log_file)]
+    if args.step_seconds > 0:
+        callbacks.append(_pace(TrainerCallback, args.step_seconds))
     report_to: list[str] = []
     exporter_lib.start()
     if args.report == "callback":
@@ -79,6 +84,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         trainer.train()
     return 0
+
+
+def _pace(base: type, seconds: float) -> Any:
+    """A TrainerCallback that sleeps ``seconds`` after each step: tests that act while
+    a training runs (stop a server at 20 %) need a run longer than a push interval even
+    on a fast, idle machine."""
+
+    class Pace(base):  # type: ignore[misc]
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            time.sleep(seconds)
+
+    return Pace()
 
 
 def _sdk_callback(base: type) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 
 from exporter_lib.status import METRIC_NAME_MAX_LENGTH, METRIC_VALUE_MAX_LENGTH
 
@@ -81,3 +82,14 @@ def metric(name: str, value: str) -> tuple[str, str] | None:
             or number(value) is None):
         return None
     return name, value
+
+
+#: Lightning's experiment version, in the postfix of both its bars: not a training metric.
+_NOT_METRICS = frozenset({"v_num"})
+
+
+def bar_metrics(pairs: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The ``(name, value)`` pairs a progress bar printed that :func:`metric` keeps,
+    in their order, without Lightning's ``v_num``."""
+    kept = (metric(name, value) for name, value in pairs)
+    return tuple(p for p in kept if p is not None and p[0] not in _NOT_METRICS)

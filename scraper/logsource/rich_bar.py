@@ -25,8 +25,7 @@ _STOPPED = re.compile(r"`Trainer\.fit` stopped: .{0,200}")
 
 
 def _metrics(text: str) -> tuple[tuple[str, str], ...]:
-    pairs = (numbers.metric(n, v) for n, v in _METRIC.findall(text))
-    return tuple(p for p in pairs if p is not None and p[0] != "v_num")
+    return numbers.bar_metrics(_METRIC.findall(text))
 
 
 def parse(text: str) -> Reading | None:

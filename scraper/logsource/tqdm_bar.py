@@ -22,8 +22,6 @@ _BAR = re.compile(
     r"(?P<remaining>[\d:d ]{1,20}|\?)(?P<tail>[^\]]{0,3000})\]")
 _EPOCH = re.compile(r"Epoch (\d{1,9})(?:/(\d{1,9}))?")
 _PAIR = re.compile(rf"({numbers.NAME})=([^,=]{{1,64}})")
-#: Lightning's experiment version in its bar postfix: not a training metric.
-_NOT_METRICS = frozenset({"v_num"})
 
 
 def parse(text: str) -> Reading | None:
@@ -42,14 +40,9 @@ def parse(text: str) -> Reading | None:
     if epoch_match is not None:
         epoch = int(epoch_match[1]) + 1  # Lightning counts epochs from 0
         epochs = int(epoch_match[2]) + 1 if epoch_match[2] else None
-    metrics = []
-    tail = match["tail"]
     # The postfix comes after the rate: ", 12.3it/s, loss=0.5, lr=0.001".
-    for name, value in _PAIR.findall(tail):
-        pair = numbers.metric(name, value)
-        if pair is not None and pair[0] not in _NOT_METRICS:
-            metrics.append(pair)
+    metrics = numbers.bar_metrics(_PAIR.findall(match["tail"]))
     return Reading(bar=re.sub(r"\d+", "#", desc), done=done, total=total, epoch=epoch,
                    epochs=epochs, epoch_only=epoch_match is not None and epochs is None,
                    remaining=numbers.clock_seconds(match["remaining"]),
-                   elapsed=numbers.clock_seconds(match["elapsed"]), metrics=tuple(metrics))
+                   elapsed=numbers.clock_seconds(match["elapsed"]), metrics=metrics)

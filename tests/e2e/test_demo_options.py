@@ -3,27 +3,23 @@ start in cluster mode, ``--namespace`` is refused in local mode (it would be ign
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from localdev.cluster.processes import free_port
+from tests.helpers.demo import run_demo
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _demo(*args: str, timeout: float = 45.0) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-    return subprocess.run([sys.executable, "-m", "localdev.demo", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env, check=False)
+#: Seconds either option may take to be refused or to end (well inside the timeout mark).
+DEMO_TIMEOUT_SECONDS = 45.0
 
 
 def test_namespace_in_local_mode_is_refused_with_the_reason() -> None:
-    result = _demo("--local", "--namespace", "team-a")
+    result = run_demo("--local", "--namespace", "team-a", timeout=DEMO_TIMEOUT_SECONDS)
     assert result.returncode == 2, result.stdout + result.stderr
     out = " ".join(result.stdout.split())  # rich may wrap the line
     assert "--namespace applies to cluster mode only" in out
@@ -43,7 +39,8 @@ def test_duration_counts_from_the_start_even_when_the_scraper_never_gets_ready(
             "server": f"https://127.0.0.1:{free_port()}", "insecure-skip-tls-verify": True}}],
         "users": [{"name": "x", "user": {"token": "t"}}],
         "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}))
-    result = _demo("--kubeconfig", str(kubeconfig), "--duration", "3")
+    result = run_demo("--kubeconfig", str(kubeconfig), "--duration", "3",
+                      timeout=DEMO_TIMEOUT_SECONDS)
     out = " ".join(result.stdout.split())
     assert result.returncode == 1, out + result.stderr
     assert "--duration 3s ended before the scraper was ready" in out, out

@@ -8,30 +8,22 @@ the demo prints: live lines below 100 %, then the final status JSON.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
+
+from tests.helpers.demo import printed_status, run_demo
 
 DEMO_TIMEOUT_SECONDS = 600
 
 
 def test_zero_code_logs_demo_reaches_100_percent_with_live_progress() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-    result = subprocess.run(
-        [sys.executable, "-m", "localdev.demo", "--zero-code", "logs", "--interval", "1s"],
-        capture_output=True, text=True, timeout=DEMO_TIMEOUT_SECONDS, env=env, check=False)
+    result = run_demo("--zero-code", "logs", "--interval", "1s", timeout=DEMO_TIMEOUT_SECONDS)
     out = result.stdout
     assert result.returncode == 0, f"{out}\n{result.stderr[-3000:]}"
     assert "train_tqdm.py (plain tqdm, zero code)" in out
     assert "final status applied by the scraper" in out
     live = [int(p) for p in re.findall(r"^demo-train: (\d+)% ", out, re.MULTILINE)]
     assert any(p < 100 for p in live), out  # the live view showed the bar while it ran
-    section = out.split("jsonpath='{.status}'", 1)[1].split("\n", 1)[1]
-    section = section.split("kubectl get jobsets,jobs,pods -o wide", 1)[0]
-    status = json.loads("\n".join(line for line in section.splitlines()
-                                  if not line.strip().startswith("─")))
+    status = printed_status(out)
     trainer = status["trainerStatus"]
     assert trainer["progressPercentage"] == 100
     assert "loss" in {m["name"] for m in trainer["metrics"]}

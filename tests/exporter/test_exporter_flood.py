@@ -27,37 +27,7 @@ import pytest
 from benchmarks import exporter_flood
 from exporter_lib import server
 
-TRAINING = r"""
-import os, resource, sys, time
-resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
-import exporter_lib
-exp = exporter_lib.start(port=0, host="127.0.0.1", install_signal_handler=False)
-print(exp.port, flush=True)
-step = 0
-end = time.monotonic() + float(sys.argv[1])
-while time.monotonic() < end:
-    step += 1
-    exporter_lib.update(progress_percentage=step % 100, metrics={"step": step})
-    with open(sys.argv[2] + ".tmp", "w") as handle:  # the loop needs descriptors too
-        handle.write(str(step))
-    os.replace(sys.argv[2] + ".tmp", sys.argv[2])
-    time.sleep(0.01)
-"""
-
 CONNECTIONS = 3000
-
-
-def _counts(pid: int) -> tuple[int, int]:
-    threads = int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text()
-                       .splitlines() if line.startswith("Threads:")))
-    return threads, len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def _steps(path: Path) -> int:
-    try:
-        return int(path.read_text() or 0)
-    except (OSError, ValueError):
-        return 0
 
 
 def test_connection_flood_leaves_threads_fds_and_the_loop_alone(tmp_path: Path) -> None:
@@ -65,7 +35,7 @@ def test_connection_flood_leaves_threads_fds_and_the_loop_alone(tmp_path: Path) 
     assert hard >= CONNECTIONS + 200, f"this test needs RLIMIT_NOFILE >= {CONNECTIONS + 200}"
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     steps = tmp_path / "steps"
-    child = subprocess.Popen([sys.executable, "-c", TRAINING, "60", str(steps)],
+    child = subprocess.Popen([sys.executable, "-c", exporter_flood.TRAINING, "60", str(steps)],
                              stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "RANK": "0"})
     socks: list[socket.socket] = []
@@ -73,8 +43,8 @@ def test_connection_flood_leaves_threads_fds_and_the_loop_alone(tmp_path: Path) 
         assert child.stdout is not None
         port = int(child.stdout.readline())
         time.sleep(0.5)
-        base_threads, base_fds = _counts(child.pid)
-        before = _steps(steps)
+        base_threads, base_fds = exporter_flood.proc_counts(child.pid)
+        before = exporter_flood.training_steps(steps)
         peak_threads, peak_fds = base_threads, base_fds
         deadline = time.monotonic() + 40
         for i in range(CONNECTIONS):
@@ -90,17 +60,17 @@ def test_connection_flood_leaves_threads_fds_and_the_loop_alone(tmp_path: Path) 
                     sock.send(b"G")  # the start of a head that never ends
             socks.append(sock)
             if i % 250 == 0:
-                threads, fds = _counts(child.pid)
+                threads, fds = exporter_flood.proc_counts(child.pid)
                 peak_threads, peak_fds = max(peak_threads, threads), max(peak_fds, fds)
         trickle_end = time.monotonic() + 20
         while time.monotonic() < trickle_end:
             for sock in socks[1::2][:500]:
                 with contextlib.suppress(OSError):
                     sock.send(b"E")
-            threads, fds = _counts(child.pid)
+            threads, fds = exporter_flood.proc_counts(child.pid)
             peak_threads, peak_fds = max(peak_threads, threads), max(peak_fds, fds)
             time.sleep(0.5)
-        after = _steps(steps)
+        after = exporter_flood.training_steps(steps)
         # A scrape still gets through (it evicts the longest-waiting idle connection).
         with socket.create_connection(("127.0.0.1", port), timeout=10) as probe:
             probe.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/json\r\n"
@@ -153,7 +123,7 @@ def test_normal_scrapes_succeed_under_a_flood(tmp_path: Path, kind: str, count: 
     the scraper's default 10 s timeout, as the benchmark's) must get its 200 now, and
     the loop keep stepping."""
     steps = tmp_path / "steps"
-    child = subprocess.Popen([sys.executable, "-c", TRAINING, "30", str(steps)],
+    child = subprocess.Popen([sys.executable, "-c", exporter_flood.TRAINING, "30", str(steps)],
                              stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "RANK": "0"}, cwd=tmp_path)
     flooder = None
@@ -161,12 +131,12 @@ def test_normal_scrapes_succeed_under_a_flood(tmp_path: Path, kind: str, count: 
         assert child.stdout is not None
         port = int(child.stdout.readline())
         time.sleep(0.5)
-        base_threads, base_fds = _counts(child.pid)
+        base_threads, base_fds = exporter_flood.proc_counts(child.pid)
         flooder = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.exporter_flood", "--flood", kind, str(count),
              str(port), "8", source, "1" if reconnect else "0", str(tmp_path / "flood.json")])
         time.sleep(2.0)  # the flood is at full size
-        before, started = _steps(steps), time.monotonic()
+        before, started = exporter_flood.training_steps(steps), time.monotonic()
         # The scraper's own client (pooled keep-alive connection) beside fresh connections.
         pooled = exporter_flood.Probe()
         scraper = threading.Thread(target=exporter_flood.scraper_probe, args=(port, 2.0, pooled))
@@ -176,8 +146,8 @@ def test_normal_scrapes_succeed_under_a_flood(tmp_path: Path, kind: str, count: 
             outcomes.append(exporter_flood.scrape_once(port)[0])
             time.sleep(0.1)
         scraper.join(timeout=30)
-        after, took = _steps(steps), time.monotonic() - started
-        threads, fds = _counts(child.pid)
+        after, took = exporter_flood.training_steps(steps), time.monotonic() - started
+        threads, fds = exporter_flood.proc_counts(child.pid)
         assert flooder.wait(timeout=30) == 0
         stats = json.loads((tmp_path / "flood.json").read_text())
         assert stats["connects"] >= count, stats
@@ -200,7 +170,8 @@ def test_normal_scrapes_succeed_under_a_flood(tmp_path: Path, kind: str, count: 
 
 def _trainer(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
     # cwd: not the checkout, whose exporter_lib ``-c`` would import before PYTHONPATH's.
-    child = subprocess.Popen([sys.executable, "-c", TRAINING, "30", str(tmp_path / "steps")],
+    child = subprocess.Popen([sys.executable, "-c", exporter_flood.TRAINING, "30",
+                              str(tmp_path / "steps")],
                              stdout=subprocess.PIPE, text=True, env={**os.environ, "RANK": "0"},
                              cwd=tmp_path)
     assert child.stdout is not None

@@ -98,7 +98,10 @@ def run_both_writers(cluster: Cluster, api: client.ApiClient, namespace: str, wo
     log_file = workdir / f"{name}-training-log.jsonl"
     command = python_command("localdev.demo.train_transformers", "--report", "callback",
                              "--epochs", str(epochs), "--samples", str(samples),
-                             "--logging-steps", "2", "--log-file", str(log_file))
+                             "--logging-steps", "2", "--log-file", str(log_file),
+                             # 64 steps of at least 0.25 s: pushes (one per 5 s at most)
+                             # show progress below 100 before the end on any machine.
+                             "--step-seconds", "0.25")
     finished_at: datetime | None = None
     exit_code: int | None = None
     final_while_down = None

@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter_lib.status import TrainerStatus
 from localdev.cluster.processes import free_port
+from tests.helpers.fault_proxy import FaultProxy, write_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
 #: The least-privilege rules the chart ships (the chart renders its ClusterRole from them).
@@ -282,6 +283,13 @@ def scraper_factory(control_plane: Any, tmp_path: Path,
             sys.stderr.write(f"--- {proc.log_path}\n{proc.log()[-6000:]}\n")
 
 
+def leaders(scrapers: list[ScraperProcess]) -> list[ScraperProcess]:
+    """The running scrapers among ``scrapers`` that hold the lease
+    (``trainjob_scraper_leader`` 1)."""
+    return [s for s in scrapers
+            if s.proc.poll() is None and s.value("trainjob_scraper_leader") == 1]
+
+
 # ---------------------------------------------------------------- cluster reads
 
 
@@ -339,3 +347,13 @@ def scraper_service_account(kube_api: client.ApiClient, control_plane: Any,
             except client.ApiException as exc:
                 if exc.status != 404:  # absent if its creation failed
                     raise
+
+
+@pytest.fixture
+def proxied(kube_api: client.ApiClient, namespace: str, control_plane: Any,
+            tmp_path: Path) -> Iterator[tuple[FaultProxy, Path]]:
+    """A :class:`~tests.helpers.fault_proxy.FaultProxy` in front of the API server and a
+    kubeconfig through it, authenticated as :func:`scraper_service_account`'s token."""
+    with (scraper_service_account(kube_api, control_plane, namespace) as token,
+          FaultProxy(control_plane.server_url, control_plane.ca_cert_path) as proxy):
+        yield proxy, write_kubeconfig(tmp_path / "proxy.kubeconfig", proxy.url, token)

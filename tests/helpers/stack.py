@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pytest
 from kubernetes import client, watch
@@ -28,23 +28,44 @@ from localdev.cluster.stack import Cluster
 from localdev.demo.processes import Child, start_scraper, wait_http_ok
 
 
-def started_cluster(pytestconfig: pytest.Config, cluster: Cluster) -> Iterator[Cluster]:
-    """Start ``cluster`` (its first build's progress shown live), yield it, stop it.
+class Startable(Protocol):
+    """What :func:`started` runs: a :class:`~localdev.cluster.stack.Cluster` or a
+    :class:`~localdev.cluster.controlplane.ControlPlane`."""
 
-    A start failure fails the test with the reason (never a skip).
+    def start(self) -> object: ...
+
+    def stop(self) -> object: ...
+
+
+_T = TypeVar("_T", bound=Startable)
+
+
+def started(pytestconfig: pytest.Config, thing: _T, what: str,
+            errors: tuple[type[BaseException], ...]) -> Iterator[_T]:
+    """Start ``thing`` (its first build's progress shown live), yield it, stop it.
+
+    A start failure of a type in ``errors`` fails the test with ``what`` and the
+    reason (never a skip); ``thing`` is stopped either way.
     """
     capture = pytestconfig.pluginmanager.getplugin("capturemanager")
     live = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
     try:
         with live:
-            cluster.start()
-    except (AssetsError, ControlPlaneError, CrdError, OSError, client.ApiException) as exc:
-        cluster.stop()
-        pytest.fail(f"local cluster could not start: {exc}", pytrace=False)
+            thing.start()
+    except errors as exc:
+        thing.stop()
+        pytest.fail(f"{what} could not start: {exc}", pytrace=False)
     try:
-        yield cluster
+        yield thing
     finally:
-        cluster.stop()
+        thing.stop()
+
+
+def started_cluster(pytestconfig: pytest.Config, cluster: Cluster) -> Iterator[Cluster]:
+    """:func:`started` for a local cluster (its start errors: assets, control plane,
+    CRDs, OS, API)."""
+    return started(pytestconfig, cluster, "local cluster",
+                   (AssetsError, ControlPlaneError, CrdError, OSError, client.ApiException))
 
 
 def python_command(module: str, *args: str) -> list[str]:

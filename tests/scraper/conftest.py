@@ -2,5 +2,6 @@
 
 from tests.helpers.scraper import (  # noqa: F401 - fixtures are found by name
     exporter_factory,
+    proxied,
     scraper_factory,
 )

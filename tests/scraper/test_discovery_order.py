@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,26 +22,16 @@ from hypothesis import strategies as st
 from kubernetes import client
 
 from localdev.cluster import objects
-from tests.helpers.fault_proxy import FaultProxy, write_kubeconfig
+from tests.helpers.fault_proxy import FaultProxy
 from tests.helpers.scraper import (
     FakeExporter,
     ScraperProcess,
     progress_of,
-    scraper_service_account,
     status_json,
     wait_for,
 )
 
 pytestmark = [pytest.mark.usefixtures("trainjob_crd"), pytest.mark.timeout(600)]
-
-
-@pytest.fixture
-def proxied(kube_api: client.ApiClient, namespace: str, control_plane: Any,
-            tmp_path: Path) -> Iterator[tuple[FaultProxy, Path]]:
-    """A fault proxy in front of the API server and a kubeconfig through it (SA token)."""
-    with (scraper_service_account(kube_api, control_plane, namespace) as token,
-          FaultProxy(control_plane.server_url, control_plane.ca_cert_path) as proxy):
-        yield proxy, write_kubeconfig(tmp_path / "proxy.kubeconfig", proxy.url, token)
 
 
 def list_path(namespace: str, kind: str) -> str:

@@ -13,7 +13,7 @@ import itertools
 import json
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,11 @@ import pytest
 from kubernetes import client
 
 from localdev.cluster import objects
-from tests.helpers.fault_proxy import FaultProxy, Seen, write_kubeconfig
+from tests.helpers.fault_proxy import FaultProxy, Seen
 from tests.helpers.scraper import (
     FakeExporter,
     ScraperProcess,
     progress_of,
-    scraper_service_account,
     status_json,
     wait_for,
 )
@@ -34,15 +33,6 @@ from tests.helpers.scraper import (
 pytestmark = [pytest.mark.usefixtures("trainjob_crd"), pytest.mark.timeout(60)]
 
 FINAL = '{"progressPercentage":100,"lastUpdatedTime":"2025-01-01T00:00:00Z"}'
-
-
-@pytest.fixture
-def proxied(kube_api: client.ApiClient, namespace: str, control_plane: Any,
-            tmp_path: Path) -> Iterator[tuple[FaultProxy, Path]]:
-    """A fault proxy in front of the API server and a kubeconfig through it (SA token)."""
-    with (scraper_service_account(kube_api, control_plane, namespace) as token,
-          FaultProxy(control_plane.server_url, control_plane.ca_cert_path) as proxy):
-        yield proxy, write_kubeconfig(tmp_path / "proxy.kubeconfig", proxy.url, token)
 
 
 def _status_path(namespace: str, trainjob: str) -> str:

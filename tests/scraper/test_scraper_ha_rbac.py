@@ -15,6 +15,7 @@ from tests.helpers.scraper import (
     FakeExporter,
     ScraperProcess,
     events,
+    leaders,
     progress_of,
     scraper_service_account,
     status_json,
@@ -25,11 +26,6 @@ pytestmark = pytest.mark.usefixtures("trainjob_crd")
 
 LEASE = ["--leader-election", "--lease-duration=4s", "--renew-deadline=3s",
          "--retry-period=0.5s"]
-
-
-def _leader(scrapers: list[ScraperProcess]) -> list[ScraperProcess]:
-    return [s for s in scrapers
-            if s.proc.poll() is None and s.value("trainjob_scraper_leader") == 1]
 
 
 def _written(scrapers: list[ScraperProcess]) -> float:
@@ -49,7 +45,7 @@ def test_standby_takes_over_when_leader_dies_and_only_one_writes(
     a = scraper_factory(*args, "--identity=replica-a")
     b = scraper_factory(*args, "--identity=replica-b")
     both = [a, b]
-    first = wait_for(lambda: _leader(both), 15, "a leader")
+    first = wait_for(lambda: leaders(both), 15, "a leader")
     assert len(first) == 1
     leader = first[0]
     standby = b if leader is a else a
@@ -73,7 +69,7 @@ def test_standby_takes_over_when_leader_dies_and_only_one_writes(
     # the lease duration (4 s) plus a few retry periods.
     leader.kill()
     died = time.monotonic()
-    wait_for(lambda: _leader([standby]), 10, "takeover")
+    wait_for(lambda: leaders([standby]), 10, "takeover")
     assert time.monotonic() - died < 4 + 3
     # It does not rewrite what the TrainJob already holds, and writes what is new.
     time.sleep(2)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -31,13 +31,13 @@ from exporter_lib.status import (
 from localdev.cluster import objects
 from scraper.status_writer import REASON_CLOCK_SKEW, WriteOutcome
 from scraper.trainjobs import Held
-from tests.helpers.fault_proxy import FaultProxy, write_kubeconfig
+from tests.helpers.fault_proxy import FaultProxy
 from tests.helpers.scraper import (
     FakeExporter,
     ScraperProcess,
     events,
+    leaders,
     progress_of,
-    scraper_service_account,
     status_json,
     trainer_status,
     wait_for,
@@ -282,20 +282,6 @@ def test_live_other_writer_keeps_the_field_and_a_final_is_still_delivered(
 # ---------------------------------------------------------------- input 5: late write
 
 
-@pytest.fixture
-def proxied(kube_api: client.ApiClient, namespace: str, control_plane: Any,
-            tmp_path: Path) -> Iterator[tuple[FaultProxy, Path]]:
-    """A fault proxy in front of the API server and a kubeconfig through it (SA token)."""
-    with (scraper_service_account(kube_api, control_plane, namespace) as token,
-          FaultProxy(control_plane.server_url, control_plane.ca_cert_path) as proxy):
-        yield proxy, write_kubeconfig(tmp_path / "proxy.kubeconfig", proxy.url, token)
-
-
-def _leaders(scrapers: list[ScraperProcess]) -> list[ScraperProcess]:
-    return [s for s in scrapers
-            if s.proc.poll() is None and s.value("trainjob_scraper_leader") == 1]
-
-
 def test_dead_leaders_late_write_never_lands_after_the_final(
         kube_api: client.ApiClient, namespace: str, proxied: tuple[FaultProxy, Path],
         exporter_factory: Callable[..., FakeExporter],
@@ -315,7 +301,7 @@ def test_dead_leaders_late_write_never_lands_after_the_final(
             "--retry-period=0.5s"]
     a = scraper_factory(*args, "--identity=replica-a", kubeconfig=kubeconfig)
     b = scraper_factory(*args, "--identity=replica-b", kubeconfig=kubeconfig)
-    leader = wait_for(lambda: _leaders([a, b]), 15, "a leader")[0]
+    leader = wait_for(lambda: leaders([a, b]), 15, "a leader")[0]
     standby = b if leader is a else a
     wait_for(lambda: progress_of(kube_api, namespace, "late") == 50, 20, "progress 50")
     with recording(kube_api, namespace, "late") as rec:
@@ -329,7 +315,7 @@ def test_dead_leaders_late_write_never_lands_after_the_final(
         objects.terminate_pod(kube_api, namespace, pod.metadata.name,
                               '{"progressPercentage":100,"lastUpdatedTime":'
                               '"2026-01-01T00:00:00Z"}')
-        wait_for(lambda: _leaders([standby]), 10, "the standby's takeover")
+        wait_for(lambda: leaders([standby]), 10, "the standby's takeover")
         final = rec.wait_for(lambda o: o.status is not None
                              and o.status.progress_percentage == 100, 10, "the final")
         assert time.monotonic() < held.started + hold, "the final came after the hold"
