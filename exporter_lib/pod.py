@@ -46,6 +46,8 @@ HOSTNAME_MAX = 63
 
 _VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _MEMBER = re.compile(r'\s*([a-z]+)="([^"\\]*)"\s*')
+#: Any RFC 8941 dictionary member's key (what follows it is not read for unknown keys).
+_KEY = re.compile(r'\s*([a-z*][a-z0-9_.*-]*)')
 _FIELDS = ("hostname", "name", "namespace", "uid")
 
 
@@ -77,11 +79,17 @@ class PodIdentity:
             return None
         found: dict[str, str] = {}
         for member in text.split(","):
-            match = _MEMBER.fullmatch(member)
+            key = _KEY.match(member)
+            if key is None:
+                return None
+            if key.group(1) not in _FIELDS:
+                continue  # a later version's member, of whatever type: ignored
+            # A known member must be a plain string of name characters (parameters
+            # after ';' are ignored); otherwise nothing stated can be trusted.
+            match = _MEMBER.fullmatch(member.split(";", 1)[0])
             if match is None or not _VALUE.fullmatch(match.group(2)):
                 return None
-            if match.group(1) in _FIELDS:
-                found.setdefault(match.group(1), match.group(2))
+            found.setdefault(match.group(1), match.group(2))
         return cls(**found) if found else None
 
 
@@ -101,7 +109,9 @@ def hostname_label(hostname: str) -> str:
 
 
 def pod_identity(environ: Mapping[str, str] | None = None,
-                 gethostname: Callable[[], str] = socket.gethostname) -> PodIdentity:
+                 gethostname: Callable[[], str] = socket.gethostname,
+                 namespace_file: Callable[[], str | None] = service_account_namespace,
+                 ) -> PodIdentity:
     """This process's :class:`PodIdentity` from its environment (module constants);
     values that are not DNS-name or UID characters are left out."""
     env = os.environ if environ is None else environ
@@ -114,5 +124,9 @@ def pod_identity(environ: Mapping[str, str] | None = None,
     if hostname is None and env.get(ENV_IN_CLUSTER):
         with contextlib.suppress(OSError):
             hostname = valid(gethostname())
-    return PodIdentity(hostname, valid(env.get(ENV_POD_NAME)),
-                       valid(env.get(ENV_POD_NAMESPACE)), valid(env.get(ENV_POD_UID)))
+    # The namespace: the downward API's when set, else the ServiceAccount mount's (every
+    # pod that mounts its token has it), so two pods of one name in two namespaces (JobSet
+    # hostnames carry no namespace) are told apart.
+    namespace = valid(env.get(ENV_POD_NAMESPACE)) or valid(namespace_file())
+    return PodIdentity(hostname, valid(env.get(ENV_POD_NAME)), namespace,
+                       valid(env.get(ENV_POD_UID)))

@@ -175,7 +175,11 @@ def classify(
             return Ignore(f"{ANNOTATION_INTERVAL}: {exc}", misconfigured=True)
     host = f"[{ip}]" if ":" in ip else ip
     url = f"http://{host}:{port}{path}"
-    hostname = kubelet_hostname(name, (pod.get("spec") or {}).get("hostname"))
+    spec = pod.get("spec") or {}
+    # A hostNetwork pod's containers have the node's hostname (the kubelet sets a pod
+    # hostname only for pods with their own network namespace), unknown here: not
+    # compared; the exporter's other stated parts (name, namespace, UID) still are.
+    hostname = "" if spec.get("hostNetwork") else kubelet_hostname(name, spec.get("hostname"))
     return Scrape(Target(namespace, trainjob, name, uid, url, interval, source=source,
                          log_container=container, hostname=hostname))
 

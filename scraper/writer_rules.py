@@ -34,6 +34,12 @@ OTHER_WRITER_GRACE_SECONDS = 60.0
 #: A report's ``lastUpdatedTime`` more than this ahead of the scraper's clock is not
 #: written as is (seconds).
 FUTURE_LIMIT_SECONDS = 60.0
+#: Rule 4: another writer's write counts as the delivery of a final only when it came
+#: more than this after the container ended (seconds).  Both times have 1 s resolution
+#: and come from two clocks (the API server's managedFields ``time``, the kubelet's
+#: ``finishedAt``); a push the training made just before it exited lands in the same
+#: second, and the termination message written at exit is newer than it.
+FINAL_DELIVERED_MARGIN_SECONDS = 10.0
 
 #: The exporter's sequence header, ``<n>; start=<id>`` (defined with the exporter).
 SEQUENCE_HEADER = EXPORTER_SEQUENCE_HEADER
@@ -48,7 +54,7 @@ class Verdict(enum.Enum):
     UNCHANGED = "unchanged"  # the TrainJob holds the same content
     OTHER_WRITER = "other_writer"  # another writer is live: no progress write
     NOT_NEWS = "not_news"  # a quiet writer's status; the report did not change since
-    DELIVERED = "delivered"  # a final another writer wrote after the container ended
+    DELIVERED = "delivered"  # a final another writer wrote well after the container ended
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,8 @@ def decide(there: TrainerStatus | None, writer: Writer | None, report: Report, *
     if there is None or writer is None or writer.ours:
         return Verdict.WRITE
     if report.final:
-        if report.finished_at is not None and writer.time >= report.finished_at:
+        if (report.finished_at is not None
+                and writer.time > report.finished_at + FINAL_DELIVERED_MARGIN_SECONDS):
             return Verdict.DELIVERED
         return Verdict.WRITE
     if now - writer.seen < grace:

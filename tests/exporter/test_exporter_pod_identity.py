@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -26,6 +27,7 @@ from exporter_lib.pod import (
     hostname_label,
     kubelet_hostname,
     pod_identity,
+    service_account_namespace,
 )
 
 EXPORTER = r"""
@@ -113,8 +115,24 @@ def test_header_round_trips(hostname: str | None, name: str | None,
         assert identity == PodIdentity()
     else:
         assert PodIdentity.parse(header) == identity
-        # A later exporter may add members: ignored.
-        assert PodIdentity.parse(header + ', zone="x"') == identity
+        # A later exporter may add members of any RFC 8941 type, and parameters: ignored.
+        for extra in (', zone="x"', ', version="1.2 beta"', ", v=2", ", flag", ";x=1"):
+            assert PodIdentity.parse(header + extra) == identity, extra
+
+
+def test_the_namespace_comes_from_the_service_account_mount(tmp_path: Path) -> None:
+    """JobSet hostnames carry no namespace and the runtimes set no POD_NAMESPACE: the
+    ServiceAccount mount's namespace file tells same-named pods of two namespaces apart
+    (a newcomer's run wrote nc-b/same's status to nc-a/same before this)."""
+    file = tmp_path / "namespace"
+    file.write_text("team-b\n")
+    read = lambda: service_account_namespace(file)  # noqa: E731
+    assert pod_identity({"HOSTNAME": "same-node-0-0"}, namespace_file=read) == PodIdentity(
+        "same-node-0-0", namespace="team-b")
+    # The downward API's value, when set, wins.
+    assert pod_identity({"HOSTNAME": "a", "POD_NAMESPACE": "team-a"},
+                        namespace_file=read).namespace == "team-a"
+    assert pod_identity({}, namespace_file=lambda: None) == PodIdentity()
 
 
 @given(st.text(max_size=80))

@@ -158,6 +158,18 @@ def _pod(phase: str = "Running", ip: str | None = "10.0.0.7", **annotations: str
     }
 
 
+def test_a_host_network_pods_hostname_is_not_compared() -> None:
+    """A hostNetwork pod's containers have the node's hostname (the kubelet names only pods
+    with a network namespace of their own), so its exporter states that: expecting the pod
+    name there refused every answer of such a pod (a newcomer's finding)."""
+    kw = {"default_port": 28080, "default_path": "/metrics", "default_interval": 30.0}
+    own = classify(_pod(), **kw)
+    assert isinstance(own, Scrape) and own.target.hostname == "p"
+    host = {**_pod(), "spec": {"hostNetwork": True, "hostname": "llm-node-0-0"}}
+    shared = classify(host, **kw)
+    assert isinstance(shared, Scrape) and shared.target.hostname == ""
+
+
 def test_pod_annotations() -> None:
     kw = {"default_port": 28080, "default_path": "/metrics", "default_interval": 30.0}
     d = classify(_pod(), **kw)

@@ -25,6 +25,9 @@ from scraper.targets import Target
 from scraper.telemetry import JobView
 from scraper.trainjobs import OUR_FIELD_MANAGER, Writer
 from scraper.writer_rules import (
+    FINAL_DELIVERED_MARGIN_SECONDS as FINAL_MARGIN,
+)
+from scraper.writer_rules import (
     FUTURE_LIMIT_SECONDS,
     Report,
     Sequence,
@@ -94,6 +97,21 @@ def test_time_named_cases_of_issue_21() -> None:
 # ---------------------------------------------------------------- decisions (rules 2-4)
 
 
+def test_a_push_in_the_second_the_container_ended_does_not_stand_for_its_final() -> None:
+    """A newcomer's run: the training pushed 90 % through the SDK just before it exited
+    with its termination message at 100 %; the push's managedFields time and the
+    container's finishedAt were the same whole second (23:16:33Z), and the final was
+    deferred as "delivered" for good.  The termination message is the newer word."""
+    ended = 1_800_000_000.0
+    pushed_90 = Writer(manager="trainer-status", time=ended, seen=5.0)
+    final = Report(_status(100), seen=6.0, final=True, finished_at=ended)
+    assert decide(_status(90), pushed_90, final, now=6.0, grace=GRACE) is Verdict.WRITE
+    # A write of another writer well after the end (another process, an operator) is
+    # that writer's final word.
+    later = Writer(manager="kubectl-edit", time=ended + FINAL_MARGIN + 1, seen=5.0)
+    assert decide(_status(90), later, final, now=6.0, grace=GRACE) is Verdict.DELIVERED
+
+
 writers = st.builds(Writer, manager=st.sampled_from([OUR_FIELD_MANAGER, "trainer-status",
                                                      "kubectl-edit"]),
                     time=st.floats(0, 2e9), seen=st.floats(-1e6, 1e6))
@@ -119,8 +137,8 @@ def test_decide_follows_the_rule(writer: Writer | None, held: int | None, new: i
     assert writer is not None
     if final:
         # Rule 4: a final is never deferred by a live writer; only a write of the other
-        # writer after the container ended counts as its delivery.
-        delivered = finished is not None and writer.time >= finished
+        # writer well after the container ended (the margin) counts as its delivery.
+        delivered = finished is not None and writer.time > finished + FINAL_MARGIN
         assert verdict is (Verdict.DELIVERED if delivered else Verdict.WRITE)
     elif now - writer.seen < GRACE:
         assert verdict is Verdict.OTHER_WRITER  # rule 2: a live writer keeps the field
