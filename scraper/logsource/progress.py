@@ -12,7 +12,11 @@ Which bar counts when a run prints several:
   ``(e - 1 + step/steps) / E``; Lightning's rich row ``Epoch e/E`` likewise;
 * a bar that names its epoch but not how many (Lightning's TQDMProgressBar
   ``Epoch 3``) gives metrics and no progress: the fraction of an epoch is not the
-  fraction of the run.
+  fraction of the run;
+* a plain bar (no epochs known) that starts again from a lower count is one of
+  several per-epoch bars of unknown number: from then on it gives metrics and no
+  progress, and while the container runs a full plain bar reads 99 %, not 100 %
+  (it may be the first of several); 100 % comes with the container's end.
 
 Progress is the floor of the fraction in percent (100 only when the bar is full).  The
 ETA: the bar's own remaining time, scaled to the run where the epochs are known (Keras:
@@ -47,6 +51,9 @@ class LogProgress:
     updated: datetime | None = None
     readings: int = 0
     lines_read_to: str = ""  # the newest ended line applied (kubelet timestamp)
+    plain: bool = False  # the fraction is a plain bar's n/total (no epochs known)
+    repeating: bool = False  # the plain bar started again: its count is per epoch
+    _plain_done: float = 0.0
     _after_rich_row: bool = False
 
     def feed(self, segments: list[Segment]) -> int:
@@ -94,7 +101,7 @@ class LogProgress:
     def _apply(self, reading: Reading) -> bool:
         """Fold one reading in; False when it does not count (another bar)."""
         if reading.finished:
-            self.fraction, self.remaining = 1.0, 0.0
+            self.fraction, self.remaining, self.plain = 1.0, 0.0, False
             return True
         if reading.bar == "keras" and reading.done is None:
             assert reading.epoch is not None and reading.epochs is not None
@@ -117,9 +124,15 @@ class LogProgress:
         if epoch is not None and epochs:
             self.fraction = min(1.0, (epoch - 1 + step) / epochs)
             self.remaining = self._run_remaining(reading, epoch, epochs)
-        else:
-            self.fraction = step
-            self.remaining = reading.remaining
+            self.plain = False
+            return True
+        if reading.done < self._plain_done:
+            self.repeating = True
+        self._plain_done = reading.done
+        if self.repeating:
+            self.fraction = self.remaining = None
+            return True
+        self.fraction, self.remaining, self.plain = step, reading.remaining, True
         return True
 
     @staticmethod
@@ -141,8 +154,9 @@ class LogProgress:
             if name in self.metrics or len(self.metrics) < METRICS_MAX_ITEMS:
                 self.metrics[name] = value
 
-    def status(self) -> TrainerStatus | None:
-        """The status read so far, or None before any reading with a timestamp.
+    def status(self, *, ended: bool = False) -> TrainerStatus | None:
+        """The status read so far, or None before any reading with a timestamp;
+        ``ended``: the container has terminated (a full plain bar then reads 100 %).
 
         Raises:
             StatusError: a value broke a Trainer API limit (a parser bug: counted
@@ -154,7 +168,9 @@ class LogProgress:
                                    "metrics": [{"name": n, "value": v}
                                                for n, v in self.metrics.items()]}
         if self.fraction is not None:
-            body["progressPercentage"] = max(0, min(100, math.floor(self.fraction * 100 + 1e-9)))
+            percent = max(0, min(100, math.floor(self.fraction * 100 + 1e-9)))
+            body["progressPercentage"] = min(percent, 99) if self.plain and not ended \
+                else percent
         if self.remaining is not None and math.isfinite(self.remaining):
             body["estimatedRemainingSeconds"] = max(
                 0, min(REMAINING_SECONDS_MAX, round(self.remaining)))

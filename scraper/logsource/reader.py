@@ -141,7 +141,7 @@ class LogScraper:
             state.since = newest.decode() + "Z"
         state.progress.feed(split(body, ended=ended, trust_first=trust_first))
         try:
-            status = state.progress.status()
+            status = state.progress.status(ended=ended)
         except StatusError as exc:
             self._on_parse_failure()
             return Failure(FailureKind.INVALID, f"log of pod {pod}: {exc}")

@@ -95,4 +95,5 @@ def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Captured]:
         "lightning_tqdm": capture("lightning_bar.py", tmp, EPOCHS="3", STEPS="5",
                                   LIGHTNING_BAR="tqdm"),
         "katib": capture("katib_lines.py", tmp, EPOCHS="4", SLEEP="0"),
+        "tqdm_epochs": capture("tqdm_loop.py", tmp, STEPS="10", SLEEP="0.01", EPOCHS="3"),
     }

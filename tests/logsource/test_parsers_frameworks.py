@@ -35,7 +35,7 @@ def read_in_steps(captured: Captured, every: int = 1) -> list[TrainerStatus | No
     for upto in [*range(every, count, every), count]:
         progress = LogProgress()
         progress.feed(split(captured.pods_log(upto), ended=upto == count, trust_first=True))
-        out.append(progress.status())
+        out.append(progress.status(ended=upto == count))
     return out
 
 
@@ -120,3 +120,17 @@ def test_overlapping_reads_give_what_one_read_gives(captures: dict[str, Captured
 def render_slice(captured: Captured, start: int, end: int) -> bytes:
     from tests.logsource.conftest import render
     return render(captured.entries[start:end])
+
+
+def test_per_epoch_bars_of_unknown_number_never_read_as_the_whole_run(
+        captures: dict[str, Captured]) -> None:
+    """A real tqdm run drawing one bar per epoch (3, same description, nothing saying how
+    many): a newcomer's run read 100 % after the first epoch.  While the container runs a
+    full plain bar reads at most 99 %, and once a bar starts again progress is unknown
+    (metrics only); the final reading (container ended) gives no invented 100 %."""
+    statuses = read_in_steps(captures["tqdm_epochs"])
+    *running, final = statuses
+    seen = [s.progress_percentage for s in running if s and s.progress_percentage is not None]
+    assert seen and max(seen) <= 99, seen
+    assert final is not None and final.progress_percentage is None
+    assert {"loss", "lr"} <= set(final.metrics_dict())
