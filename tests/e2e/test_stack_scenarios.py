@@ -203,19 +203,17 @@ def test_torchtune_initializers_never_become_targets(
         kube_stack: Cluster, stack_api: client.ApiClient, stack_namespace: str,
         tmp_path: Path) -> None:
     """torchtune-llama3.2-1b: dataset- and model-initializer Jobs run first (on the kwok
-    node, simulated), then ``node``; only the ``node`` rank-0 pod reports.  The runtime
-    mounts the PersistentVolumeClaim ``torchtune-llama3.2-1b``, which the user
-    provides: here a hostPath PersistentVolume the controller manager binds to it."""
+    node, simulated), then ``node``; only the ``node`` rank-0 pod reports.  Trainer
+    v2.3.0's runtime asks for a PersistentVolumeClaim ``initializer-<TrainJob>`` of its
+    own (no storage class), which a cluster's provisioner or admin satisfies: here a
+    hostPath PersistentVolume bound to it in advance."""
     ns = stack_namespace
     core = client.CoreV1Api(stack_api)
     core.create_persistent_volume({"metadata": {"name": f"pv-{ns}"}, "spec": {
-        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+        "capacity": {"storage": "1Ti"},
+        "accessModes": ["ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany"],
         "storageClassName": "", "hostPath": {"path": str(tmp_path / "pv")},
-        "claimRef": {"namespace": ns, "name": "torchtune-llama3.2-1b"}}})
-    core.create_namespaced_persistent_volume_claim(ns, {
-        "metadata": {"name": "torchtune-llama3.2-1b"}, "spec": {
-            "accessModes": ["ReadWriteOnce"], "storageClassName": "",
-            "volumeName": f"pv-{ns}", "resources": {"requests": {"storage": "1Gi"}}}})
+        "claimRef": {"namespace": ns, "name": "initializer-tune"}}})
     with scraper(kube_stack, ns, tmp_path) as child, recording(stack_api, ns, "tune") as rec:
         trainjobs.create(stack_api, trainjobs.trainjob_body(
             ns, "tune", runtime="torchtune-llama3.2-1b", run_jobs=("node",),
