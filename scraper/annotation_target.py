@@ -38,11 +38,18 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
+from exporter_lib.status import (
+    API_GROUP,
+    API_VERSION,
+    TRAINJOB_PLURAL,
+    StatusError,
+    TrainerStatus,
+)
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, encode_annotation
 from scraper.trainjobs import Held, Writer
 
-__all__ = ["Place", "StatusTarget", "apply_request", "held_in", "place_for", "stored",
+__all__ = ["Place", "StatusTarget", "apply_request", "held_in", "holds_after_apply",
+           "place_for", "stored",
            "uid_precondition_failed", "writer_in", "written"]
 
 _PATH = "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}"
@@ -88,6 +95,28 @@ def written(held: Held, place: Place, status: TrainerStatus, uid: str,
                        annotated_by=by or held.annotated_by)
     return replace(held, uid=uid, status=status, resource_version=resource_version,
                    status_by=by or held.status_by)
+
+
+def holds_after_apply(obj: dict[str, Any], place: Place, sent: TrainerStatus) -> TrainerStatus:
+    """What ``place`` holds in ``obj`` (an apply answer) after ``sent`` was applied.
+
+    ``sent`` itself, except for ``status.trainerStatus`` when ``sent`` leaves
+    ``progressPercentage`` or ``estimatedRemainingSeconds`` unset and the answer still
+    has it (another field manager owns it): then the answer's status.  The annotation
+    always carries the whole status sent.
+    """
+    if place is Place.ANNOTATION:
+        return sent
+    raw = (obj.get("status") or {}).get("trainerStatus")
+    if not isinstance(raw, dict) or not (
+            (sent.progress_percentage is None and "progressPercentage" in raw)
+            or (sent.estimated_remaining_seconds is None
+                and "estimatedRemainingSeconds" in raw)):
+        return sent
+    try:
+        return TrainerStatus.from_api(raw)
+    except StatusError:
+        return sent
 
 
 def writer_in(held: Held | None, place: Place) -> Writer | None:

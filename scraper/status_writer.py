@@ -84,6 +84,7 @@ from scraper.annotation_target import (
     StatusTarget,
     apply_request,
     held_in,
+    holds_after_apply,
     place_for,
     stored,
     uid_precondition_failed,
@@ -602,12 +603,15 @@ class StatusWriter:
             return await self._not_stored(item, held)
         if place is Place.STATUS and self.crd.supported is not True:
             self.crd.mark_supported()
-        # What the TrainJob holds now is what was sent (SSA with force owns the field):
-        # no second validation of the answer's trainerStatus.
+        # What the TrainJob holds now is what was sent (SSA with force owns every field
+        # sent), unless another manager keeps a field this status leaves unset: only then
+        # is the answer's trainerStatus read (no second validation on the common path).
+        status = holds_after_apply(obj, place, status)
         meta = obj.get("metadata") or {}
         uid, rv = meta.get("uid", held.uid), meta.get("resourceVersion", "")
         now = self.store.clock()
-        by_status, by_annotation = writers_of(meta.get("managedFields"), seen=now)
+        by_status, by_annotation = writers_of(meta.get("managedFields"), seen=now,
+                                              prefer=FIELD_MANAGER)
         by = by_annotation if place is Place.ANNOTATION else by_status
         self.store.keep(namespace, name, written(
             held, place, status, uid, rv, by or Writer(FIELD_MANAGER, self._wall(), now)))

@@ -27,23 +27,28 @@ owning ``f:status.f:trainerStatus`` (for the annotation, its key) in
 seconds), kept as a :class:`Writer`.  When several managers own part of it (SSA shares
 a field two managers applied with the same value), the owner of ``lastUpdatedTime`` (a
 writer sends it with every report, so it changes hands with every write) wins, then the
-latest ``time``, then a manager that is not ours.  :func:`slim_trainjob` keeps only
-those entries' manager, time and ownership of the two places (the rest of
-``managedFields`` is most of an object's bytes).  :attr:`Writer.seen` is when this
-scraper saw that write: the store's monotonic clock when a watch event (or an apply
-answer) delivered it; for a write first seen in a list (or a GET), its ``time``'s age
-on the scraper's wall clock (at least 0) before now.
+latest ``time``.  A tie left after that (two managers co-own ``lastUpdatedTime`` with
+entries of the same second) cannot be settled from the object: a list or a first event
+gives it to a manager that is not ours (the safe side: a write of the other writer's is
+never taken for ours), an apply answer gives it to ours (nothing was written between
+our write and its answer), and later events keep whichever of the tied managers the
+store already held while the content stays the same (:attr:`Writer.tied`).
+:func:`slim_trainjob` keeps only those entries' manager, time and ownership of the two
+places (the rest of ``managedFields`` is most of an object's bytes). :attr:`Writer.seen`
+is when this scraper saw that write: the store's monotonic clock when a watch event (or
+an apply answer) delivered it; for a write first seen in a list (or a GET), its
+``time``'s age on the scraper's wall clock (at least 0) before now.
 
 resourceVersions are compared as integers to skip a watch event older than an apply
-answer already stored: kube-apiserver's resourceVersions are etcd revisions, which
-only grow.  When one does not parse as an integer, nothing is skipped.
+answer already stored: kube-apiserver's resourceVersions are etcd revisions, which only
+grow.  When one does not parse as an integer, nothing is skipped.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -76,6 +81,9 @@ class Writer:
     manager: str
     time: float
     seen: float = 0.0
+    #: Every manager whose entry ties with this one (itself included): same ownership
+    #: of ``lastUpdatedTime``, same ``time`` (module doc).
+    tied: frozenset[str] = field(default=frozenset(), compare=False)
 
     @property
     def ours(self) -> bool:
@@ -136,26 +144,37 @@ def _owned(entry: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
     return (status if isinstance(status, dict) else None), _ANNOTATION_KEY in annotations
 
 
-def writers_of(managed: Any, seen: float = 0.0) -> tuple[Writer | None, Writer | None]:
+def writers_of(managed: Any, seen: float = 0.0, *, prefer: str | None = None,
+               ) -> tuple[Writer | None, Writer | None]:
     """``(writer of status.trainerStatus, writer of the annotation)`` from a
-    ``metadata.managedFields`` list (module doc for the choice); ``seen`` goes into both."""
-    status: list[tuple[bool, float, bool, str]] = []
-    annotation: list[tuple[bool, float, bool, str]] = []
+    ``metadata.managedFields`` list (module doc for the choice); ``seen`` goes into both.
+
+    ``prefer`` names the manager a tie goes to when it is one of the tied (an apply
+    answer: the manager that just wrote); otherwise a tie goes to a manager that is not
+    ours.
+    """
+    status: list[tuple[bool, float, str]] = []
+    annotation: list[tuple[bool, float, str]] = []
     for entry in managed if isinstance(managed, list) else ():
         if not isinstance(entry, dict):
             continue
         manager = str(entry.get("manager", ""))
         at = _epoch(entry.get("time"))
-        foreign = manager != OUR_FIELD_MANAGER
         fieldset, annotated = _owned(entry)
         if fieldset is not None:
-            status.append(("f:lastUpdatedTime" in fieldset, at, foreign, manager))
+            status.append(("f:lastUpdatedTime" in fieldset, at, manager))
         if annotated:
-            annotation.append((True, at, foreign, manager))
-    out = []
+            annotation.append((True, at, manager))
+    out: list[Writer | None] = []
     for found in (status, annotation):
-        best = max(found, default=None)
-        out.append(None if best is None else Writer(best[3], best[1], seen))
+        if not found:
+            out.append(None)
+            continue
+        top = max((owns, at) for owns, at, _ in found)
+        tied = frozenset(m for owns, at, m in found if (owns, at) == top)
+        winner = (prefer if prefer in tied else
+                  max(tied, key=lambda m: (m != OUR_FIELD_MANAGER, m)))
+        out.append(Writer(winner, top[1], seen, tied))
     return out[0], out[1]
 
 
@@ -298,6 +317,11 @@ class TrainJobStore:
             if writer.same_write(was) and not changed:
                 assert was is not None
                 return replace(writer, seen=was.seen)
+            # A tie the store already settled (an apply answer, then its own watch event)
+            # stays settled while nobody changed the content.
+            if (was is not None and not changed and was.time == writer.time
+                    and was.manager in writer.tied):
+                return replace(writer, manager=was.manager, seen=was.seen)
             if not listed or not writer.time:
                 return replace(writer, seen=now)
             return replace(writer, seen=now - max(0.0, self.wall() - writer.time))

@@ -5,12 +5,16 @@ v1.37 gives (copied field names, not an API reply); the store's clocks are fakes
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exporter_lib.status import TrainerStatus
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION
+from scraper.annotation_target import Place, holds_after_apply
 from scraper.trainjobs import OUR_FIELD_MANAGER, TrainJobStore, slim_trainjob, writers_of
 
 STATUS_FIELDS = {"f:status": {"f:trainerStatus": {".": {}, "f:lastUpdatedTime": {},
@@ -97,3 +101,54 @@ def test_a_watched_write_is_seen_when_delivered_even_within_one_second() -> None
     same = store.get("ns", "tj")
     assert same is not None and same.status_by is not None
     assert same.status_by.seen == 150.0  # another field changed: the same write
+
+
+def test_a_tie_goes_to_the_manager_that_just_wrote_and_stays_with_it() -> None:
+    # Our apply sent the lastUpdatedTime the other writer had set, in the same second as
+    # its write: both co-own it at one time.  The apply answer knows it was ours.
+    managed = [_entry("someone-else", "2026-01-01T00:00:10Z", STATUS_FIELDS),
+               _entry(OUR_FIELD_MANAGER, "2026-01-01T00:00:10Z", STATUS_FIELDS)]
+    answer, _ = writers_of(managed, seen=7.0, prefer=OUR_FIELD_MANAGER)
+    assert answer is not None and answer.ours and answer.seen == 7.0
+    assert answer.tied == {"someone-else", OUR_FIELD_MANAGER}
+    assert writers_of(managed, prefer="nobody")[0].manager == "someone-else"  # type: ignore[union-attr]
+
+    mono = [10.0]
+    store = TrainJobStore(["ns"], clock=lambda: mono[0], wall=lambda: 1767225700.0)
+    store.on_list("ns", [slim_trainjob(_trainjob(managed))])
+    listed = store.get("ns", "tj")
+    assert listed is not None and listed.status_by is not None
+    assert listed.status_by.manager == "someone-else"  # a list cannot tell: the safe side
+    store.keep("ns", "tj", replace(listed, status_by=answer))
+    mono[0] = 11.0
+    # The watch event of that same write (and a later one changing another field).
+    for rv in ("10", "11"):
+        store.on_event("MODIFIED", slim_trainjob(_trainjob(managed, rv=rv)))
+        held = store.get("ns", "tj")
+        assert held is not None and held.status_by is not None
+        assert held.status_by.ours and held.status_by.seen == 7.0
+    # New content under the same tied entries: nobody can tell who wrote it.
+    store.on_event("MODIFIED", slim_trainjob(_trainjob(managed, progress=9, rv="12")))
+    changed = store.get("ns", "tj")
+    assert changed is not None and changed.status_by is not None
+    assert changed.status_by.manager == "someone-else" and changed.status_by.seen == 11.0
+
+
+
+@given(progress=st.none() | st.integers(0, 100), eta=st.none() | st.integers(0, 10**6),
+       kept_progress=st.booleans(), kept_eta=st.booleans())
+def test_the_store_holds_what_the_apply_answer_holds(progress: int | None, eta: int | None,
+                                                      kept_progress: bool,
+                                                      kept_eta: bool) -> None:
+    # A field this status leaves unset stays when another manager owns it (SSA): the
+    # status kept after a write is the answer's then, else the one sent.
+    sent = TrainerStatus(progress_percentage=progress, estimated_remaining_seconds=eta,
+                         last_updated_time=datetime(2026, 1, 1, tzinfo=UTC))
+    answer = sent.to_api()
+    if progress is None and kept_progress:
+        answer["progressPercentage"] = 7
+    if eta is None and kept_eta:
+        answer["estimatedRemainingSeconds"] = 9
+    held = holds_after_apply({"status": {"trainerStatus": answer}}, Place.STATUS, sent)
+    assert held == TrainerStatus.from_api(answer)
+    assert holds_after_apply({"metadata": {}}, Place.ANNOTATION, sent) is sent
