@@ -113,17 +113,13 @@ def apply_trainjob_status(api_client: client.ApiClient, namespace: str, name: st
 
 
 def _get_or_create(read: Callable[[], Any], create: Callable[[], Any]) -> Any:
-    try:
-        return read()
-    except client.ApiException as exc:
-        if exc.status != 404:
-            raise
+    # Create first: most calls make a new object, and a 409 costs one more request.
     try:
         return create()
     except client.ApiException as exc:
-        if exc.status != 409:  # created concurrently: read the winner's
+        if exc.status != 409:  # it exists (made earlier or concurrently): read it
             raise
-        return read()
+    return read()
 
 
 def _ensure_jobset(api_client: client.ApiClient, namespace: str, trainjob: Mapping[str, Any],
@@ -180,6 +176,7 @@ def create_trainer_pod(
     annotations: Mapping[str, str] | None = None,
     owner_chain: bool = True,
     sidecars: Sequence[str] = (),
+    trainjob: Mapping[str, Any] | None = None,
 ) -> client.V1Pod:
     """Create a trainer Pod of TrainJob ``trainjob_name`` as JobSet and Job would.
 
@@ -192,7 +189,8 @@ def create_trainer_pod(
     JobSet and Job are created if missing).
 
     ``sidecars`` are names of native sidecars (``initContainers`` with
-    ``restartPolicy: Always``), running beside ``node``.
+    ``restartPolicy: Always``), running beside ``node``.  ``trainjob`` is the TrainJob
+    as :func:`create_trainjob` returned it (saves reading it again).
 
     ``phase`` "Running" writes status like a kubelet would: podIP/podIPs
     ``ip``, Ready conditions, container ``node`` (and the sidecars) running.  "Pending" leaves the
@@ -220,8 +218,9 @@ def create_trainer_pod(
     owner: dict[str, Any] | None = None
     job_uid = str(uuid.uuid4())
     if owner_chain:
-        trainjob = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-            API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, trainjob_name)
+        if trainjob is None:
+            trainjob = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+                API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, trainjob_name)
         jobset = _ensure_jobset(api_client, namespace, trainjob, replicated_job)
         labels["jobset.sigs.k8s.io/jobset-uid"] = jobset["metadata"]["uid"]
         job = _ensure_job(api_client, namespace, job_name, jobset, labels)
@@ -260,7 +259,8 @@ def create_trainer_pod(
             {"name": name, "image": TRAINER_IMAGE, "restartPolicy": "Always"}
             for name in sidecars]
     core = client.CoreV1Api(api_client)
-    pod = core.create_namespaced_pod(namespace, body)
+    created: dict[str, Any] = api_client.sanitize_for_serialization(
+        core.create_namespaced_pod(namespace, body))
     now = _now()
     if phase == "Running":
         status = {
@@ -289,7 +289,8 @@ def create_trainer_pod(
                 "state": {"waiting": {"reason": "ContainerCreating"}},
             }],
         }
-    return _write_status(api_client, namespace, pod.metadata.name, lambda _: status)
+    return _write_status(api_client, namespace, created["metadata"]["name"],
+                         lambda _: status, first=created)
 
 
 def _condition(kind: str, status: str, now: str) -> dict[str, Any]:
@@ -297,12 +298,15 @@ def _condition(kind: str, status: str, now: str) -> dict[str, Any]:
 
 
 def _write_status(api_client: client.ApiClient, namespace: str, name: str,
-                  mutate: Callable[[dict[str, Any]], dict[str, Any]]) -> client.V1Pod:
-    """Read-modify-replace pod status, retrying on conflicts (bounded)."""
+                  mutate: Callable[[dict[str, Any]], dict[str, Any]],
+                  first: dict[str, Any] | None = None) -> client.V1Pod:
+    """Read-modify-replace pod status, retrying on conflicts (bounded); ``first`` is the
+    pod as just written (the first try starts from it instead of a read)."""
     core = client.CoreV1Api(api_client)
     for attempt in range(STATUS_RETRIES):
-        pod: dict[str, Any] = api_client.sanitize_for_serialization(
-            core.read_namespaced_pod(name, namespace))
+        pod: dict[str, Any] = first if first is not None else (
+            api_client.sanitize_for_serialization(core.read_namespaced_pod(name, namespace)))
+        first = None
         pod["status"] = mutate(pod.get("status") or {})
         try:
             return core.replace_namespaced_pod_status(name, namespace, pod)
