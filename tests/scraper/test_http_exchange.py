@@ -18,6 +18,7 @@ lives for one example.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -53,6 +54,7 @@ class RawServer:
         self.serve = serve
         self.opened = 0
         self.ended = 0  # connections whose client end was seen closing
+        self.one_ended = asyncio.Event()
         self._server: asyncio.Server | None = None
         self.port = 0
 
@@ -65,9 +67,9 @@ class RawServer:
                 async with asyncio.timeout(LIMIT):
                     while await reader.read(65536):
                         pass
-                self.ended += 1
+                self._end()
             except OSError:  # the client closed while this side still wrote
-                self.ended += 1
+                self._end()
             except TimeoutError:
                 pass
             finally:
@@ -76,6 +78,10 @@ class RawServer:
         self._server = await asyncio.start_server(handle, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
+
+    def _end(self) -> None:
+        self.ended += 1
+        self.one_ended.set()
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None
@@ -104,7 +110,7 @@ def answer_of(pieces: list[bytes], close: bool = False, requests: int = 1) -> Se
 
 def split(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    return [data[a:b] for a, b in zip(points, points[1:], strict=False) if b > a]
+    return [data[a:b] for a, b in itertools.pairwise(points) if b > a]
 
 
 def framed(body: bytes, framing: str, chunks: list[int], extra: bytes = b"") -> bytes:
@@ -172,9 +178,8 @@ def test_a_body_past_the_cap_fails_and_closes(size: int, framing: str, chunks: l
                 with pytest.raises(BodyTooLarge, match=f"{CAP}-byte cap"):
                     await get_once(server.port, pool)
                 assert pool.idle_count() == 0
-                async with asyncio.timeout(LIMIT):  # the server sees the connection end
-                    while server.ended < 1:
-                        await asyncio.sleep(0.01)
+                # The server sees the connection end.
+                await asyncio.wait_for(server.one_ended.wait(), LIMIT)
             finally:
                 await pool.close()
 
@@ -331,9 +336,7 @@ async def test_a_timed_out_exchange_closes_its_connection(scraper: ExporterScrap
         result = await scraper.scrape(target)
         assert isinstance(result, Failure) and result.kind is FailureKind.TIMEOUT
         assert scraper._pool.idle_count() == 0
-        async with asyncio.timeout(LIMIT):
-            while server.ended < 1:  # the server saw the connection end
-                await asyncio.sleep(0.01)
+        await asyncio.wait_for(server.one_ended.wait(), LIMIT)  # the server saw it end
 
 
 @pytest.mark.parametrize(("raw", "kind", "detail"), [
