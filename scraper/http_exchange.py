@@ -170,7 +170,11 @@ class _Connection(asyncio.Protocol):
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         old = self.headers.get(key)
-        self.headers[key] = text if old is None else f"{old}, {text}"
+        if old is None:
+            self.headers[key] = text
+        elif key == "transfer-encoding":  # the framing needs every coding
+            self.headers[key] = f"{old}, {text}"
+        # else the first one counts, as aiohttp's ``headers.get`` gave it
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
@@ -254,7 +258,8 @@ class _Connection(asyncio.Protocol):
 
 class Response:
     """An answer whose head has arrived: ``status`` (int), ``headers`` (names in lower
-    case, repeated headers joined with ``", "``).  Read the body with :meth:`read`, then
+    case, values as latin-1 text; of a repeated header the first, Transfer-Encoding's
+    joined with ``", "``).  Read the body with :meth:`read`, then
     :meth:`release` exactly once (also after an error or a cancellation)."""
 
     def __init__(self, pool: ConnectionPool, key: tuple[str, int],
