@@ -33,7 +33,14 @@ from scraper.http_exchange import (
     StaleConnection,
     endpoint,
 )
-from scraper.scraping import ExporterScraper, Failure, FailureKind, Fresh, ScrapeLimits
+from scraper.scraping import (
+    ExporterScraper,
+    Failure,
+    FailureKind,
+    Fresh,
+    NotModified,
+    ScrapeLimits,
+)
 from scraper.targets import Target
 
 pytestmark = pytest.mark.timeout(120)
@@ -381,3 +388,27 @@ def test_an_exchange_error_is_one_line() -> None:
     assert issubclass(BadAnswer, ExchangeError) and issubclass(BodyTooLarge, ExchangeError)
     with pytest.raises(ValueError, match="only http"):
         endpoint("https://127.0.0.1/x", "t")
+
+
+async def test_forget_closes_idle_connections_of_both_pools(scraper: ExporterScraper) -> None:
+    answer = (b"HTTP/1.1 304 Not Modified\r\nETag: \"e\"\r\n"
+              b"Trainjob-Exporter-Contract: 2;max-wait=5\r\n\r\n")
+    async with RawServer(answer_of([answer], requests=1)) as polled, \
+            RawServer(answer_of([answer], requests=1)) as held:
+        target, other = _target(polled.port), _target(held.port)
+        assert isinstance(await scraper.scrape(target), NotModified)
+        assert isinstance(await scraper.wait_for_change(other, '"e"', 5.0), NotModified)
+        assert scraper._pool.idle_count() == 1
+        assert scraper._held_pool is not None and scraper._held_pool.idle_count() == 1
+        scraper.forget(target)
+        scraper.forget(other)
+        assert scraper._pool.idle_count() == 0 and scraper._held_pool.idle_count() == 0
+        await asyncio.wait_for(polled.one_ended.wait(), LIMIT)
+        await asyncio.wait_for(held.one_ended.wait(), LIMIT)
+
+
+def test_the_endpoint_of_an_ipv6_url_with_a_query() -> None:
+    where = endpoint("http://[fd00::1]:9000/m?x=1", "ua")
+    assert (where.host, where.port) == ("fd00::1", 9000)
+    assert where.request_head == (b"GET /m?x=1 HTTP/1.1\r\nHost: [fd00::1]:9000\r\n"
+                                  b"User-Agent: ua\r\n")
