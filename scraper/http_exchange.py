@@ -101,7 +101,6 @@ class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self.lost: Exception | None = None
         self.idle_since = 0.0
         self.active = False  # a request is out and its answer not yet released
         self._parser = httptools.HttpResponseParser(self)
@@ -140,7 +139,10 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail(BadAnswer("the answer switches protocols (not HTTP/1.x)"))
         except httptools.HttpParserError as exc:
-            if self.error is None:  # a callback's own error is kept as it is
+            if self.complete:  # bytes past the answer's end: out of step, never pooled
+                self.keep_alive = False
+                self.close()
+            elif self.error is None:  # a callback's own error is kept as it is
                 self._fail(BadAnswer(f"malformed HTTP answer: {exc}"))
             else:
                 self._fail(self.error)
@@ -159,9 +161,8 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
     def on_message_begin(self) -> None:
-        if self.complete:  # bytes past the answer's end: out of step, not pooled
-            self.keep_alive = False
-            return
+        if self.complete:  # bytes past the answer's end: the parser stops here
+            raise BadAnswer("bytes past the answer's end")
         # A 1xx answer ends before the real one begins: start over.
         self.headers = {}
         self.head_done = False

@@ -412,3 +412,15 @@ def test_the_endpoint_of_an_ipv6_url_with_a_query() -> None:
     assert (where.host, where.port) == ("fd00::1", 9000)
     assert where.request_head == (b"GET /m?x=1 HTTP/1.1\r\nHost: [fd00::1]:9000\r\n"
                                   b"User-Agent: ua\r\n")
+
+
+async def test_bytes_past_the_answers_end_change_nothing_of_it_and_are_not_pooled() -> None:
+    extra = b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n"
+    async with RawServer(answer_of([OK + extra])) as server:
+        pool = ConnectionPool(4)
+        try:
+            status, _, body = await get_once(server.port, pool)
+            assert status == 200 and body.startswith(b'{"progressPercentage"')
+            assert pool.idle_count() == 0
+        finally:
+            await pool.close()
