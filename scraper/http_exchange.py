@@ -4,9 +4,9 @@ A scrape is one small GET answered by one small body.  aiohttp's ``ClientSession
 cost 194-313 us of CPU per GET -> 200 with the body read on the pinned harness, about
 Prometheus's whole scrape (benchmarks/reports/scrape-cost-2026-12-01.md); this module's
 exchange (an :class:`asyncio.Protocol` per connection and the llhttp parser of
-``httptools``) measured several times cheaper on the same harness
-(benchmarks/reports/scrape-cost-2026-12-02.md), which is why the scrape has a client of
-its own.  aiohttp stays for everything else (the exporter's and the scraper's servers,
+``httptools``) measured about 3x cheaper on the same harness, net of the harness's own
+cost (benchmarks/reports/scrape-cost-2026-12-02.md), which is why the scrape has a
+client of its own.  aiohttp stays for everything else (the exporter's and the scraper's servers,
 the status writes).
 
 What it does, and nothing more: HTTP/1.1 GET to ``http://host:port/path``; a keep-alive
