@@ -34,16 +34,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import time
 from collections.abc import Awaitable, Callable
 
+import aiohttp
+
 from benchmarks.farm import NginxFarm
 from scraper.scheduling import PHASES, TargetScheduler
-from scraper.scraping import ScrapeLimits, client_session
+from scraper.scraping import USER_AGENT, ScrapeLimits
 from scraper.targets import Target
 
 WINDOW = 4.0  # default measured seconds per timed piece
+
+
+def aiohttp_session(concurrency: int) -> aiohttp.ClientSession:
+    """aiohttp's pooled session as the scraper configured it until issue 23, deliverable
+    4 (keep-alive 120 s, at most ``concurrency`` connections, no cookies, no
+    decompression, no timers of its own): the library row of the breakdown."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrency, keepalive_timeout=120,
+                                       enable_cleanup_closed=True),
+        headers={"User-Agent": USER_AGENT}, auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(), timeout=aiohttp.ClientTimeout())
 
 
 async def timer_wakeups(n: int, window: float = WINDOW) -> float:
@@ -94,7 +108,7 @@ async def scheduler_noop(n: int, window: float = WINDOW) -> float:
 
 async def aiohttp_304(urls: list[str], window: float = WINDOW) -> float:
     """CPU per GET -> 304, ``len(urls)/PHASES`` at once, ``PHASES`` bursts a second."""
-    session = client_session(ScrapeLimits().concurrency)  # the scraper's own session
+    session = aiohttp_session(ScrapeLimits().concurrency)
     try:
         async with session.get(urls[0], headers={"Accept": "application/json"}) as resp:
             etag = resp.headers["ETag"]
@@ -139,14 +153,33 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
     burst = max(1, len(urls) // PHASES)
     batches = [targets[i:i + burst] for i in range(0, len(targets), burst)]
     scraper = ExporterScraper(ScrapeLimits())
-    session = scraper._session  # the scraper's own session and pool
+    session = aiohttp_session(ScrapeLimits().concurrency)
+    headers = {"Accept": "application/json", "Accept-Encoding": "identity"}
 
     async def raw(target: Target) -> None:
-        async with session.get(target.url, headers={"Accept": "application/json"},
+        async with session.get(target.url, headers=headers,
                                allow_redirects=False) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"{target.url}: HTTP {resp.status}, expected 200")
             await resp.read()
+
+    # The scraper's own exchange (scraper/http_exchange.py), when the code measured has
+    # it (an older commit under breakdown_compare does not: the row is left out).
+    lean = None
+    if importlib.util.find_spec("scraper.http_exchange") is not None:
+        from scraper.http_exchange import ConnectionPool, endpoint
+        lean = ConnectionPool(ScrapeLimits().concurrency)
+        ends = {t.url: endpoint(t.url, USER_AGENT) for t in targets}
+
+    async def lean_get(target: Target) -> None:
+        assert lean is not None
+        resp = await lean.get(ends[target.url], headers, 1 << 20)
+        try:
+            if resp.status != 200:
+                raise RuntimeError(f"{target.url}: HTTP {resp.status}, expected 200")
+            await resp.read()
+        finally:
+            resp.release()
 
     async def full(target: Target) -> None:
         result = await scraper.scrape(target)
@@ -169,12 +202,28 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
 
     out: dict[str, float] = {}
     try:
-        out["aiohttp_200"] = await timed(raw)
+        async def noop(target: Target) -> None:
+            return None
+
+        # The harness's own cost per operation (tasks, gather, the bursts' sleeps), paid
+        # alike by every row below: the exchanges' own cost is a row minus this one.
+        out["harness"] = await timed(noop)
+        # Alternated twice, so a change of the machine's load hits both alike.
+        for rep in range(2):
+            out[f"aiohttp_200_{rep}"] = await timed(raw)
+            if lean is not None:
+                out[f"lean_200_{rep}"] = await timed(lean_get)
+        for name in ("aiohttp_200", "lean_200"):
+            if f"{name}_0" in out:
+                out[name] = (out.pop(f"{name}_0") + out.pop(f"{name}_1")) / 2
         out["scrape_200"] = await timed(full)
         async with session.get(urls[0], headers={"Accept": "application/json"}) as resp:
             body = await resp.read()
     finally:
         await scraper.close()
+        await session.close()
+        if lean is not None:
+            await lean.close()
     count = 20_000
     c0 = time.process_time()
     for _ in range(count):
@@ -210,7 +259,9 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
 
 #: The pieces :func:`changing_pieces` measures.
 CHANGING_PIECES = {
+    "harness": "the measuring harness alone (a no-op per operation; in every row)",
     "aiohttp_200": "aiohttp ClientSession GET -> 200, JSON body read",
+    "lean_200": "scraper.http_exchange ConnectionPool GET -> 200, JSON body read",
     "scrape_200": "ExporterScraper.scrape -> Fresh (slot, timeout, GET, body cap, decode, "
                   "validate)",
     "decode": "decode + validate of the JSON body alone",

@@ -116,8 +116,7 @@ async def run(targets: int, rounds: int, cycles: int) -> list[dict[str, Any]]:
                    "jobs": len(scheduler._scheduler.get_jobs()),
                    "states": len(manager.states),
                    "scraper_timeouts": len(scraper._timeouts),
-                   "connector_conns": sum(len(v) for v in
-                                          scraper._session.connector._conns.values()),  # type: ignore[union-attr]
+                   "connector_conns": scraper._pool.idle_count(),
                    "round_seconds": round(took, 1)}
             print(json.dumps(row), flush=True)
             out.append(row)

@@ -76,12 +76,18 @@ def _pymalloc() -> dict[str, int]:
 
 
 def _connectors(objects: list[object]) -> list[dict[str, int]]:
-    """Idle (pooled) and acquired connections of every aiohttp connector alive (their
-    private tables: this is a probe, not product code)."""
+    """Idle (pooled) and acquired connections of every aiohttp connector and every
+    scrape pool (:class:`scraper.http_exchange.ConnectionPool`) alive (their private
+    tables: this is a probe, not product code)."""
     import aiohttp
+
+    from scraper.http_exchange import ConnectionPool
     out = []
     for obj in objects:
-        if isinstance(obj, aiohttp.TCPConnector):
+        if isinstance(obj, ConnectionPool):
+            out.append({"idle": obj.idle_count(), "hosts": len(obj._idle),
+                        "acquired": len(obj._in_use)})
+        elif isinstance(obj, aiohttp.TCPConnector):
             conns = getattr(obj, "_conns", {})
             out.append({"idle": sum(len(v) for v in conns.values()), "hosts": len(conns),
                         "acquired": len(getattr(obj, "_acquired", ()))})

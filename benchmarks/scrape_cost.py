@@ -58,7 +58,7 @@ def measure(n: int, interval: float, window: float, reps: int, modes: list[str],
                            "load_start": load(), "prometheus": [],
                            **{mode: [] for mode in modes}}
     with ExporterFarm(n, period=interval / 2, duration=duration) as farm:
-        os.sched_setaffinity(0, {SCRAPER_CORE})  # Prometheus inherits it; ours gets --cpu
+        os.sched_setaffinity(0, {SCRAPER_CORE})  # Prometheus inherits it; ours is started on it
         try:
             for rep in range(reps):
                 p = prom.measure(farm.urls(), interval, warmup + 5, window)
@@ -67,7 +67,8 @@ def measure(n: int, interval: float, window: float, reps: int, modes: list[str],
                 print(f"[scrape_cost] N={n} rep {rep}: Prometheus {per_scrape_us(p):.0f} "
                       f"us (load {p['load']})", file=sys.stderr, flush=True)
                 for mode in modes:
-                    o = run_ours(farm.urls(), interval, warmup, window, cpu=SCRAPER_CORE,
+                    o = run_ours(farm.urls(), interval, warmup, window,
+                                 cores=frozenset({SCRAPER_CORE}),
                                  profile=None if profile is None or rep else
                                  profile / f"ours-{mode}-{n}.txt", **MODES[mode][0])
                     o["load"] = load()

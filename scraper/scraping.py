@@ -1,9 +1,11 @@
 """Scraping one exporter over HTTP: a target in, a validated status or a typed failure out.
 
 Knows the exporter's wire contract (docs/architecture.md) and nothing of the
-Kubernetes API.  One pooled :class:`aiohttp.ClientSession` with keep-alive
-serves every target; each scrape has a timeout, a body-size cap, never follows
-redirects and waits for a slot under a concurrency cap.
+Kubernetes API.  One keep-alive pool (:class:`scraper.http_exchange.ConnectionPool`,
+the scrape's own lean HTTP/1.1 client: aiohttp's cost as much CPU as Prometheus's whole
+scrape, benchmarks/reports/scrape-cost-2026-12-02.md) serves every target; each scrape
+has a timeout, a body-size cap, never follows redirects and waits for a slot under a
+concurrency cap.
 
 Slots come in two lanes (issue 13, input 12: 48 hung exporters beside 20 healthy
 ones took the slots, and the healthy ones got 174 of 400 scrapes).  A target whose
@@ -26,22 +28,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import urlsplit
 
-import aiohttp
-from aiohttp.client_proto import ResponseHandler
 from prometheus_client.parser import text_string_to_metric_families
-from yarl import URL
 
 from exporter_lib.pod import POD_HEADER, PodIdentity, hostname_label
 from exporter_lib.status import StatusError, TrainerStatus, metric_value_text
+from scraper.http_exchange import (
+    BadAnswer,
+    BodyTooLarge,
+    ConnectFailed,
+    ConnectionPool,
+    Endpoint,
+    Response,
+    StaleConnection,
+    endpoint,
+)
 from scraper.targets import Target
 from scraper.writer_rules import SEQUENCE_HEADER, Sequence, sequence_of
 
 #: JSON first; the Prometheus text format is the fallback any exporter can serve.
 ACCEPT = "application/json, text/plain;version=0.0.4;q=0.5, */*;q=0.1"
 USER_AGENT = "trainjob-scraper/0.1"
-#: The request headers of a scrape without an ETag (never mutated: aiohttp copies them).
+#: The request headers of a scrape without an ETag (never mutated).
 HEADERS = {"Accept": ACCEPT, "Accept-Encoding": "identity"}
 
 
@@ -169,49 +177,6 @@ def max_wait_of(header: str | None) -> float | None:
     return min(float(match.group(2)), WAIT_MAX_SECONDS)
 
 
-def client_session(concurrency: int) -> aiohttp.ClientSession:
-    """The pooled session every scrape goes through: keep-alive, at most ``concurrency``
-    connections, no cookies, no decompression, no timers of its own.
-
-    Create inside a running loop; the caller closes it.
-    """
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(
-            limit=concurrency, keepalive_timeout=120, enable_cleanup_closed=True
-        ),
-        headers={"User-Agent": USER_AGENT},
-        auto_decompress=False,  # a compressed body could exceed the cap once inflated
-        # Targets are separate pods: a cookie one sets must not reach another.
-        cookie_jar=aiohttp.DummyCookieJar(),
-        # scrape() bounds each whole exchange with one asyncio.timeout; aiohttp's
-        # default timers (300 s total, 30 s connect) would add timer handles per
-        # request and never fire first.
-        timeout=aiohttp.ClientTimeout(),
-    )
-
-
-def close_idle(connector: aiohttp.BaseConnector | None, host: str, port: int) -> int:
-    """Close the idle pooled connections of ``connector`` to ``host:port``; returns how
-    many.  Connections in use are left alone (they close when their request ends).
-
-    aiohttp has no public call for this: the pool is ``BaseConnector._conns`` (a dict of
-    ``ConnectionKey`` to ``(protocol, last use)`` pairs, aiohttp 3.x, pinned in
-    constraints.txt).  If a future aiohttp changes that table, this closes nothing and
-    the keep-alive cleanup still bounds the pool in time (tests/scraper/test_target_forget.py
-    checks the effect on a real server, so a change shows up there).
-    """
-    pool = getattr(connector, "_conns", None)
-    if not isinstance(pool, dict):
-        return 0
-    closed = 0
-    for key in [k for k in pool if getattr(k, "host", None) == host
-                and getattr(k, "port", None) == port]:
-        for proto, _ in pool.pop(key):
-            proto.close()
-            closed += 1
-    return closed
-
-
 #: Consecutive timeouts after which a target's scrapes move to the hung lane.
 HUNG_AFTER = 1
 #: Targets remembered as timing out at most (a bound under pod churn; the oldest go).
@@ -272,24 +237,25 @@ class ExporterScraper:
         self._waiting = waiting
         self._observe = observe
         self._hung = HungLane(hung_slots(limits.concurrency))
-        # The connector's cap covers both lanes.
-        self._session = client_session(limits.concurrency + self._hung.size)
+        # The pool's cap covers both lanes.
+        self._pool = ConnectionPool(limits.concurrency + self._hung.size)
         self._slots = asyncio.Semaphore(limits.concurrency)
         self._timeouts: dict[str, int] = {}  # target key -> consecutive timeouts
         # Held requests have their own pool: they sit idle by design and must take
         # neither a scrape slot nor a pooled connection the polled scrapes need.
-        self._held_session: aiohttp.ClientSession | None = None
+        self._held_pool: ConnectionPool | None = None
         self.held = 0  # held requests in flight
-        # Each target's URL parsed once (aiohttp parses a str on every request).
-        self._urls: dict[str, URL] = {}
+        # Each target's URL parsed once, with its request's first lines built.
+        self._ends: dict[str, Endpoint] = {}
 
-    def _url(self, url: str) -> URL:
-        parsed = self._urls.get(url)
-        if parsed is None:
-            if len(self._urls) >= TIMEOUTS_KEPT:  # a bound under pod churn: the oldest go
-                del self._urls[next(iter(self._urls))]
-            parsed = self._urls[url] = URL(url)
-        return parsed
+    def _endpoint(self, url: str) -> Endpoint:
+        """Raises ValueError for a URL that is not ``http://host[:port]/path``."""
+        where = self._ends.get(url)
+        if where is None:
+            if len(self._ends) >= TIMEOUTS_KEPT:  # a bound under pod churn: the oldest go
+                del self._ends[next(iter(self._ends))]
+            where = self._ends[url] = endpoint(url, USER_AGENT)
+        return where
 
     def is_hung(self, key: str) -> bool:
         """Whether the target's scrapes go to the hung lane."""
@@ -308,22 +274,26 @@ class ExporterScraper:
         its timeout count and its idle keep-alive connections in both pools.
 
         Without this, every deleted pod left its idle connection pooled until the
-        connector's keep-alive cleanup (up to twice ``keepalive_timeout``, 240 s), since
-        aiohttp's ``limit`` counts only connections in use: under pod churn thousands of
-        sockets, parsers and buffers to gone pods stayed open (issue 13, input 8).
+        keep-alive ended (120 s), since the pool's cap counts only connections in use:
+        under pod churn thousands of sockets, parsers and buffers to gone pods stayed
+        open (issue 13, input 8).
         """
         self._timeouts.pop(target.key, None)
-        self._urls.pop(target.url, None)
-        url = urlsplit(target.url)
-        for session in (self._session, self._held_session):
-            if session is not None:
-                close_idle(session.connector, url.hostname or "", url.port or 80)
+        where = self._ends.pop(target.url, None)
+        if where is None:
+            try:
+                where = endpoint(target.url, USER_AGENT)
+            except ValueError:
+                return
+        for pool in (self._pool, self._held_pool):
+            if pool is not None:
+                pool.close_idle(where.host, where.port)
 
     async def close(self) -> None:
         """Close pooled connections."""
-        await self._session.close()
-        if self._held_session is not None:
-            await self._held_session.close()
+        await self._pool.close()
+        if self._held_pool is not None:
+            await self._held_pool.close()
 
     async def wait_for_change(self, target: Target, etag: str | None,
                               wait: float) -> ScrapeResult:
@@ -335,15 +305,15 @@ class ExporterScraper:
         ``wait`` plus the scrape timeout.  The caller keeps one per target.  Returns as
         :meth:`scrape` does (never :class:`Busy`); raises nothing but cancellation.
         """
-        if self._held_session is None:
-            self._held_session = client_session(0)
+        if self._held_pool is None:
+            self._held_pool = ConnectionPool(0)
         limit = wait + min(self.limits.timeout, target.interval * 0.9)
         headers = {**HEADERS, "Prefer": f"wait={int(wait)}"}
         if etag:
             headers["If-None-Match"] = etag
         self.held += 1
         try:
-            result = await self._scrape(target, headers, limit, self._held_session)
+            result = await self._scrape(target, headers, limit, self._held_pool)
         finally:
             self.held -= 1
         self._note(target.key, result)
@@ -401,86 +371,70 @@ class ExporterScraper:
         return result
 
     async def _scrape(self, target: Target, headers: dict[str, str], limit: float,
-                      session: aiohttp.ClientSession | None = None) -> ScrapeResult:
+                      pool: ConnectionPool | None = None) -> ScrapeResult:
         """One GET (retried once on a stale pooled connection) within ``limit`` seconds."""
-        session = session or self._session
+        pool = pool or self._pool
         try:
+            where = self._endpoint(target.url)
             async with asyncio.timeout(limit):
                 try:
-                    return await self._get(target, headers, session)
-                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                    if isinstance(exc, aiohttp.ClientConnectorError):
-                        raise
+                    return await self._exchange(target, where, headers, pool, fresh=False)
+                except StaleConnection:
                     # A pooled keep-alive connection the exporter closed while idle:
                     # not the exporter's fault, so try once more on a fresh one.
-                    return await self._get(target, headers, session)
+                    return await self._exchange(target, where, headers, pool, fresh=True)
         except TimeoutError:
             return Failure(FailureKind.TIMEOUT, f"no complete answer within {limit:g}s")
-        except aiohttp.ClientConnectorError as exc:
-            if isinstance(exc.os_error, ConnectionRefusedError):
+        except ConnectFailed as exc:
+            if exc.refused:
                 return Failure(FailureKind.REFUSED, "connection refused")
             return Failure(FailureKind.UNREACHABLE, f"cannot connect: {exc.os_error}")
-        except (aiohttp.ClientError, OSError) as exc:
+        except BodyTooLarge as exc:
+            return Failure(FailureKind.TOO_LARGE, str(exc))
+        except (BadAnswer, StaleConnection, ValueError, OSError) as exc:
             return Failure(FailureKind.HTTP_ERROR, f"{type(exc).__name__}: {excerpt(str(exc))}")
 
-    async def _get(self, target: Target, headers: dict[str, str],
-                   session: aiohttp.ClientSession) -> ScrapeResult:
-        handed_over: list[ResponseHandler] = []
+    async def _exchange(self, target: Target, where: Endpoint, headers: dict[str, str],
+                        pool: ConnectionPool, *, fresh: bool) -> ScrapeResult:
+        cap = self.limits.max_body_bytes
+        resp = await pool.get(where, headers, cap, fresh=fresh)
+        keep = True
         try:
-            return await self._exchange(target, headers, session, handed_over)
-        finally:
-            for protocol in handed_over:
-                protocol.close()
-
-    async def _exchange(self, target: Target, headers: dict[str, str],
-                        session: aiohttp.ClientSession,
-                        handed_over: list[ResponseHandler]) -> ScrapeResult:
-        async with session.get(self._url(target.url), headers=headers,
-                               allow_redirects=False) as resp:
             # Before anything of the answer is read: another pod's status, 304 or error
             # says nothing about this target.
-            if other := wrong_pod(target, PodIdentity.parse(resp.headers.get(POD_HEADER))):
+            if other := wrong_pod(target, PodIdentity.parse(resp.header(POD_HEADER))):
                 return other
-            max_wait = max_wait_of(resp.headers.get(CONTRACT_HEADER))
-            if max_wait is not None and self._waiting and session is self._session:
+            max_wait = max_wait_of(resp.header(CONTRACT_HEADER))
+            if max_wait is not None and self._waiting and pool is self._pool:
                 # Held requests take over on their own pool (__init__): this connection
-                # is closed, not left idle.  aiohttp pools it by itself as soon as the
-                # body has ended (often before this line), so its protocol is taken
-                # from ``ClientResponse._protocol`` (aiohttp 3.x, pinned; anything else
-                # there is left alone and the keep-alive ends it as before) and closed
-                # once the answer is read; test_waiting_scrapes.py checks the effect.
-                protocol = getattr(resp, "_protocol", None)
-                if isinstance(protocol, ResponseHandler):
-                    handed_over.append(protocol)
-            if resp.status == 304:
-                return NotModified(max_wait)
-            if resp.status == 204:
-                return NothingYet(max_wait)
-            if 300 <= resp.status < 400:
-                where = excerpt(resp.headers.get("Location", "?"))
-                return Failure(FailureKind.REDIRECT,
-                               f"HTTP {resp.status} redirect to {where} (not followed)")
-            if resp.status != 200:
-                return Failure(FailureKind.HTTP_ERROR, f"HTTP {resp.status}")
-            cap = self.limits.max_body_bytes
-            if resp.content_length is not None and resp.content_length > cap:
-                return Failure(FailureKind.TOO_LARGE,
-                               f"body of {resp.content_length} bytes exceeds the {cap}-byte cap")
-            # A status body usually arrives whole with the head: then this one read takes
-            # it as it is, without a copy; a body in pieces is gathered up to the cap.
-            body = await resp.content.read(cap + 1)
-            if body and not resp.content.at_eof():
-                chunks = bytearray(body)
-                while len(chunks) <= cap and (
-                        chunk := await resp.content.read(cap + 1 - len(chunks))):
-                    chunks += chunk
-                body = bytes(chunks)
-            if len(body) > cap:
-                return Failure(FailureKind.TOO_LARGE, f"body exceeds the {cap}-byte cap")
-            etag = resp.headers.get("ETag")
-            ctype = resp.content_type
-            sequence = sequence_of(resp.headers.get(SEQUENCE_HEADER))
-        if ctype == "application/json":
+                # is closed, not left idle.
+                keep = False
+            return await self._answer(resp, max_wait, cap)
+        finally:
+            # Pooled only when the answer ended cleanly (a cancelled or unread one closes).
+            resp.release(keep)
+
+    async def _answer(self, resp: Response, max_wait: float | None,
+                      cap: int) -> ScrapeResult:
+        status = resp.status
+        if status == 304:
+            return NotModified(max_wait)
+        if status == 204:
+            return NothingYet(max_wait)
+        if 300 <= status < 400:
+            where = excerpt(resp.header("Location") or "?")
+            return Failure(FailureKind.REDIRECT,
+                           f"HTTP {status} redirect to {where} (not followed)")
+        if status != 200:
+            return Failure(FailureKind.HTTP_ERROR, f"HTTP {status}")
+        length = resp.content_length
+        if length is not None and length > cap:
+            return Failure(FailureKind.TOO_LARGE,
+                           f"body of {length} bytes exceeds the {cap}-byte cap")
+        body = await resp.read()  # BodyTooLarge past the cap
+        etag = resp.header("ETag")
+        sequence = sequence_of(resp.header(SEQUENCE_HEADER))
+        if resp.content_type == "application/json":
             try:
                 return Fresh(TrainerStatus.from_json(body), etag, max_wait, sequence)
             except StatusError as exc:
