@@ -35,8 +35,13 @@ import httptools
 #: Seconds an idle pooled connection is kept (as the aiohttp connector's keepalive_timeout
 #: the scraper used before).
 KEEPALIVE_SECONDS = 120.0
-#: Longest answer head (status line and headers) accepted, bytes.
+#: Longest answer head (status line and headers) accepted, bytes; a chunked answer's
+#: trailer section has the same bound.
 HEAD_MAX_BYTES = 64 * 1024
+#: Bytes on the wire an answer may take per byte of the body cap: chunk framing (sizes,
+#: extensions, CRLFs) is the rest; past it the exchange fails, so no framing, however
+#: long, costs memory or CPU without end.
+WIRE_PER_BODY_BYTE = 8
 
 
 class ExchangeError(Exception):
@@ -121,6 +126,8 @@ class _Connection(asyncio.Protocol):
         self.error: ExchangeError | None = None
         self.unsized = False  # the body ends with the connection (no length, not chunked)
         self.keep_alive = False
+        self.trailer_bytes = 0
+        self.wire_max = 2 * HEAD_MAX_BYTES + WIRE_PER_BODY_BYTE * cap
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -148,12 +155,16 @@ class _Connection(asyncio.Protocol):
                 self._fail(self.error)
         if not self.head_done and self.got_bytes > HEAD_MAX_BYTES:
             self._fail(BadAnswer(f"answer head longer than {HEAD_MAX_BYTES} bytes"))
+        elif self.got_bytes > self.wire_max and not self.complete:
+            self._fail(BadAnswer(f"answer longer than {self.wire_max} bytes on the wire "
+                                 f"(the body cap {self.cap} plus framing)"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.transport = None
-        if self.head_done and not self.complete and self.unsized and not self.too_large:
-            self.complete = True  # the connection's end is the body's end
+        if (self.head_done and not self.complete and self.unsized and not self.too_large
+                and exc is None and self.error is None):
+            self.complete = True  # a clean end of the connection is the body's end
         elif not self.complete and self.error is None:
             self.error = BadAnswer("the exporter closed the connection before a complete "
                                    "answer" + (f" ({exc})" if exc else ""))
@@ -168,6 +179,14 @@ class _Connection(asyncio.Protocol):
         self.head_done = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.head_done:
+            # A chunked answer's trailer: never a header of the answer (its head was
+            # handed out already), only bounded.
+            self.trailer_bytes += len(name) + len(value) + 4
+            if self.trailer_bytes > HEAD_MAX_BYTES:
+                self._fail(BadAnswer(f"trailers longer than {HEAD_MAX_BYTES} bytes"))
+                raise BadAnswer("trailers")  # stops the parser on this buffer
+            return
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         old = self.headers.get(key)

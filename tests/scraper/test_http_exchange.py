@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -26,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scraper.http_exchange import (
+    HEAD_MAX_BYTES,
     BadAnswer,
     BodyTooLarge,
     ConnectionPool,
@@ -424,3 +427,71 @@ async def test_bytes_past_the_answers_end_change_nothing_of_it_and_are_not_poole
             assert pool.idle_count() == 0
         finally:
             await pool.close()
+
+
+STATUS = b'{"progressPercentage": 5, "lastUpdatedTime": "2025-01-01T00:00:00Z"}'
+CHUNKED_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
+
+
+def _flood(head: bytes, piece: bytes) -> Serve:
+    """An answer whose framing never ends: ``head``, then ``piece`` over and over (bounded:
+    until the client goes or 10,000 pieces)."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(head)
+        for n in range(10_000):
+            writer.write(piece.replace(b"#", str(n).encode()))
+            await writer.drain()
+    return serve
+
+
+@pytest.mark.parametrize(("head", "piece", "detail"), ids=["trailers", "chunk-extension"],
+                         argvalues=[
+    # Trailers with new names, without end (newcomer's check: 2.1 GB of headers in 10 s).
+    (CHUNKED_HEAD + b"2\r\n{}\r\n0\r\n", b"X-#: " + b"v" * 100 + b"\r\n",
+     f"trailers longer than {HEAD_MAX_BYTES} bytes"),
+    # One chunk extension without end: only the wire bound stops it.
+    (CHUNKED_HEAD + b"5;a=", b"b" * 1000, "on the wire"),
+])
+async def test_framing_without_end_is_bounded(scraper: ExporterScraper, head: bytes,
+                                              piece: bytes, detail: str) -> None:
+    async with RawServer(_flood(head, piece)) as server:
+        result = await scraper.scrape(_target(server.port))
+    # Not a timeout: the bound ends it, whatever the exporter keeps sending.
+    assert isinstance(result, Failure) and result.kind is FailureKind.HTTP_ERROR, result
+    assert detail in result.detail
+    assert scraper._pool.idle_count() == 0
+
+
+async def test_trailers_are_not_headers_of_the_answer(scraper: ExporterScraper) -> None:
+    body = b"%x\r\n%s\r\n0\r\nETag: \"t\"\r\nTrainjob-Exporter-Sequence: 7; start=abc\r\n\r\n" % (
+        len(STATUS), STATUS)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(CHUNKED_HEAD + body)
+        await writer.drain()
+
+    async with RawServer(serve) as server:
+        result = await scraper.scrape(_target(server.port))
+    assert isinstance(result, Fresh) and result.status.progress_percentage == 5
+    assert result.etag is None and result.sequence is None
+
+
+async def test_an_unsized_answer_cut_by_a_reset_is_not_complete(
+        scraper: ExporterScraper) -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n"
+                     b"trainjob_last_update_timestamp_seconds 1764633600\n"
+                     b"trainjob_progress_ratio 0.4")
+        await writer.drain()
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # RST, not FIN: the body's end is unknown
+
+    async with RawServer(serve) as server:
+        result = await scraper.scrape(_target(server.port))
+    assert isinstance(result, Failure) and result.kind is FailureKind.HTTP_ERROR, result
+    assert "before a complete answer" in result.detail
