@@ -446,13 +446,19 @@ def _flood(head: bytes, piece: bytes) -> Serve:
     return serve
 
 
-@pytest.mark.parametrize(("head", "piece", "detail"), ids=["trailers", "chunk-extension"],
-                         argvalues=[
+@pytest.mark.parametrize(
+    ("head", "piece", "detail"),
+    ids=["trailers", "chunk-extension", "trailer-value", "tiny-chunks"], argvalues=[
     # Trailers with new names, without end (newcomer's check: 2.1 GB of headers in 10 s).
     (CHUNKED_HEAD + b"2\r\n{}\r\n0\r\n", b"X-#: " + b"v" * 100 + b"\r\n",
      f"trailers longer than {HEAD_MAX_BYTES} bytes"),
-    # One chunk extension without end: only the wire bound stops it.
-    (CHUNKED_HEAD + b"5;a=", b"b" * 1000, "on the wire"),
+    # One chunk extension without end: no body byte comes.
+    (CHUNKED_HEAD + b"5;a=", b"b" * 1000, "without a body byte"),
+    # One trailer value that never ends (no CRLF: never a whole trailer line).
+    (CHUNKED_HEAD + b"2\r\n{}\r\n0\r\nX-Long: ", b"v" * 1000, "without a body byte"),
+    # Framing between tiny chunks: each chunk's extension under the run's bound, and the
+    # whole answer past the wire's (128 KiB + 8 x the cap).
+    (CHUNKED_HEAD, b"1;" + b"e" * 200 + b"\r\n \r\n", "on the wire"),
 ])
 async def test_framing_without_end_is_bounded(scraper: ExporterScraper, head: bytes,
                                               piece: bytes, detail: str) -> None:
@@ -495,3 +501,32 @@ async def test_an_unsized_answer_cut_by_a_reset_is_not_complete(
         result = await scraper.scrape(_target(server.port))
     assert isinstance(result, Failure) and result.kind is FailureKind.HTTP_ERROR, result
     assert "before a complete answer" in result.detail
+
+
+async def test_a_head_past_its_bound_in_one_read_is_refused(scraper: ExporterScraper) -> None:
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 100) for i in range(900))
+            + b"Content-Length: %d\r\n\r\n" % len(STATUS))
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(head + STATUS)  # about 98 KB: one read of the client's 256 KiB
+        await writer.drain()
+
+    async with RawServer(serve) as server:
+        result = await scraper.scrape(_target(server.port))
+    assert isinstance(result, Failure) and result.kind is FailureKind.HTTP_ERROR, result
+    assert f"head longer than {HEAD_MAX_BYTES} bytes" in result.detail
+
+
+async def test_a_body_in_one_byte_chunks_comes_whole(scraper: ExporterScraper) -> None:
+    framed = b"".join(b"1\r\n%c\r\n" % byte for byte in STATUS) + b"0\r\n\r\n"
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(CHUNKED_HEAD + framed)
+        await writer.drain()
+
+    async with RawServer(serve) as server:
+        result = await scraper.scrape(_target(server.port))
+    assert isinstance(result, Fresh) and result.status.progress_percentage == 5
