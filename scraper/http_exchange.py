@@ -128,14 +128,13 @@ class _Connection(asyncio.Protocol):
         # 1-byte chunks).
         self.body_first = b""
         self.body_rest: bytearray | None = None
-        self.head_bytes = 0
+        self.line_bytes = 0  # header lines of the head, then of the trailers
         self.wire_at_body = 0  # got_bytes when a body byte last came (or the head ended)
         self.body_size = 0
         self.too_large = False
         self.error: ExchangeError | None = None
         self.unsized = False  # the body ends with the connection (no length, not chunked)
         self.keep_alive = False
-        self.trailer_bytes = 0
         self.wire_max = 2 * HEAD_MAX_BYTES + WIRE_PER_BODY_BYTE * cap
 
     # asyncio.Protocol
@@ -192,20 +191,16 @@ class _Connection(asyncio.Protocol):
         self.head_done = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        # The head's lines (1xx answers' included) and then a chunked answer's trailers
+        # are each bounded here too: lines that arrive whole in one read are parsed
+        # before data_received could compare their size.
+        self.line_bytes += len(name) + len(value) + 4
+        if self.line_bytes > HEAD_MAX_BYTES:
+            part = "trailers" if self.head_done else "answer head"
+            self._fail(BadAnswer(f"{part} longer than {HEAD_MAX_BYTES} bytes"))
+            raise BadAnswer(part)  # stops the parser on this buffer
         if self.head_done:
-            # A chunked answer's trailer: never a header of the answer (its head was
-            # handed out already), only bounded.
-            self.trailer_bytes += len(name) + len(value) + 4
-            if self.trailer_bytes > HEAD_MAX_BYTES:
-                self._fail(BadAnswer(f"trailers longer than {HEAD_MAX_BYTES} bytes"))
-                raise BadAnswer("trailers")  # stops the parser on this buffer
-            return
-        # Counted here too: a head that arrives whole in one read is parsed before
-        # data_received could compare its size.
-        self.head_bytes += len(name) + len(value) + 4
-        if self.head_bytes > HEAD_MAX_BYTES:
-            self._fail(BadAnswer(f"answer head longer than {HEAD_MAX_BYTES} bytes"))
-            raise BadAnswer("head")  # stops the parser on this buffer
+            return  # a trailer: never a header of the answer (its head was handed out)
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         old = self.headers.get(key)
@@ -221,6 +216,7 @@ class _Connection(asyncio.Protocol):
             return  # informational: the answer follows
         self.status = status
         self.head_done = True
+        self.line_bytes = 0  # the trailers have a bound of their own
         self.wire_at_body = self.got_bytes
         self.unsized = ("content-length" not in self.headers
                         and "chunked" not in self.headers.get("transfer-encoding", "").lower()

@@ -18,6 +18,7 @@ lives for one example.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import socket
 import struct
@@ -137,6 +138,24 @@ def framed(body: bytes, framing: str, chunks: list[int], extra: bytes = b"") -> 
     return head + b"Connection: close\r\n\r\n" + body
 
 
+@contextlib.asynccontextmanager
+async def a_pool() -> AsyncIterator[ConnectionPool]:
+    """A pool of 4 connections in use at most, closed at the end."""
+    pool = ConnectionPool(4)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def bad_answer_never_pooled(parts: list[bytes]) -> None:
+    """A server sends ``parts`` and closes: the GET raises BadAnswer, nothing is pooled."""
+    async with RawServer(answer_of(parts, close=True)) as server, a_pool() as pool:
+        with pytest.raises(BadAnswer):
+            await get_once(server.port, pool)
+        assert pool.idle_count() == 0
+
+
 async def get_once(port: int, pool: ConnectionPool, cap: int = CAP,
                    fresh: bool = False) -> tuple[int, dict[str, str], bytes]:
     where = endpoint(f"http://127.0.0.1:{port}/metrics", "test")
@@ -159,16 +178,13 @@ def test_a_well_formed_answer_gives_its_body_whole(body: bytes, framing: str,
     raw = framed(body, framing, chunks)
 
     async def check() -> None:
-        async with RawServer(answer_of(split(raw, cuts), close=framing == "close")) as server:
-            pool = ConnectionPool(4)
-            try:
-                status, headers, got = await get_once(server.port, pool)
-                assert (status, got) == (200, body)
-                assert headers["content-type"] == "application/json"
-                # Pooled only when the framing lets the connection serve another answer.
-                assert pool.idle_count() == (0 if framing == "close" else 1)
-            finally:
-                await pool.close()
+        serve = answer_of(split(raw, cuts), close=framing == "close")
+        async with RawServer(serve) as server, a_pool() as pool:
+            status, headers, got = await get_once(server.port, pool)
+            assert (status, got) == (200, body)
+            assert headers["content-type"] == "application/json"
+            # Pooled only when the framing lets the connection serve another answer.
+            assert pool.idle_count() == (0 if framing == "close" else 1)
 
     asyncio.run(check())
 
@@ -182,16 +198,12 @@ def test_a_body_past_the_cap_fails_and_closes(size: int, framing: str, chunks: l
     raw = framed(b"x" * size, framing, chunks)
 
     async def check() -> None:
-        async with RawServer(answer_of(split(raw, cuts))) as server:
-            pool = ConnectionPool(4)
-            try:
-                with pytest.raises(BodyTooLarge, match=f"{CAP}-byte cap"):
-                    await get_once(server.port, pool)
-                assert pool.idle_count() == 0
-                # The server sees the connection end.
-                await asyncio.wait_for(server.one_ended.wait(), LIMIT)
-            finally:
-                await pool.close()
+        async with RawServer(answer_of(split(raw, cuts))) as server, a_pool() as pool:
+            with pytest.raises(BodyTooLarge, match=f"{CAP}-byte cap"):
+                await get_once(server.port, pool)
+            assert pool.idle_count() == 0
+            # The server sees the connection end.
+            await asyncio.wait_for(server.one_ended.wait(), LIMIT)
 
     asyncio.run(check())
 
@@ -200,17 +212,7 @@ def test_a_body_past_the_cap_fails_and_closes(size: int, framing: str, chunks: l
 @given(garbage=st.binary(min_size=0, max_size=512).filter(lambda b: not b.startswith(b"H")),
        cuts=st.lists(st.integers(0, 512), max_size=4))
 def test_garbage_is_a_bad_answer_never_pooled(garbage: bytes, cuts: list[int]) -> None:
-    async def check() -> None:
-        async with RawServer(answer_of(split(garbage, cuts), close=True)) as server:
-            pool = ConnectionPool(4)
-            try:
-                with pytest.raises(BadAnswer):
-                    await get_once(server.port, pool)
-                assert pool.idle_count() == 0
-            finally:
-                await pool.close()
-
-    asyncio.run(check())
+    asyncio.run(bad_answer_never_pooled(split(garbage, cuts)))
 
 
 @EXAMPLES
@@ -222,18 +224,8 @@ def test_an_answer_cut_short_is_a_bad_answer(body: bytes, framing: str, chunks: 
     raw = framed(body, framing, chunks)
     keep = data.draw(st.integers(0, len(raw) - 1), label="bytes sent before the close")
 
-    async def check() -> None:
-        async with RawServer(answer_of([raw[:keep]], close=True)) as server:
-            pool = ConnectionPool(4)
-            try:
-                # A fresh connection is never taken for a stale one.
-                with pytest.raises(BadAnswer):
-                    await get_once(server.port, pool)
-                assert pool.idle_count() == 0
-            finally:
-                await pool.close()
-
-    asyncio.run(check())
+    # On a fresh connection: never taken for a stale one.
+    asyncio.run(bad_answer_never_pooled([raw[:keep]]))
 
 
 @EXAMPLES
@@ -299,16 +291,12 @@ def stale_after_one() -> tuple[RawServer, Serve]:
 
 async def test_a_stale_pooled_connection_is_told_apart() -> None:
     server, _ = stale_after_one()
-    async with server:
-        pool = ConnectionPool(4)
-        try:
-            assert (await get_once(server.port, pool))[0] == 200
-            assert pool.idle_count() == 1
-            with pytest.raises(StaleConnection):
-                await get_once(server.port, pool)
-            assert pool.idle_count() == 0
-        finally:
-            await pool.close()
+    async with server, a_pool() as pool:
+        assert (await get_once(server.port, pool))[0] == 200
+        assert pool.idle_count() == 1
+        with pytest.raises(StaleConnection):
+            await get_once(server.port, pool)
+        assert pool.idle_count() == 0
 
 
 async def test_a_stale_pooled_connection_is_retried_once_on_a_fresh_one(
@@ -419,14 +407,10 @@ def test_the_endpoint_of_an_ipv6_url_with_a_query() -> None:
 
 async def test_bytes_past_the_answers_end_change_nothing_of_it_and_are_not_pooled() -> None:
     extra = b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n"
-    async with RawServer(answer_of([OK + extra])) as server:
-        pool = ConnectionPool(4)
-        try:
-            status, _, body = await get_once(server.port, pool)
-            assert status == 200 and body.startswith(b'{"progressPercentage"')
-            assert pool.idle_count() == 0
-        finally:
-            await pool.close()
+    async with RawServer(answer_of([OK + extra])) as server, a_pool() as pool:
+        status, _, body = await get_once(server.port, pool)
+        assert status == 200 and body.startswith(b'{"progressPercentage"')
+        assert pool.idle_count() == 0
 
 
 STATUS = b'{"progressPercentage": 5, "lastUpdatedTime": "2025-01-01T00:00:00Z"}'
