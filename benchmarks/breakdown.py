@@ -21,7 +21,7 @@ microseconds (user+system of this process) per operation:
   client's JSON body, model deserialisation of the answer, one ``to_thread`` per
   write); today's queue and writer with the request through ``ApiClient.call_api`` in
   a thread (stop 10), with the PATCH straight to the client's urllib3 pool in a
-  thread (stop 11), and today's :class:`scraper.status_writer.StatusWriter` (an
+  thread (stop 11), and today's :class:`scraper.write.writer.StatusWriter` (an
   aiohttp PATCH on the loop, :mod:`scraper.kube.apply_request`).  The last three
   alternate twice in the same control plane.  CPU of this process only (the API
   server's is not counted): hand-off + serialisation + TLS request + response
@@ -144,9 +144,9 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
     from exporter_lib.status import TrainerStatus
     from scraper.loop import ScrapeLoop, TargetState
     from scraper.scraping import ExporterScraper, Fresh
-    from scraper.status_writer import StatusWriter
     from scraper.telemetry import JobView, Telemetry
     from scraper.trainjobs import Held, TrainJobStore
+    from scraper.write.writer import StatusWriter
 
     targets = [Target("bench", f"job-{i}", f"pod-{i}", "uid", url, 1.0)
                for i, url in enumerate(urls)]
@@ -303,8 +303,10 @@ async def status_writes(count: int) -> dict[str, float]:
     from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
     from scraper.kube.calls import Retries, call
     from scraper.kube.client import REQUEST_TIMEOUT
-    from scraper.status_writer import FIELD_MANAGER, StatusWriter, WriteOutcome
     from scraper.trainjobs import TrainJobStore
+    from scraper.write.outcome import FIELD_MANAGER, WriteOutcome
+    from scraper.write.worker import StatusRequest
+    from scraper.write.writer import StatusWriter
 
     def status(i: int) -> TrainerStatus:
         return TrainerStatus.from_api({
@@ -343,14 +345,13 @@ async def status_writes(count: int) -> dict[str, float]:
             await call(former, i + 1, limiter=limiter, retries=retries)
         before = 1e6 * (time.process_time() - c0) / count
 
-        class CallApiWriter(StatusWriter):
+        class CallApiRequest:
             """Today's queue and writer tasks with the request made as before issue 14,
             deliverable 4: ``ApiClient.call_api`` (``_preload_content=False`` and one
             ``json.loads``)."""
 
-            async def _ssa(self, namespace: str, name: str, st: TrainerStatus,
-                           place: Place = Place.STATUS, uid: str = "",
-                           resource_version: str = "") -> dict[str, Any]:
+            async def apply(self, namespace: str, name: str, st: TrainerStatus,
+                            place: Place, uid: str, resource_version: str) -> dict[str, Any]:
                 return await asyncio.to_thread(self._call_api, namespace, name, st,
                                                resource_version)
 
@@ -359,7 +360,7 @@ async def status_writes(count: int) -> dict[str, float]:
                 # The same body as today's (resourceVersion precondition included).
                 _, _, body = apply_request(Place.STATUS, namespace, name, st, "",
                                            resource_version)
-                resp = self._api.call_api(
+                resp = api.call_api(
                     path, "PATCH", {**params, "name": name}, [("fieldManager", FIELD_MANAGER),
                                                   ("force", "true")],
                     {"Content-Type": APPLY_CONTENT_TYPE, "Accept": "application/json"},
@@ -371,13 +372,15 @@ async def status_writes(count: int) -> dict[str, float]:
                 result: dict[str, Any] = json.loads(resp.data)
                 return result
 
-        class PoolWriter(StatusWriter):
+            async def close(self) -> None:
+                return None
+
+        class PoolRequest:
             """Today's queue and writer tasks with the request of stop 11: the PATCH
             straight to the official client's urllib3 pool, in a worker thread."""
 
-            async def _ssa(self, namespace: str, name: str, st: TrainerStatus,
-                           place: Place = Place.STATUS, uid: str = "",
-                           resource_version: str = "") -> dict[str, Any]:
+            async def apply(self, namespace: str, name: str, st: TrainerStatus,
+                            place: Place, uid: str, resource_version: str) -> dict[str, Any]:
                 return await asyncio.to_thread(self._pool, namespace, name, st,
                                                resource_version)
 
@@ -385,13 +388,13 @@ async def status_writes(count: int) -> dict[str, float]:
                       resource_version: str) -> dict[str, Any]:
                 request_path, request_params, body = apply_request(
                     Place.STATUS, namespace, name, st, "", resource_version)
-                headers = {**self._api.default_headers, "Content-Type": APPLY_CONTENT_TYPE,
+                headers = {**api.default_headers, "Content-Type": APPLY_CONTENT_TYPE,
                            "Accept": "application/json"}
                 query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
-                self._api.update_params_for_auth(headers, query, ["BearerToken"])
-                url = (f"{self._api.configuration.host}"
+                api.update_params_for_auth(headers, query, ["BearerToken"])
+                url = (f"{api.configuration.host}"
                        f"{quote(request_path.format(**request_params))}?{urlencode(query)}")
-                resp = self._api.rest_client.pool_manager.request(
+                resp = api.rest_client.pool_manager.request(
                     "PATCH", url, body=encode_apply_body(body), headers=headers,
                     timeout=urllib3.Timeout(connect=REQUEST_TIMEOUT[0],
                                             read=REQUEST_TIMEOUT[1]))
@@ -400,14 +403,18 @@ async def status_writes(count: int) -> dict[str, float]:
                 result: dict[str, Any] = json.loads(resp.data)
                 return result
 
-        async def per_write(cls: type[StatusWriter], base: int) -> float:
+            async def close(self) -> None:
+                return None
+
+        async def per_write(name: str, request: StatusRequest | None, base: int) -> float:
             store = TrainJobStore(["bench"])
             # The TrainJobs as they are now (the earlier paths wrote them): every write is
             # decided against the current resourceVersion, as the informer gives it.
             store.on_list("bench", [custom.get_namespaced_custom_object(
                 API_GROUP, API_VERSION, "bench", TRAINJOB_PLURAL, f"w{k}")
                 for k in range(LANES)])
-            writer = cls.for_client(api, identity="bench", qps=1e6, burst=10**6, store=store)
+            writer = StatusWriter.for_client(api, identity="bench", qps=1e6, burst=10**6,
+                                             store=store, request=request)
             writer.start()
 
             async def lane(k: int, first: int, n: int) -> list[WriteOutcome]:
@@ -425,19 +432,22 @@ async def status_writes(count: int) -> dict[str, float]:
                 cpu = time.process_time() - c0
                 outcomes = {o for one in lanes for o in one}
                 if outcomes != {WriteOutcome.WRITTEN}:
-                    raise RuntimeError(f"{cls.__name__}: outcomes {outcomes}, not written")
+                    raise RuntimeError(f"{name}: outcomes {outcomes}, not written")
                 return 1e6 * cpu / (LANES * per_lane)
             finally:
                 await writer.stop()
 
-        writers: list[tuple[str, type[StatusWriter]]] = [
-            ("call_api", CallApiWriter), ("pool_thread", PoolWriter), ("today", StatusWriter)]
+        # None: today's request (scraper.write.worker.StatusApply).
+        writers: list[tuple[str, Callable[[], StatusRequest | None]]] = [
+            ("call_api", CallApiRequest), ("pool_thread", PoolRequest),
+            ("today", lambda: None)]
         runs: dict[str, list[float]] = {name: [] for name, _ in writers}
         try:
             # Alternated, so a change of the machine's load hits all alike.
             for rep in range(2):
-                for k, (name, cls) in enumerate(writers):
-                    runs[name].append(await per_write(cls, 10_000 * (3 * rep + k + 1)))
+                for k, (name, make) in enumerate(writers):
+                    runs[name].append(await per_write(name, make(),
+                                                      10_000 * (3 * rep + k + 1)))
         finally:
             api.close()
     return {"pre_queue": before, **{name: sum(v) / len(v) for name, v in runs.items()}}

@@ -41,7 +41,7 @@ from scraper.loop import ScrapeLoop
 from scraper.manager import TargetManager
 from scraper.scheduling import TargetScheduler
 from scraper.scraping import ExporterScraper, ScrapeLimits
-from scraper.status_writer import WriteOutcome
+from scraper.write.outcome import WriteOutcome
 
 NAMESPACE = "churn"
 #: Default bound of a plateau (MiB): the spread of the last half of the rounds.

@@ -60,6 +60,7 @@ from kubernetes import client
 from benchmarks.cp import _make_jobs, _Scraper, _Watcher, percentile
 from benchmarks.farm import ExporterFarm, free_ports, wait_http
 from benchmarks.report import fmt, loadavg, verdict, write_report
+from benchmarks.waits import wait_until
 from localdev.cluster import ControlPlane, install_trainjob_crds
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -240,15 +241,6 @@ class _Exporters:
 # ------------------------------------------------------------------ helpers
 
 
-def _wait(predicate: Any, timeout: float, step: float = 0.5) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return False
-
-
 class _Sampler:
     """Samples a process's RSS and open descriptors every ``step`` s in a thread: the
     peak of each and the last sample (``/proc/<pid>/status`` VmRSS, ``/proc/<pid>/fd``)."""
@@ -313,7 +305,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
                 seen.setdefault(job, at)
             return seen
 
-        _wait(lambda: len(firsts()) >= jobs, 3 * budget + 60 + interval, 1.0)
+        wait_until(lambda: len(firsts()) >= jobs, 3 * budget + 60 + interval, 1.0)
         first = firsts()
         lat = [first[j] - started for j in ran if j in first]
         time.sleep(interval)
@@ -422,7 +414,7 @@ def logging_training(plane: ControlPlane, api: client.ApiClient, jobs: int,
         scraper.wait_ready()
         watcher = _Watcher(api, namespace)
         _make_jobs(api, namespace, farm.ports, annotations)
-        _wait(lambda: len({j for j, _, _ in list(watcher.seen)}) >= jobs,
+        wait_until(lambda: len({j for j, _, _ in list(watcher.seen)}) >= jobs,
               interval + log_every + 60, 1.0)
         time.sleep(log_every)
         a = time.time()

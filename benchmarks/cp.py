@@ -13,20 +13,20 @@ import contextlib
 import json
 import multiprocessing
 import sys
-import threading
 import time
 import urllib.request
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes import config as k8s_config
 
 from benchmarks.farm import ExporterFarm
 from benchmarks.pinning import Pinning, affinity, pinned
 from benchmarks.procstat import cpu_seconds, rss_bytes
-from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+from benchmarks.status_watch import TrainJobWatch
 from localdev.cluster import ControlPlane, install_trainjob_crds, objects, processes
 from localdev.demo.processes import start_scraper
 
@@ -141,46 +141,18 @@ class _Scraper:
         self.child.stop(grace=15.0)
 
 
-class _Watcher:
+class _Watcher(TrainJobWatch):
     """Records (job, stamp metric, wall time seen) of every TrainJob status write in
-    ``namespace``; each watch resumes from the last resourceVersion seen, so a write
-    between two watch requests is not lost in a re-list's ADDED events (not writes)."""
+    ``namespace`` (:class:`benchmarks.status_watch.TrainJobWatch`)."""
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
         self.seen: list[tuple[str, float, float]] = []  # (job, stamp, wall time seen)
-        self._watch = watch.Watch()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(api, namespace), daemon=True)
-        self._thread.start()
+        super().__init__(api, namespace, self._record)
 
-    def _run(self, api: client.ApiClient, namespace: str) -> None:
-        custom = client.CustomObjectsApi(api)
-        rv: str | None = None
-        while not self._stop.is_set():
-            try:
-                for event in self._watch.stream(
-                        custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
-                        namespace, TRAINJOB_PLURAL, timeout_seconds=30,
-                        **({"resource_version": rv} if rv else {})):
-                    now = time.time()
-                    obj = event["object"]
-                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                    if event["type"] == "MODIFIED":
-                        ts = (obj.get("status") or {}).get("trainerStatus") or {}
-                        for m in ts.get("metrics") or []:
-                            if m.get("name") == "stamp":
-                                self.seen.append((obj["metadata"]["name"],
-                                                  float(m["value"]), now))
-                    if self._stop.is_set():
-                        break
-            except Exception:  # 410 Gone or a dropped connection: start over
-                rv = None
-                time.sleep(0.2)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._watch.stop()
-        self._thread.join(timeout=35)
+    def _record(self, now: float, name: str, ts: Mapping[str, Any]) -> None:
+        for m in ts.get("metrics") or []:
+            if m.get("name") == "stamp":
+                self.seen.append((name, float(m["value"]), now))
 
 
 def percentile(values: list[float], q: float) -> float | None:

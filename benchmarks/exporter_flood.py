@@ -249,10 +249,11 @@ class Row:
                 str(self.flood_stats.get("closed", 0))]
 
 
-def scraper_probe(port: int, seconds: float, probe: Probe) -> None:
-    """Scrape as the scraper does, for ``seconds``: its own client
-    (:class:`scraper.scraping.ExporterScraper`: pooled keep-alive connection, one retry on
-    a stale one, the default 10 s timeout), one scrape per :data:`SCRAPE_PERIOD`."""
+def scraper_probe(port: int, seconds: float, probe: Probe, scrapes: int | None = None) -> None:
+    """Scrape as the scraper does, for ``seconds`` (or until ``scrapes`` are done, if
+    given, within ``seconds``): its own client (:class:`scraper.scraping.ExporterScraper`:
+    pooled keep-alive connection, one retry on a stale one, the default 10 s timeout),
+    one scrape per :data:`SCRAPE_PERIOD`."""
     from scraper.scraping import ExporterScraper, Failure, Fresh, NothingYet, NotModified
     from scraper.scraping import ScrapeLimits as Limits
     from scraper.targets import Target
@@ -262,7 +263,9 @@ def scraper_probe(port: int, seconds: float, probe: Probe) -> None:
         target = Target("bench", "flood", "", "", f"http://127.0.0.1:{port}/metrics", 15.0)
         end = time.monotonic() + seconds
         try:
-            while time.monotonic() < end:
+            done = 0
+            while time.monotonic() < end and (scrapes is None or done < scrapes):
+                done += 1
                 started = time.monotonic()
                 result = await scraper.scrape(target)
                 took = time.monotonic() - started

@@ -31,9 +31,9 @@ from exporter_lib.status import TrainerStatus
 from scraper.loop import ScrapeLoop, TargetState
 from scraper.scheduling import TargetScheduler
 from scraper.scraping import ExporterScraper, ScrapeLimits, ScrapeResult
-from scraper.status_writer import WriteOutcome
 from scraper.targets import Target
 from scraper.telemetry import JobView
+from scraper.write.outcome import WriteOutcome
 
 INTERVAL = 1.0
 CONCURRENCY = 32

@@ -7,7 +7,7 @@ scrape runs the production path (``TargetManager.run`` -> ``ScrapeLoop.run``: AP
 job, aiohttp GET with ``If-None-Match``, JSON validation, telemetry, ``StatusWriter.apply``
 with its same-report check, write queue and token bucket).  Only the Kubernetes API is
 left out: the writer holds TrainJob statuses in memory and its server-side apply
-returns the object it would have written (see :class:`OfflineWriter`), so **no request
+returns the object it would have written (see :class:`OfflineRequest`), so **no request
 is sent for a write**: the figures include the write queue, the token bucket and the
 same-report check, not the HTTP request, TLS or the API server's answer.  Every report
 row built on this child says so; the control-plane phase of the benchmark
@@ -38,10 +38,11 @@ from scraper.annotation_target import Place
 from scraper.app import ScraperApp
 from scraper.config import ScraperSettings
 from scraper.loop import TargetState
-from scraper.status_writer import StatusWriter, WriteOutcome, already_holds
 from scraper.targets import Target
 from scraper.telemetry import JobView
 from scraper.trainjobs import Held, TrainJobStore
+from scraper.write.outcome import WriteOutcome
+from scraper.write.writer import StatusWriter, already_holds
 
 NAMESPACE = "bench"
 
@@ -57,8 +58,9 @@ class OfflineStore(TrainJobStore):
         return self._held.setdefault((namespace, name), Held("uid", None))
 
 
-class OfflineWriter(StatusWriter):
-    """A :class:`StatusWriter` whose apply returns what it would have written.
+class OfflineRequest:
+    """An apply request (:class:`scraper.write.worker.StatusRequest`) that returns what
+    it would have written.
 
     No request leaves the process: a row measured with it leaves out the write's HTTP
     request and must say so.
@@ -66,13 +68,16 @@ class OfflineWriter(StatusWriter):
 
     writes = 0
 
-    async def _ssa(self, namespace: str, name: str, status: TrainerStatus,
-                   place: Place = Place.STATUS, uid: str = "") -> dict[str, Any]:
-        OfflineWriter.writes += 1
+    async def apply(self, namespace: str, name: str, status: TrainerStatus,
+                    place: Place, uid: str, resource_version: str) -> dict[str, Any]:
+        OfflineRequest.writes += 1
         return {"metadata": {"uid": "uid"}, "status": {"trainerStatus": status.to_api()}}
 
+    async def close(self) -> None:
+        return None
 
-class ScrapeOnlyWriter(OfflineWriter):
+
+class ScrapeOnlyWriter(StatusWriter):
     """Change detection without the write: how much of a changing scrape the write costs.
 
     Compares against the held status as :meth:`StatusWriter.apply` does, then stops before
@@ -80,7 +85,8 @@ class ScrapeOnlyWriter(OfflineWriter):
     """
 
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
-                    final: bool = False, uid: str = "") -> WriteOutcome:
+                    final: bool = False, uid: str = "", seen: float | None = None,
+                    finished_at: float | None = None) -> WriteOutcome:
         held = self.store.get(namespace, name)
         if held is None or not already_holds(held.status, status):
             self.store._held[(namespace, name)] = Held("uid", status)
@@ -117,10 +123,10 @@ async def run(urls: list[str], interval: float, warmup: float, window: float,
                                log_level="WARNING", wait_scrapes=wait)
     api = k8s.ApiClient()
     apps: list[ScraperApp] = []
-    kind = OfflineWriter if writes else ScrapeOnlyWriter
+    kind = StatusWriter if writes else ScrapeOnlyWriter
     writer = kind.for_client(
         api, identity="bench", qps=settings.write_qps, burst=settings.write_burst,
-        store=OfflineStore(),
+        store=OfflineStore(), request=OfflineRequest(),
         on_write=lambda outcome: apps[0].telemetry.writes.labels(outcome.value).inc())
     app = ScraperApp(settings, api_client=api, writer=writer)
     apps.append(app)
@@ -136,11 +142,11 @@ async def run(urls: list[str], interval: float, warmup: float, window: float,
                 uid=target.pod_uid)
             app.scheduler.schedule(target)
         await asyncio.sleep(warmup)
-        c0, w0, s0 = cpu_seconds(), OfflineWriter.writes, scrape_counts(app)
+        c0, w0, s0 = cpu_seconds(), OfflineRequest.writes, scrape_counts(app)
         k0 = skipped(app)
         t0 = time.monotonic()
         await asyncio.sleep(window)
-        c1, w1, s1 = cpu_seconds(), OfflineWriter.writes, scrape_counts(app)
+        c1, w1, s1 = cpu_seconds(), OfflineRequest.writes, scrape_counts(app)
         k1 = skipped(app)
         t1 = time.monotonic()
         rss_after = rss_bytes()

@@ -1,104 +1,116 @@
-"""Push vs pull, side by side in one run, on the local stack (issue 20, deliverable 4).
+"""Push vs pull, side by side, at N TrainJobs on the local stack (issues 20 and 26).
 
-``python -m benchmarks.vs_push [--jobs 20,200] [--every 1,10] [--quick]`` runs the same
-training (:mod:`benchmarks.vs_push_training`) in N TrainJobs on the real chain
-(Trainer -> JobSet -> Job -> runner pods, :class:`localdev.cluster.stack.Cluster`),
-reporting every ``every`` seconds, once per design:
+``python -m benchmarks.vs_push --jobs 20 200 1000 [--every 1] [--every-20 10] [--quick]``
+runs, on one :class:`localdev.cluster.stack.Cluster` (Trainer v2.3.0 with the
+``TrainJobStatus`` gate on: its status server as shipped, QPS 5 / burst 10), for each N
+one session per design, the same trainings reporting every ``every`` seconds
+(:mod:`benchmarks.vs_push_training`):
 
-* **push**: ``Cluster(push=True)`` (the Trainer's ``TrainJobStatus`` gate on, its status
-  server serving); the training calls the Kubeflow SDK's ``update_trainjob_status`` as
-  shipped (5 s throttle, no retry); the writer is field manager ``trainer-status``.
-* **pull**: the same cluster with the gate off; the training calls
-  :func:`exporter_lib.update`; our scraper as deployed (``python -m scraper run``, its
-  defaults unless ``--scrape-interval``) writes as field manager ``trainjob-scraper``.
+* **push**: the trainings call the Kubeflow SDK's ``update_trainjob_status`` (5 s
+  throttle, 5 s timeout, no retry); the status server writes as field manager
+  ``trainer-status``;
+* **pull**: the trainings call :func:`exporter_lib.update`; our scraper as deployed
+  (``python -m scraper run``, its defaults) writes as ``trainjob-scraper``.  Before the
+  defaults' window, the same trainings are measured under each setting of the sweep
+  (``--sweep``: the scraper restarted with those flags, shorter windows) for the picture.
 
-Each run of N TrainJobs at one ``every``: the trainings all end at the same wall time
-``end``; the figures are taken over a window ``[a, b]`` from once every pod runs to
-``b = end - fault/2``; at ``b`` the process doing the work is stopped (push: the
-Trainer controller, which serves the status server, by ``Cluster.stop_component``,
-SIGTERM then SIGKILL; pull: the scraper, SIGKILL) and started again at
-``end + fault/2``, so its outage spans every training's end.
+The first ``--real`` TrainJobs of a session (at least 10; by default as many as a
+quarter of the available memory holds at :data:`TRAINING_BYTES` each) run a real
+training process each; the others run :data:`benchmarks.vs_push_farm.STUB` and their
+training in a farm process (:mod:`benchmarks.vs_push_farm`, up to
+:data:`FARM_CHUNK` TrainJobs per process): push with the SDK's request, throttle and
+timeout; pull with one ``exporter_lib`` exporter per pod.  Every row says which.
 
-Figures per design and run (keys of the JSON, each a mapping from the run's label,
-e.g. ``N=20 every=1s``, to its value):
+A session: N TrainJobs created; once each has reported (or ``--setup-timeout``), its
+windows ``[a, b]`` (after ``--warmup`` s); every training ends at ``end = b + fault/2``
+of the last window; at ``b`` the worker (push: the Trainer controller, whose status
+server stops with it; pull: the scraper, SIGKILL) goes down and comes back at ``end +
+fault/2``, so its outage spans every training's end; then up to ``--settle`` s for the
+finals.  Figures per window (:mod:`benchmarks.vs_push_figures`): API writes per
+TrainJob-hour from the audit log by field manager; progress and metrics freshness by
+watch; training-side cost per report call by kind of training; reports lost (push:
+non-200s, timeouts, refused connections); finals delivered; CPU seconds of the worker,
+kube-apiserver and the farms over the window (``/proc``); the load average; for pull
+the scraper's own figures (``scraper``: held scrapes and pending writes at the window's
+start and end, scrapes and writes by result, mean write request time), which tell held
+from polled targets and a write queue from slow writes.  Each window after the first
+restarts the scraper: its first ``warmup`` seconds hold that start's transient.
 
-* ``api_writes_per_trainjob_hour``: successful writes to ``trainjobs/status`` in the
-  run's namespace by the design's field manager, counted from the API server's audit
-  log (``Cluster(audit_log="Request")``: user, userAgent, requestURI with
-  ``fieldManager``), over the window, per TrainJob-hour of training in the window
-  (each training's own start and end, not N times the window);
-* ``request_bytes_per_write``: the audit event's ``requestObject`` as compact JSON (the
-  body the API server decoded, re-serialised: a close estimate of the bytes sent);
-* ``freshness_p50_s`` / ``freshness_p99_s``: a report (its ``stamp`` metric, the
-  training's wall time) until a watch of the TrainJobs first shows it or a newer one,
-  for reports in ``[a, b - lookahead]`` (lookahead: the longest a design may hold a
-  report back, so an outage never counts as staleness);
-* ``cpu_seconds_per_trainjob_hour``: push: the Trainer controller's CPU (utime + stime
-  from ``/proc``) over the window in the push run minus the same controller's over the
-  same run in the pull run (gate off), per TrainJob-hour; pull: the scraper process's;
-* ``training_cost_us_per_report``: mean wall time of the report call as the training
-  makes it (``perf_counter_ns`` around the call; push: every call, throttled or sent);
-* ``finals_delivered`` / ``finals_expected``: TrainJobs whose ``trainerStatus`` shows the
-  training's final report (its ``stamp``) once the worker is back and has had
-  ``--settle`` seconds.
-
-Scaled down for a 2-core machine (say so with the numbers): a training is a loop that
-reports and sleeps (no model), so the trainings' CPU is the report calls and their
-imports (~1 s CPU and ~90 MB each with the SDK, ~0.3 s and ~40 MB with exporter_lib);
-the window is ``--window`` seconds, not an hour.  Everything listens on loopback; every
-wait is bounded; every process started is stopped.
+Scaled down for a small machine (every figure says so): trainings are report loops,
+the windows are minutes, not hours.  Everything listens on loopback; every wait is
+bounded; every process started is stopped.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import os
+import shlex
 import signal
 import sys
 import time
-from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.cp import _Scraper, _Watcher, percentile
+from benchmarks.cp import _Scraper
 from benchmarks.procstat import cpu_seconds
-from benchmarks.report import fmt, loadavg, verdict, write_report
+from benchmarks.report import loadavg, write_report
+from benchmarks.vs_push_farm import SDK_THROTTLE_SECONDS, STUB
+from benchmarks.vs_push_figures import (
+    AuditWrites,
+    StatusWatch,
+    costs,
+    freshness,
+    read_audit,
+    stamp_of,
+    trainjob_hours,
+)
+from benchmarks.vs_push_report import plot, summarise, table
+from benchmarks.waits import wait_until
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+from localdev.cluster import processes
 from localdev.cluster.controlplane import ControlPlaneError
-from localdev.cluster.stack import Cluster
+from localdev.cluster.mounts import private_mount_prefix, with_bind_mounts
+from localdev.cluster.stack import Cluster, trainer_service_host
 from localdev.cluster.trainjobs import trainjob_body
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TRAINING = Path(__file__).resolve().with_name("vs_push_training.py")
 DESIGNS = ("push", "pull")
-#: The field manager of each design's status writes (upstream's status server;
-#: ours, docs/scraper.md).
+#: The field manager of each design's status writes (upstream's status server; ours).
 FIELD_MANAGER = {"push": "trainer-status", "pull": "trainjob-scraper"}
 TRAINER = "trainer-controller-manager"
-#: The SDK's throttle (``_MIN_UPDATE_INTERVAL_SECONDS``), read from the installed SDK.
-SCRAPER_DEFAULT_INTERVAL = 30.0
-#: Resident memory of one training process with the SDK imported (measured: ~90 MB; with
-#: exporter_lib ~40 MB), plus its pod runner bookkeeping: N is capped to fit.
+#: Resident memory of one real training process with the SDK imported (measured ~90
+#: MB; with exporter_lib ~40 MB) plus the pod runner's share.
 TRAINING_BYTES = 120 << 20
-KEYS = ("api_writes_per_trainjob_hour", "freshness_p50_s", "freshness_p99_s",
-        "cpu_seconds_per_trainjob_hour", "training_cost_us_per_report",
-        "finals_delivered", "finals_expected")
+#: Fewest real trainings per session (issue 26).
+MIN_REAL = 10
+#: Most real trainings per session by default: CPU, not memory, binds on a 2-core machine
+#: (importing the SDK costs a training process about 2.8 s of CPU, measured here).
+MAX_REAL = 20
+#: TrainJobs per farm process.
+FARM_CHUNK = 250
 
 
-def sdk_throttle_seconds() -> float:
-    """The Kubeflow SDK's minimum gap between two POSTs (seconds), as installed."""
-    from kubeflow.trainer.backends.kubernetes import utils
+def default_sweep() -> list[tuple[str, tuple[str, ...]]]:
+    """The pull settings of the picture besides the defaults, (label, scraper flags): the
+    write policy's metrics staleness below and above its default (issue 26); on a
+    scraper without that policy, its metrics write interval."""
+    from scraper.config import ScraperSettings
 
-    return float(utils._MIN_UPDATE_INTERVAL_SECONDS)
+    if "metrics_staleness" in ScraperSettings.model_fields:
+        return [("metrics staleness 10 s", ("--metrics-staleness", "10s")),
+                ("metrics staleness 120 s", ("--metrics-staleness", "120s"))]
+    return [("metrics write interval 10 s", ("--metrics-write-interval", "10s")),
+            ("metrics write interval 60 s", ("--metrics-write-interval", "60s"))]
 
 
 def memory_available() -> int:
@@ -110,106 +122,56 @@ def memory_available() -> int:
     return 0
 
 
-def fit_jobs(jobs: int, available: int) -> int:
-    """``jobs`` capped so the trainings take at most half of ``available`` bytes (>= 1)."""
-    if available <= 0:
-        return jobs
-    return max(1, min(jobs, available // 2 // TRAINING_BYTES))
-
-
-def push_supported() -> bool:
-    """True when the local stack has the push mode (``Cluster(push=True)``)."""
-    return "push" in inspect.signature(Cluster.__init__).parameters
-
-
-# ------------------------------------------------------------------ audit log
+def real_count(jobs: int, available: int, asked: int | None) -> int:
+    """Real trainings in a session of ``jobs``: ``asked`` if given, else what a quarter of
+    ``available`` bytes holds, at most :data:`MAX_REAL`; at least :data:`MIN_REAL` (or
+    ``jobs`` if fewer)."""
+    fits = asked if asked is not None else min(MAX_REAL, available // 4 // TRAINING_BYTES)
+    return min(jobs, max(fits, MIN_REAL if asked is None else 0))
 
 
 @dataclass
-class AuditWrites:
-    """Writes to ``trainjobs/status`` read from an audit log, by writer."""
+class Window:
+    """One measured window of a session: its label, the scraper's extra flags (pull),
+    warm-up and length (seconds)."""
 
-    count: Counter[str] = field(default_factory=Counter)
-    bytes: Counter[str] = field(default_factory=Counter)
-
-    def writer(self, field_manager: str) -> tuple[int, int]:
-        """(writes, request bytes) whose writer key starts with ``field_manager``."""
-        keys = [k for k in self.count if k.split(" ", 1)[0] == field_manager]
-        return sum(self.count[k] for k in keys), sum(self.bytes[k] for k in keys)
-
-
-def _stamp(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-def read_audit(path: Path, namespace: str, start: float, end: float) -> AuditWrites:
-    """Count the successful (2xx) writes to ``trainjobs/status`` in ``namespace`` received
-    in ``[start, end]`` (epoch seconds) in audit log ``path`` (JSON lines), keyed by
-    ``"<fieldManager> <user> <userAgent product>"``; bytes from ``requestObject`` when the
-    policy logged it at Request level (compact JSON), else 0."""
-    out = AuditWrites()
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            if '"trainjobs"' not in line or '"status"' not in line:
-                continue
-            try:
-                event = json.loads(line)
-            except ValueError:  # the last line may be half written
-                continue
-            ref = event.get("objectRef") or {}
-            if (ref.get("resource") != "trainjobs" or ref.get("subresource") != "status"
-                    or ref.get("namespace") != namespace
-                    or event.get("stage") != "ResponseComplete"
-                    or event.get("verb") not in ("patch", "update")):
-                continue
-            code = (event.get("responseStatus") or {}).get("code", 0)
-            if not 200 <= code < 300:
-                continue
-            if not start <= _stamp(event["requestReceivedTimestamp"]) <= end:
-                continue
-            query = parse_qs(urlsplit(event.get("requestURI", "")).query)
-            manager = (query.get("fieldManager") or ["(none)"])[0]
-            agent = (event.get("userAgent") or "").split(" ", 1)[0].split("/", 1)[0]
-            key = f"{manager} {(event.get('user') or {}).get('username', '?')} {agent}"
-            out.count[key] += 1
-            body = event.get("requestObject")
-            if body is not None:
-                out.bytes[key] += len(json.dumps(body, separators=(",", ":")))
-    return out
-
-
-# ------------------------------------------------------------------ one run
+    label: str
+    flags: tuple[str, ...]
+    warmup: float
+    length: float
 
 
 @dataclass
-class RunSpec:
+class Session:
     design: str
     jobs: int
     every: float
-    window: float
+    real: int
+    windows: list[Window]
     fault: float
     settle: float
-    scrape_interval: float | None
+    setup_timeout: float
+    percent_seconds: float
+    label: str = field(init=False)
 
-    @property
-    def label(self) -> str:
-        return f"N={self.jobs} every={self.every:g}s"
+    def __post_init__(self) -> None:
+        self.label = f"N={self.jobs} every={self.every:g}s"
 
     @property
     def namespace(self) -> str:
         return f"vs-{self.design}-{self.jobs}-{self.every:g}s".replace(".", "-")
 
     def lookahead(self) -> float:
-        """Longest a design may hold a report back before writing it (seconds)."""
-        interval = self.scrape_interval or SCRAPER_DEFAULT_INTERVAL
-        hold = sdk_throttle_seconds() if self.design == "push" else interval
-        return hold + self.every + 5.0
+        """Changes this close to a window's end are not counted (seconds)."""
+        return max(SDK_THROTTLE_SECONDS, self.every) + 5.0
+
+    def max_seconds(self) -> float:
+        """Longest a training may run (its bound if the end file never comes)."""
+        return (self.setup_timeout + sum(w.warmup + w.length + 15 for w in self.windows)
+                + self.fault + 120)
 
 
-def _running_pods(core: client.CoreV1Api, namespace: str) -> int:
-    pods = core.list_namespaced_pod(namespace).items
-    return sum(1 for p in pods if p.status.phase == "Running"
-               and (p.spec.node_selector or {}) and p.status.pod_ip)
+# ------------------------------------------------------------------ processes
 
 
 def _cpu(pid: int | None) -> float | None:
@@ -224,29 +186,68 @@ def _sleep_until(at: float) -> None:
     time.sleep(max(0.0, at - time.time()))
 
 
+class _Farms:
+    """The farm processes of a session (:mod:`benchmarks.vs_push_farm`)."""
+
+    def __init__(self, cluster: Cluster, session: Session, names: list[str], out: Path,
+                 end_file: Path) -> None:
+        self.procs = []
+        argv = [sys.executable, "-m", "benchmarks.vs_push_farm", "--mode",
+                "push" if session.design == "push" else "pull", "--out", str(out),
+                "--every", f"{session.every:g}",
+                "--percent-seconds", f"{session.percent_seconds:g}",
+                "--end-file", str(end_file), "--max-seconds", f"{session.max_seconds():.0f}"]
+        # No pod identity for the exporters (the farm is no pod), the checkout importable.
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("HOSTNAME", "KUBERNETES_SERVICE_HOST")}
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+        binds: list[tuple[Path | str, Path | str]] = []
+        if session.design == "push":
+            # The injected URL names the Trainer's Service: resolved as in the pod.
+            hosts = out / "hosts"
+            hosts.write_text(Path("/etc/hosts").read_text().rstrip("\n")
+                             + f"\n127.0.0.1\t{trainer_service_host()}\n")
+            binds.append((hosts, "/etc/hosts"))
+        prefix = private_mount_prefix()
+        for i in range(0, len(names), FARM_CHUNK):
+            cmd = [*argv, "--names", ",".join(names[i:i + FARM_CHUNK])]
+            if binds:
+                if prefix is None:
+                    raise ControlPlaneError("the push farm needs a private mount namespace "
+                                            "(unshare) for the Service name's hosts entry")
+                cmd = with_bind_mounts(prefix, binds, cmd)
+            self.procs.append(processes.spawn(cmd, cluster.workdir / f"farm-{out.name}-{i}.log",
+                                              env=env))
+
+    def cpu(self) -> float | None:
+        values = [_cpu(p.pid) for p in self.procs]
+        return None if not values or None in values else sum(v for v in values if v)
+
+    def stop(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            processes.stop(proc, 5.0)
+
+
 class _Worker:
     """The process doing a design's status work: its pid, a kill and a start."""
 
-    def __init__(self, cluster: Cluster, spec: RunSpec) -> None:
-        self.cluster, self.spec = cluster, spec
+    def __init__(self, cluster: Cluster, session: Session) -> None:
+        self.cluster, self.session = cluster, session
         self.scraper: _Scraper | None = None
-        if spec.design == "pull":
-            self.start()
 
-    def _options(self) -> list[str]:
-        iv = self.spec.scrape_interval
-        return [] if iv is None else ["--interval", f"{iv:g}s"]
-
-    def start(self) -> None:
-        if self.spec.design == "push":
+    def start(self, flags: tuple[str, ...] = ()) -> None:
+        if self.session.design == "push":
             self.cluster.start_component(TRAINER)  # waits for readyz and the status server
             return
         self.scraper = _Scraper(self.cluster.kubeconfig_path, self.cluster.workdir,
-                                self.spec.namespace, self._options())
+                                self.session.namespace, list(flags))
         self.scraper.wait_ready()
 
     def kill(self) -> None:
-        if self.spec.design == "push":
+        if self.session.design == "push":
             self.cluster.stop_component(TRAINER)
         elif self.scraper is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -254,8 +255,17 @@ class _Worker:
             self.scraper.stop()
             self.scraper = None
 
+    def scraper_sample(self) -> dict[str, float] | None:
+        """The scraper's :data:`SCRAPER_SERIES` now; None for push or when unreadable."""
+        if self.scraper is None:
+            return None
+        try:
+            return scraper_sample(self.scraper.metrics())
+        except (OSError, ValueError):
+            return None
+
     def pid(self) -> int | None:
-        if self.spec.design == "push":
+        if self.session.design == "push":
             return self.cluster.process_pid(TRAINER)
         return None if self.scraper is None else self.scraper.proc.pid
 
@@ -265,7 +275,48 @@ class _Worker:
             self.scraper = None
 
 
-def _reports(out_dir: Path) -> dict[str, dict[str, Any]]:
+# ------------------------------------------------------------------ one session
+
+
+#: The scraper's own figures read at a window's start and end (issue 26: whether its
+#: targets were held or polled, and whether the writes queued or were slow).
+SCRAPER_SERIES = ("trainjob_scraper_held_scrapes", "trainjob_scraper_targets",
+                  "trainjob_scraper_status_writes_pending", "trainjob_scraper_scrapes_total",
+                  "trainjob_scraper_status_writes_total",
+                  "trainjob_scraper_status_write_duration_seconds_sum",
+                  "trainjob_scraper_status_write_duration_seconds_count")
+
+
+def scraper_sample(text: str) -> dict[str, float]:
+    """``SCRAPER_SERIES`` of a scraper's /metrics text, keyed ``name`` or
+    ``name{label=value}`` (one label at most in these series)."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in SCRAPER_SERIES:
+                label = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                out[f"{sample.name}{{{label}}}" if label else sample.name] = sample.value
+    return out
+
+
+def scraper_window(before: dict[str, float] | None,
+                   after: dict[str, float] | None) -> dict[str, Any] | None:
+    """The scraper over a window: gauges at its start and end, counters' increase, and
+    the mean write request time (seconds); None without both samples."""
+    if before is None or after is None:
+        return None
+    gauges = ("trainjob_scraper_held_scrapes", "trainjob_scraper_targets",
+              "trainjob_scraper_status_writes_pending")
+    out: dict[str, Any] = {g: [before.get(g), after.get(g)] for g in gauges}
+    out["increase"] = {k: v - before.get(k, 0.0) for k, v in sorted(after.items())
+                       if k not in gauges}
+    n = out["increase"].get("trainjob_scraper_status_write_duration_seconds_count", 0.0)
+    total = out["increase"].get("trainjob_scraper_status_write_duration_seconds_sum", 0.0)
+    out["write_seconds_mean"] = total / n if n else None
+    return out
+
+
+def _records(out_dir: Path) -> dict[str, dict[str, Any]]:
     found = {}
     for path in out_dir.glob("job-*.json"):
         with contextlib.suppress(OSError, ValueError):
@@ -273,178 +324,171 @@ def _reports(out_dir: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _trainer_status(api: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
+def _held(api: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
     items = client.CustomObjectsApi(api).list_namespaced_custom_object(
         API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL)["items"]
     return {o["metadata"]["name"]: (o.get("status") or {}).get("trainerStatus") or {}
             for o in items}
 
 
-def _stamp_of(status: dict[str, Any]) -> float | None:
-    for m in status.get("metrics") or []:
-        if m.get("name") == "stamp":
-            with contextlib.suppress(ValueError):
-                return float(m["value"])
-    return None
+def _create_trainjobs(api: client.ApiClient, s: Session, out: Path, end_file: Path) -> None:
+    def one(i: int) -> None:
+        name = f"job-{i}"
+        real = i < s.real
+        command = ([sys.executable, str(TRAINING)] if real else ["/bin/sh", "-c", STUB])
+        env = {"VS_PUSH_MODE": s.design, "VS_PUSH_EVERY": f"{s.every:g}",
+               "VS_PUSH_PERCENT_SECONDS": f"{s.percent_seconds:g}",
+               "VS_PUSH_END_FILE": str(end_file), "VS_PUSH_OUT": str(out),
+               "VS_PUSH_MAX_SECONDS": f"{s.max_seconds():.0f}", "VS_PUSH_NAME": name}
+        body = trainjob_body(s.namespace, name, command=command, env=env, num_nodes=1)
+        for attempt in range(5):  # the Trainer's webhook may time out under load
+            try:
+                client.CustomObjectsApi(api).create_namespaced_custom_object(
+                    API_GROUP, API_VERSION, s.namespace, TRAINJOB_PLURAL, body)
+                return
+            except client.ApiException as exc:
+                if exc.status == 409 or attempt == 4:
+                    if exc.status == 409:
+                        return
+                    raise
+                time.sleep(1.0 + attempt)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(s.jobs)))
 
 
-def run_one(cluster: Cluster, spec: RunSpec, setup_timeout: float) -> dict[str, Any]:
-    """One design at one N and one ``every`` on a running cluster; returns its figures
-    (keys: see the module doc, plus the raw counts they come from)."""
+def _window_figures(cluster: Cluster, s: Session, records: dict[str, dict[str, Any]],
+                    seen: dict[str, list[tuple[float, int, float]]], w: dict[str, Any],
+                    audit_offset: int) -> None:
+    a, b = w["start"], w["end"]
+    w.update(freshness(records, seen, a, b, s.lookahead()))
+    w["cost"] = costs(records.values(), a, b)
+    hours = trainjob_hours(records.values(), a, b)
+    audit: AuditWrites = read_audit(cluster.audit_log_path, s.namespace, a, b, audit_offset)
+    writes, nbytes = audit.writer(FIELD_MANAGER[s.design])
+    w.update({"trainjob_hours": hours, "writes": writes, "request_bytes": nbytes,
+              "audit_writes_by_writer": dict(audit.count),
+              "api_writes_per_trainjob_hour": writes / hours if hours else None,
+              "request_bytes_per_write": nbytes / writes if writes else None})
+
+
+def run_session(cluster: Cluster, s: Session) -> dict[str, Any]:
+    """One design at one N on a running cluster; returns its figures per window."""
     api = cluster.api_client()
     core = client.CoreV1Api(api)
-    ns = spec.namespace
-    core.create_namespace({"metadata": {"name": ns}})
-    out_dir = cluster.workdir / "vs-push-out" / ns
-    out_dir.mkdir(parents=True, exist_ok=True)
-    res: dict[str, Any] = {"design": spec.design, "jobs": spec.jobs, "every": spec.every,
-                           "namespace": ns, "loadavg_start": loadavg()}
-    worker = _Worker(cluster, spec)
-    watcher = _Watcher(api, ns)
-    trainer_pid = cluster.process_pid(TRAINER)
+    core.create_namespace({"metadata": {"name": s.namespace}})
+    out = cluster.workdir / "vs-push-out" / s.namespace
+    out.mkdir(parents=True, exist_ok=True)
+    end_file = out / "end-at"
+    res: dict[str, Any] = {"design": s.design, "jobs": s.jobs, "every": s.every,
+                           "label": s.label, "real": s.real, "farmed": s.jobs - s.real,
+                           "namespace": s.namespace, "loadavg_start": loadavg(),
+                           "percent_seconds": s.percent_seconds, "windows": []}
+    audit_offset = cluster.audit_log_path.stat().st_size
+    worker = _Worker(cluster, s)
+    watcher = StatusWatch(api, s.namespace)
+    names = [f"job-{i}" for i in range(s.real, s.jobs)]
+    farms = _Farms(cluster, s, names, out, end_file) if names else None
+    apiserver = cluster.apiserver_pid  # not pids[-1]: that is the last controller's
     try:
         t0 = time.time()
-        end_file = out_dir / "end-at"
-        for i in range(spec.jobs):
-            name = f"job-{i}"
-            body = trainjob_body(ns, name, command=[sys.executable, str(TRAINING)], env={
-                "VS_PUSH_MODE": spec.design, "VS_PUSH_EVERY": f"{spec.every:g}",
-                "VS_PUSH_END_FILE": str(end_file),
-                "VS_PUSH_MAX_SECONDS": f"{setup_timeout + spec.window + spec.fault + 60:.0f}",
-                "VS_PUSH_OUT": str(out_dir), "VS_PUSH_NAME": name}, num_nodes=1)
-            client.CustomObjectsApi(api).create_namespaced_custom_object(
-                API_GROUP, API_VERSION, ns, TRAINJOB_PLURAL, body)
+        if s.design == "pull":
+            worker.start(s.windows[0].flags)
+        _create_trainjobs(api, s, out, end_file)
         res["create_seconds"] = time.time() - t0
-        deadline = t0 + setup_timeout
-        up = 0
-        while time.time() < deadline:
-            up = len(list(out_dir.glob("job-*.up")))
-            if up >= spec.jobs:
-                break
-            time.sleep(1.0)
-        res["reporting_at_window_start"] = up
-        res["running_pods_at_window_start"] = _running_pods(core, ns)
+        wait_until(lambda: len(list(out.glob("job-*.up"))) >= s.jobs,
+                    s.setup_timeout - (time.time() - t0), 1.0)
+        res["reporting_at_first_window"] = len(list(out.glob("job-*.up")))
         res["setup_seconds"] = time.time() - t0
-        # Every training ends at `end`; the window: one report after every training
-        # reported (or the setup budget ran out) to b, when the worker goes down.
-        a = time.time() + spec.every
-        end = a + spec.window + spec.fault / 2
-        b = end - spec.fault / 2
-        tmp = end_file.with_suffix(".tmp")
-        tmp.write_text(f"{end:.3f}")
-        tmp.replace(end_file)
-        _sleep_until(a)
-        pid = worker.pid()
-        c0 = (_cpu(trainer_pid), _cpu(pid))
-        _sleep_until(b)
-        c1 = (_cpu(trainer_pid), _cpu(pid))
-        res.update({"window_start": a, "window_end": b, "window_seconds": b - a,
-                    "trainer_cpu_seconds": None if None in (c0[0], c1[0])
-                    else c1[0] - c0[0],  # type: ignore[operator]
-                    "worker_cpu_seconds": None if None in (c0[1], c1[1])
-                    else c1[1] - c0[1],  # type: ignore[operator]
-                    "loadavg_window": loadavg()})
-        # The fault: the worker killed across every training's end.
-        if spec.fault > 0:
+        end = 0.0
+        for k, win in enumerate(s.windows):
+            last = k == len(s.windows) - 1
+            if k and s.design == "pull":
+                worker.stop()
+                worker.start(win.flags)
+            a = time.time() + win.warmup
+            b = a + win.length
+            if last:  # every training ends half the fault after b
+                end = b + s.fault / 2
+                tmp = end_file.with_suffix(".tmp")
+                tmp.write_text(f"{end:.3f}")
+                tmp.replace(end_file)
+            _sleep_until(a)
+            pids = {"worker": worker.pid(), "apiserver": apiserver,
+                    "trainer": cluster.process_pid(TRAINER)}
+            c0 = {k2: _cpu(p) for k2, p in pids.items()}
+            f0 = farms.cpu() if farms else None
+            m0 = worker.scraper_sample()
+            _sleep_until(b)
+            c1 = {k2: _cpu(p) for k2, p in pids.items()}
+            f1 = farms.cpu() if farms else None
+            m1 = worker.scraper_sample()
+            res["windows"].append({
+                "label": win.label, "flags": list(win.flags), "start": a, "end": b,
+                "seconds": b - a, "warmup": win.warmup, "loadavg": loadavg(),
+                "cpu_seconds": {k2: None if c0[k2] is None or c1[k2] is None
+                                else c1[k2] - c0[k2] for k2 in pids},  # type: ignore[operator]
+                "farm_cpu_seconds": None if f0 is None or f1 is None else f1 - f0,
+                "scraper": scraper_window(m0, m1)})
+        # The fault: the worker down across every training's end.
+        if s.fault > 0:
             worker.kill()
-            _sleep_until(end + spec.fault / 2)
+            _sleep_until(end + s.fault / 2)
             worker.start()
             res["restarted_at"] = time.time()
-        # Finals: every training's file written, then until the TrainJobs show them.
-        _wait_until(lambda: len(_reports(out_dir)) >= spec.jobs, 60.0)
-        reports = _reports(out_dir)
-        finals = {name: r["final"] for name, r in reports.items()}
-        settle_end = time.time() + spec.settle
-        delivered: set[str] = set()
-        while True:
-            held = _trainer_status(api, ns)
-            delivered = {n for n, f in finals.items()
-                         if (_stamp_of(held.get(n, {})) or 0) >= f - 1e-3}
-            if len(delivered) >= spec.jobs or time.time() > settle_end:
-                break
-            time.sleep(1.0)
-        res["finals_delivered"] = len(delivered)
-        res["finals_expected"] = spec.jobs
-        res["finals_missing"] = sorted(set(f"job-{i}" for i in range(spec.jobs)) - delivered)[:20]
-        res.update(_figures(spec, reports, watcher.seen, a, b))
-        audit = read_audit(cluster.audit_log_path, ns, a, b)
-        writes, nbytes = audit.writer(FIELD_MANAGER[spec.design])
-        hours = res["trainjob_hours"]
-        res.update({
-            "audit_writes_by_writer": dict(audit.count),
-            "writes": writes, "request_bytes": nbytes,
-            "api_writes_per_trainjob_hour": writes / hours if hours else None,
-            "request_bytes_per_write": nbytes / writes if writes else None,
-            "request_bytes_per_trainjob_hour": nbytes / hours if hours else None,
-        })
-        if spec.design == "pull" and res["worker_cpu_seconds"] is not None and hours:
-            res["cpu_seconds_per_trainjob_hour"] = res["worker_cpu_seconds"] / hours
-        if res["trainer_cpu_seconds"] is not None and hours:
-            res["trainer_cpu_seconds_per_trainjob_hour"] = res["trainer_cpu_seconds"] / hours
+        wait_until(lambda: len(list(out.glob("job-*.json"))) >= s.jobs, 90.0)
+        records = _records(out)
+        res["records"] = len(records)
+        res.update(_finals(api, s, records))
+        seen = dict(watcher.seen)
+        for w in res["windows"]:
+            _window_figures(cluster, s, records, seen, w, audit_offset)
         res["loadavg_end"] = loadavg()
     finally:
         watcher.stop()
         worker.stop()
+        if farms is not None:
+            farms.stop(30.0)
         with contextlib.suppress(client.ApiException):
-            core.delete_namespace(ns)
+            core.delete_namespace(s.namespace)
         api.close()
     return res
 
 
-def _wait_until(predicate: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
-
-
-def _figures(spec: RunSpec, reports: dict[str, dict[str, Any]],
-             seen: Iterable[tuple[str, float, float]], a: float, b: float) -> dict[str, Any]:
-    """Freshness, training-side cost and TrainJob-hours from the trainings' files and the
-    watch's (job, stamp, seen at) records."""
-    by_job: dict[str, list[tuple[float, float]]] = {}
-    for job, stamp, at in list(seen):
-        by_job.setdefault(job, []).append((at, stamp))
-    fresh: list[float] = []
-    unseen = 0
-    last = b - spec.lookahead()
-    calls: list[int] = []
-    hours = 0.0
-    for job, rep in reports.items():
-        views = sorted(by_job.get(job, []))
-        for stamp in rep["stamps"]:
-            if not a <= stamp <= last:
-                continue
-            at = next((t for t, s in views if s >= stamp - 1e-3), None)
-            if at is None:
-                unseen += 1
-            else:
-                fresh.append(max(0.0, at - stamp))
-        calls += rep["call_ns"]
-        hours += max(0.0, min(b, rep["final"]) - max(a, rep["started"])) / 3600
-    sent = sum(1 for rep in reports.values() for r in rep["results"] if r is True)
-    return {"reports_checked": len(fresh) + unseen, "reports_unseen": unseen,
-            "freshness_p50_s": percentile(fresh, 0.5), "freshness_p99_s": percentile(fresh, 0.99),
-            "freshness_max_s": max(fresh) if fresh else None,
-            "training_cost_us_per_report": sum(calls) / len(calls) / 1e3 if calls else None,
-            "training_cost_p50_us": (percentile([float(c) for c in calls], 0.5) or 0) / 1e3,
-            "report_calls": len(calls), "push_posts_ok": sent, "trainjob_hours": hours}
+def _finals(api: client.ApiClient, s: Session,
+            records: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Finals delivered: TrainJobs whose trainerStatus shows the training's final report
+    (its ``stamp``, progress 100), polled until all that were sent arrived or ``settle``."""
+    finals = {n: r["final"] for n, r in records.items() if r.get("final")}
+    # A push final that was never sent (throttled, refused) cannot arrive later.
+    sent = {n for n, r in records.items() if r.get("final_outcome") == "ok"}
+    deadline = time.time() + s.settle
+    delivered: set[str] = set()
+    while True:
+        held = _held(api, s.namespace)
+        delivered = {n for n, f in finals.items()
+                     if (stamp_of(held.get(n, {})) or 0) >= f - 1e-3
+                     and held.get(n, {}).get("progressPercentage") == 100}
+        if sent <= delivered or time.time() > deadline:
+            break
+        time.sleep(1.0)
+    outcomes: dict[str, int] = {}
+    for r in records.values():
+        o = str(r.get("final_outcome"))
+        outcomes[o] = outcomes.get(o, 0) + 1
+    return {"finals_delivered": len(delivered), "finals_expected": s.jobs,
+            "final_outcomes": outcomes,
+            "finals_missing": sorted(set(f"job-{i}" for i in range(s.jobs)) - delivered)[:20]}
 
 
 # ------------------------------------------------------------------ the run
 
 
 @contextlib.contextmanager
-def _cluster(design: str) -> Iterator[Cluster]:
-    kwargs: dict[str, Any] = {"audit_log": "Request"}
-    if design == "push":
-        kwargs["push"] = True
-    # One retry: a free port picked for a controller can be taken before it binds
-    # (seen with seven engineers' clusters on one machine).
+def _cluster() -> Iterator[Cluster]:
+    # One retry: a free port picked for a controller can be taken before it binds.
     for attempt in range(2):
-        cluster = Cluster(**kwargs)
+        cluster = Cluster(push=True, audit_log="Request")
         try:
             cluster.start()
             break
@@ -457,187 +501,163 @@ def _cluster(design: str) -> Iterator[Cluster]:
         cluster.stop()
 
 
-def run(jobs: list[int], every: list[float], window: float, fault: float, settle: float,
-        scrape_interval: float | None, setup_timeout: float | None) -> dict[str, Any]:
-    """Both designs, every (N, every) pair; the JSON's content (module doc)."""
-    res: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                           "machine": f"{os.cpu_count()} cores",
-                           "loadavg_start": loadavg(), "runs": [],
-                           "sdk_throttle_seconds": sdk_throttle_seconds(),
-                           "scrape_interval": scrape_interval or SCRAPER_DEFAULT_INTERVAL,
-                           "window": window, "fault": fault, "errors": {}}
-    # The same N for both designs (like with like), capped once to fit this machine.
+@dataclass
+class Plan:
+    """What a run measures (the command line, resolved)."""
+
+    jobs: list[int]
+    every: float
+    every_small: float | None  # also this interval at the smallest N
+    window: float
+    sweep_window: float
+    sweep: list[tuple[str, tuple[str, ...]]]
+    warmup: float
+    fault: float
+    settle: float
+    setup_timeout: float | None
+    percent_seconds: float
+    real: int | None
+    budget: float | None = None  # seconds for the whole run; later sessions are skipped
+
+
+def session_seconds(s: Session) -> float:
+    """A session's time after its setup: windows, fault, settle, teardown (seconds)."""
+    return sum(w.warmup + w.length + 10 for w in s.windows) + s.fault + s.settle + 60
+
+
+def sessions(plan: Plan, available: int) -> list[Session]:
+    """The sessions of a run, in order: per N push then pull (pull with the sweep) at
+    ``every``, then the smallest N at ``every_small`` (last: a time budget cuts it first)."""
+    out: list[Session] = []
+    pairs = [(n, plan.every, True) for n in plan.jobs]
+    if plan.every_small is not None:
+        pairs.append((min(plan.jobs), plan.every_small, False))
+    for n, every, swept in pairs:
+        for design in DESIGNS:
+            warmup = plan.warmup + n / 20  # the first statuses at the write budget
+            windows = [Window(label, flags, warmup, plan.sweep_window)
+                       for label, flags in (plan.sweep if swept and design == "pull"
+                                            else [])]
+            windows.append(Window("defaults", (), warmup, plan.window))
+            setup = plan.setup_timeout if plan.setup_timeout is not None else 60 + 2.0 * n
+            out.append(Session(design, n, every, real_count(n, available, plan.real),
+                               windows, plan.fault, plan.settle, setup,
+                               plan.percent_seconds))
+    return out
+
+
+def run(plan: Plan) -> dict[str, Any]:
+    """Every session of ``plan`` on one cluster; the JSON's content."""
     available = memory_available()
-    fitted = [fit_jobs(n, available) for n in jobs]
-    res["jobs_asked"], res["jobs"] = jobs, fitted
-    res["memory_available_bytes"] = available
-    jobs = list(dict.fromkeys(fitted))
-    for design in DESIGNS:
-        if design == "push" and not push_supported():
-            res["errors"]["push"] = ("push mode not on this stack: Cluster has no push=True "
-                                     "(branch push-stack: Trainer v2.3.0, TrainJobStatus gate, "
-                                     "status server, projected tokens in the pod runner)")
-            continue
-        try:
-            with _cluster(design) as cluster:
-                res.setdefault("stack_versions", {})[design] = cluster.stack_versions
-                for n in jobs:
-                    for e in every:
-                        spec = RunSpec(design, n, e, window, fault, settle, scrape_interval)
-                        budget = setup_timeout if setup_timeout is not None else 30 + 1.5 * n
-                        try:
-                            one = run_one(cluster, spec, budget)
-                        except Exception as exc:  # the other runs still count
-                            one = {"design": design, "jobs": n, "every": e,
-                                   "error": f"{type(exc).__name__}: {exc}"[:1000]}
-                        one["label"] = spec.label
-                        res["runs"].append(one)
-                        print(json.dumps({k: v for k, v in one.items()
-                                          if k != "audit_writes_by_writer"}, default=str),
-                              flush=True)
-        except Exception as exc:
-            res["errors"][design] = f"{type(exc).__name__}: {exc}"[:2000]
+    res: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": f"{os.cpu_count()} cores",
+        "memory_available_bytes": available, "loadavg_start": loadavg(), "runs": [],
+        "plan": {k: v for k, v in plan.__dict__.items()}, "errors": {}}
+    todo = sessions(plan, available)
+    deadline = time.monotonic() + (plan.budget or float("inf"))
+    try:
+        with _cluster() as cluster:
+            res["stack_versions"] = cluster.stack_versions
+            for s in todo:
+                left = deadline - time.monotonic() - session_seconds(s)
+                if left < 60:
+                    res["runs"].append({"design": s.design, "jobs": s.jobs, "every": s.every,
+                                        "label": s.label, "error": "not run: the run's time "
+                                        f"budget ({plan.budget:g} s) was spent"})
+                    continue
+                s.setup_timeout = min(s.setup_timeout, left)
+                try:
+                    one = run_session(cluster, s)
+                except Exception as exc:  # the other sessions still count
+                    one = {"design": s.design, "jobs": s.jobs, "every": s.every,
+                           "label": s.label, "error": f"{type(exc).__name__}: {exc}"[:1000]}
+                res["runs"].append(one)
+                print(json.dumps(_brief(one), default=str), flush=True)
+                _wait_namespace_gone(cluster, s.namespace, 60.0)
+    except Exception as exc:
+        res["errors"]["cluster"] = f"{type(exc).__name__}: {exc}"[:2000]
     summarise(res)
     return res
 
 
-def summarise(res: dict[str, Any]) -> None:
-    """Fill ``res["push"]`` and ``res["pull"]``: each of :data:`KEYS` as {label: value};
-    push's CPU is its Trainer controller minus the pull run's (gate off), same label."""
-    by: dict[tuple[str, str], dict[str, Any]] = {
-        (r["design"], r["label"]): r for r in res["runs"] if "error" not in r}
-    for design in DESIGNS:
-        res[design] = {k: {} for k in KEYS}
-    for (design, label), r in by.items():
-        d = res[design]
-        for key in KEYS:
-            d[key][label] = r.get(key)
-        if design == "push":
-            off = by.get(("pull", label), {}).get("trainer_cpu_seconds_per_trainjob_hour")
-            on = r.get("trainer_cpu_seconds_per_trainjob_hour")
-            d["cpu_seconds_per_trainjob_hour"][label] = (
-                None if on is None or off is None else on - off)
-    res["targets"] = targets(res)
-
-
-def _labels(res: dict[str, Any]) -> list[str]:
-    """The runs' labels measured by either design, in the order they ran."""
-    done = {*res["push"]["finals_expected"], *res["pull"]["finals_expected"]}
-    return [lb for lb in dict.fromkeys(r["label"] for r in res["runs"]) if lb in done]
-
-
-def _ratio(x: Any, y: Any) -> float | None:
-    return None if x is None or not y else x / y
-
-
-def targets(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The issue's three targets per label: value, limit and verdict (None: not measured)."""
-    push, pull = res["push"], res["pull"]
-    out: dict[str, dict[str, Any]] = {}
-    for label in _labels(res):
-        every = float(label.split("every=")[1].rstrip("s"))
-        w = _ratio(pull["api_writes_per_trainjob_hour"].get(label),
-                   push["api_writes_per_trainjob_hour"].get(label))
-        p99_pull = pull["freshness_p99_s"].get(label)
-        p99_push = push["freshness_p99_s"].get(label)
-        fresh_ok = None if p99_pull is None or p99_push is None else p99_pull <= p99_push + every
-        c = _ratio(pull["training_cost_us_per_report"].get(label),
-                   push["training_cost_us_per_report"].get(label))
-        fd, fe = pull["finals_delivered"].get(label), pull["finals_expected"].get(label)
-        out[label] = {
-            "writes_ratio": w, "freshness_p99_limit_s": None if p99_push is None
-            else p99_push + every,
-            "writes_met": None if w is None or fresh_ok is None else (w <= 0.5 and fresh_ok),
-            "finals_met": None if fd is None else fd == fe,
-            "cost_ratio": c, "cost_met": None if c is None else c <= 0.01,
-        }
+def _brief(one: dict[str, Any]) -> dict[str, Any]:
+    """A session's headline figures for the console."""
+    keep = ("design", "label", "real", "setup_seconds", "finals_delivered", "error")
+    out = {k: one.get(k) for k in keep}
+    for w in one.get("windows", []):
+        out[w["label"]] = {k: w.get(k) for k in (
+            "api_writes_per_trainjob_hour", "progress_freshness_p99_s",
+            "metrics_freshness_p99_s", "progress_censored")}
     return out
 
 
-# ------------------------------------------------------------------ report
+def _wait_namespace_gone(cluster: Cluster, namespace: str, timeout: float) -> None:
+    """Until the session's namespace (its TrainJobs, pods, processes) is gone, bounded:
+    the next session's window should not pay for this one's teardown."""
+    with cluster.api_client() as api:
+        core = client.CoreV1Api(api)
 
-
-def table(res: dict[str, Any]) -> str:
-    """The Markdown table of a run's figures and targets."""
-    push, pull = res["push"], res["pull"]
-    by = {(r["design"], r["label"]): r for r in res["runs"] if "error" not in r}
-    lines = [
-        f"{res['machine']}; load average at start {res['loadavg_start']}, end "
-        f"{res.get('loadavg_end')}; window {res['window']:g} s per run, fault "
-        f"{res['fault']:g} s across the end; SDK throttle {res['sdk_throttle_seconds']:g} s; "
-        f"scraper interval {res['scrape_interval']:g} s (waiting scrapes on); N asked "
-        f"{res['jobs_asked']}, run {res['jobs']} (capped to half the available memory at "
-        f"{TRAINING_BYTES >> 20} MiB per training).", "",
-        "| run | design | writes / TrainJob-hour (audit) | bytes / write (audit) | "
-        "freshness p50 / p99 | CPU-s / TrainJob-hour | training cost / report | finals | "
-        "load |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for label in _labels(res):
-        for design, d in (("push", push), ("pull", pull)):
-            if label not in d["finals_expected"]:
-                continue
-            r = by.get((design, label), {})
-            cpu_note = " (controller on - off)" if design == "push" else " (scraper)"
-            lines.append(
-                f"| {label} | {design} | {fmt(d['api_writes_per_trainjob_hour'][label], '.0f')} | "
-                f"{fmt(r.get('request_bytes_per_write'), '.0f')} | "
-                f"{fmt(d['freshness_p50_s'][label], '.2f')} / "
-                f"{fmt(d['freshness_p99_s'][label], '.2f')} s | "
-                f"{fmt(d['cpu_seconds_per_trainjob_hour'][label], '.2f')}{cpu_note} | "
-                f"{fmt(d['training_cost_us_per_report'][label], '.1f')} us | "
-                f"{d['finals_delivered'][label]} of {d['finals_expected'][label]} | "
-                f"{r.get('loadavg_window')} |")
-    lines += ["", "| run | target | value | verdict |", "| --- | --- | --- | --- |"]
-    for label, t in res["targets"].items():
-        lines += [
-            f"| {label} | pull writes <= 0.5x push at freshness p99 <= push p99 + one interval "
-            f"({fmt(t['freshness_p99_limit_s'], '.2f')} s) | {fmt(t['writes_ratio'], '.2f')}x | "
-            f"{verdict(t['writes_met'])} |",
-            f"| {label} | pull delivers every final under its fault | "
-            f"{pull['finals_delivered'].get(label)} of {pull['finals_expected'].get(label)} | "
-            f"{verdict(t['finals_met'])} |",
-            f"| {label} | pull training-side cost <= 0.01x push | {fmt(t['cost_ratio'], '.4f')}x | "
-            f"{verdict(t['cost_met'])} |"]
-    for design, err in res["errors"].items():
-        lines += ["", f"{design} not run: {err[:400]}"]
-    for r in res["runs"]:
-        if "error" in r:
-            lines += ["", f"{r['design']} {r['label']} failed: `{r['error'][:400]}`"]
-    return "\n".join(lines)
+        def gone() -> bool:
+            try:
+                core.read_namespace(namespace)
+            except client.ApiException as exc:
+                return bool(exc.status == 404)
+            return False
+        wait_until(gone, timeout, 2.0)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.vs_push", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", default="20,200", help="comma-separated N (TrainJobs)")
-    parser.add_argument("--every", default="1,10", help="comma-separated report intervals (s)")
-    parser.add_argument("--window", type=float, default=120.0, help="seconds measured per run")
+    parser.add_argument("--jobs", nargs="+", type=int, default=[20, 200, 1000],
+                        help="N (TrainJobs) of each session pair")
+    parser.add_argument("--every", type=float, default=1.0, help="report interval (s)")
+    parser.add_argument("--every-small", type=float, default=10.0,
+                        help="also this report interval at the smallest N (0: not)")
+    parser.add_argument("--window", type=float, default=90.0,
+                        help="seconds measured at the defaults")
+    parser.add_argument("--sweep-window", type=float, default=45.0,
+                        help="seconds measured per sweep setting")
+    parser.add_argument("--sweep", action="append", default=None, metavar="LABEL=FLAGS",
+                        help="a pull setting of the picture: a label, '=', scraper flags "
+                        "(repeatable; default: the policy's staleness and floor values)")
+    parser.add_argument("--warmup", type=float, default=10.0,
+                        help="seconds before a window (plus N/20 for the first writes)")
     parser.add_argument("--fault", type=float, default=30.0,
-                        help="seconds the worker is down across the trainings' end (0: none)")
+                        help="seconds the worker is down across the trainings' end")
     parser.add_argument("--settle", type=float, default=60.0,
                         help="seconds after the restart for the finals to land")
-    parser.add_argument("--scrape-interval", type=float, default=None,
-                        help="the scraper's --interval (default: its own, 30 s)")
     parser.add_argument("--setup-timeout", type=float, default=None,
-                        help="seconds for N pods to run (default 30 + 1.5 N)")
+                        help="seconds for N trainings to report (default 60 + 2 N)")
+    parser.add_argument("--percent-seconds", type=float, default=15.0,
+                        help="seconds per percentage point of the trainings")
+    parser.add_argument("--real", type=int, default=None,
+                        help="real training processes per session (default: by memory, "
+                        f">= {MIN_REAL})")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds for the whole run: a session that would not end in "
+                        "time is not started, setups are cut to fit")
     parser.add_argument("--quick", action="store_true",
-                        help="N=3, every 1 s, 45 s window, 10 s fault, 40 s settle, 5 s "
-                             "scrape interval, 90 s setup")
+                        help="N=4 (2 real), every 1 s, one 20 s sweep window, 30 s window, "
+                        "10 s fault, 30 s settle")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    jobs = [int(x) for x in args.jobs.split(",")]
-    every = [float(x) for x in args.every.split(",")]
-    window, fault, settle, interval = args.window, args.fault, args.settle, args.scrape_interval
-    setup = args.setup_timeout
+    sweep = (default_sweep() if args.sweep is None else
+             [(text.split("=", 1)[0], tuple(shlex.split(text.split("=", 1)[1])))
+              for text in args.sweep if "=" in text])
+    plan = Plan(sorted(set(args.jobs)), args.every, args.every_small or None, args.window,
+                args.sweep_window, sweep, args.warmup, args.fault, args.settle,
+                args.setup_timeout, args.percent_seconds, args.real, args.budget)
     if args.quick:
-        jobs, every, window, fault, settle, interval = [3], [1.0], 45.0, 10.0, 40.0, 5.0
-        setup = 90.0 if setup is None else setup
-    if min(jobs) < 1 or min(every) <= 0 or window < 20 or fault < 0:
-        parser.error(f"--jobs={args.jobs} (each >= 1), --every={args.every} (> 0), "
-                     f"--window={window:g} (>= 20), --fault={fault:g} (>= 0)")
+        plan = Plan([4], 1.0, None, 30.0, 20.0, sweep[:1], 5.0, 10.0, 30.0,
+                    args.setup_timeout or 120.0, 5.0, 2)
+    if min(plan.jobs) < 1 or plan.every <= 0 or plan.window < 20 or plan.fault < 0:
+        parser.error(f"--jobs={plan.jobs} (each >= 1), --every={plan.every:g} (> 0), "
+                     f"--window={plan.window:g} (>= 20), --fault={plan.fault:g} (>= 0)")
     started = time.monotonic()
-    res = run(jobs, every, window, fault, settle, interval, setup)
-    write_report(res, args.out, "vs-push", table, started)
+    res = run(plan)
+    stem = write_report(res, args.out, "vs-push", table, started)
+    plot(res, stem)
     return 0
 
 
@@ -645,4 +665,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["AuditWrites", "main", "read_audit", "run", "summarise", "table", "targets"]
+__all__ = ["AuditWrites", "main", "read_audit", "run", "sessions", "summarise", "table"]

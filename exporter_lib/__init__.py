@@ -6,7 +6,7 @@
     exporter_lib.update(progress_percentage=40, estimated_remaining_seconds=600,
                         metrics={"loss": 0.25})
 
-Needs only ``prometheus-client`` and ``pydantic``; the framework callbacks live in
+Needs only ``prometheus-client``, ``pydantic`` and ``h11``; the framework callbacks live in
 ``exporter_lib.callbacks.{transformers,lightning,keras}`` and import their framework
 only when used.  See ``docs/exporter.md``.
 """

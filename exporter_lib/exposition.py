@@ -161,6 +161,10 @@ class Renderer:
         self._version: tuple[int, int] = (-1, -1)
         self._cache: dict[str, Rendered | None] = {}
 
+    def status(self) -> TrainerStatus | None:
+        """The status the bodies are rendered from (None before the first report)."""
+        return self._source.status()
+
     def version(self) -> tuple[int, int]:
         """What the bodies depend on: (status generation, refusals counted); cheap.
 

@@ -5,8 +5,21 @@ before): it starts one thread per connection inside the training process and
 restarts its idle timeout on every byte, so 2000 idle or trickling connections from
 any pod gave 2008 threads and 2011 descriptors, and with ``RLIMIT_NOFILE=1024`` the
 training loop died of ``EMFILE`` (issue 13, input 10); a held (waiting) scrape would
-pin a thread too.  Here a connection is a few objects on one loop (stdlib only), and
-everything is bounded (constants below, documented in ``docs/exporter.md``):
+pin a thread too.  Here a connection is a few objects on one loop, and everything is
+bounded (constants below, documented in ``docs/exporter.md``).
+
+Requests are parsed by h11 (:meth:`_Connection.head`, :func:`request_from`): h11 finds
+where each head ends and checks its request line and every header field, to RFC 9112.
+The server keeps the bytes h11 has not used (pipelined requests, a push body) on each
+connection, reads a push body by its ``Content-Length`` itself, and bounds the head
+(:data:`MAX_HEAD_BYTES`, its deadline), because its limits and its eviction rule look
+at the bytes waiting on each connection.  Why h11: pure Python with no dependencies (the
+training image gains no compiled wheel; Hugging Face's hub client already brings it),
+and sans-I/O, so it fits this loop as it is; the stdlib's ``http.server`` parses only
+from a blocking file inside a handler and accepts malformed fields (its header parser is
+the e-mail one); httptools would add a compiled wheel for a parse that runs once per
+scrape.
+The bounds:
 
 * at most :data:`MAX_CONNECTIONS` open connections; a new one beyond that closes a
   *stalled* one (issue 21, input 7): waiting for a request or trickling its head,
@@ -18,8 +31,13 @@ everything is bounded (constants below, documented in ``docs/exporter.md``):
   the peer holding the most, then the one stalled longest: one source cannot take
   every slot from the others, and a flood from the scraper's own address loses its
   misbehaving sockets before the scraper's keep-alive connection or fresh request.
-  Only when nothing is stalled (requests being answered, held scrapes) is the new
-  connection itself closed (counted as ``ConnectionLimit``);
+  A new connection whose client has sent bytes not read yet is never the victim (the
+  server is behind, not the client).  When nothing is stalled (requests being
+  answered, held scrapes, requests not read yet) the new connection is served over the
+  cap; with :data:`MAX_CONNECTIONS` + :data:`ACCEPT_HEADROOM` sockets open nothing more
+  is accepted until one closes (no reset for arriving when the server is full).  At the
+  cap, a new socket that pipelines before its first answer is reset at accept
+  (``ConnectionLimit``);
 * requests pipelined on one connection are answered one per turn of the loop, so a
   client with 200 queued requests does not make the others wait for all of them;
   an answer buffer above :data:`WRITE_BUFFER_BYTES` waits for the client to read;
@@ -41,7 +59,12 @@ Routes:
   the status changes (then ``200``) or ``N`` seconds (at most :data:`MAX_WAIT_SECONDS`)
   pass (then ``304``/``204``); a held answer carries ``Preference-Applied: wait=N``.
   Beyond :data:`MAX_HELD` held requests the answer comes at once, without
-  ``Preference-Applied``.  Every answer carries :data:`CONTRACT_HEADER`, and
+  ``Preference-Applied``.  **Write policy** (contract version 3): a waiting scrape with
+  ``If-None-Match`` and :data:`~exporter_lib.hold_policy.WRITE_POLICY_HEADER` is held
+  through changes the scraper would not write yet, and answered when the percentage
+  differs from the scraper's, when its metrics fall due, when the wait ends, or at
+  once when the server stops (:mod:`exporter_lib.hold_policy`).
+  Every answer carries :data:`CONTRACT_HEADER`, and
   :data:`~exporter_lib.pod.POD_HEADER` (which pod answers) when the pod states one.
 * ``GET|HEAD /healthz``: ``200 ok``.
 * ``POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs/{name}/status``:
@@ -63,14 +86,17 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
 
+import h11
+
 from exporter_lib.exposition import Rendered, Renderer, etag_matches
+from exporter_lib.hold_policy import WRITE_POLICY_HEADER, HoldPolicy, parse_policy
 from exporter_lib.pod import POD_HEADER, pod_identity
 from exporter_lib.push import MAX_BODY_BYTES, PushEndpoint
 from exporter_lib.refusal import Refused
@@ -85,12 +111,17 @@ WRITE_BUFFER_BYTES = 16 * 1024
 #: A new connection counts as misbehaving for eviction once it has sent no complete
 #: request for this long (seconds); before, it ranks above misbehaving ones.
 NEW_CONNECTION_GRACE_SECONDS = 1.0
-#: Accepted sockets beyond :data:`MAX_CONNECTIONS` that may exist at once while the
-#: eviction rule decides; any further one is closed in the accepting callback itself,
-#: before a task starts for it (a flood must not pile up descriptors between accepts).
+#: Sockets beyond :data:`MAX_CONNECTIONS` that may be open at once: the evicted ones
+#: until they close (the next loop pass), and requests served over the cap.  With this
+#: many open, nothing more is accepted until one closes (a flood must not pile up
+#: descriptors; the kernel's backlog holds the rest).
 ACCEPT_HEADROOM = 16
-#: Sockets accepted per wake-up of the listening socket (then other work runs).
+#: Sockets kept per wake-up of the listening socket (then other work runs); new
+#: pipeliners reset at the cap do not count (:meth:`ServerThread._accept`).
 ACCEPTS_PER_WAKEUP = 4
+#: With the headroom full, the accept looks again after this long (seconds) even if no
+#: socket closed.
+ACCEPT_RETRY_SECONDS = 0.1
 #: Waiting scrapes held at once at most.
 MAX_HELD = 8
 #: Longest wait a scrape may ask for (seconds).
@@ -119,8 +150,10 @@ DRAIN_MAX_BYTES = 2 * MAX_BODY_BYTES
 DRAIN_TIMEOUT_SECONDS = 2.0
 
 #: Version of the wire contract this server speaks (docs/architecture.md, "Wire contract"):
-#: 1 = JSON/text by Accept, ETag and 304; 2 = 1 plus waiting scrapes (``Prefer: wait``).
-CONTRACT_VERSION = 2
+#: 1 = JSON/text by Accept, ETag and 304; 2 = 1 plus waiting scrapes (``Prefer: wait``);
+#: 3 = 2 plus the scraper's write policy (:data:`~exporter_lib.hold_policy.WRITE_POLICY_HEADER`):
+#: a held scrape is answered only for a change the scraper will write.
+CONTRACT_VERSION = 3
 #: Sent on every answer, so a scraper knows it may ask to wait, and for how long at most.
 CONTRACT_HEADER = ("Trainjob-Exporter-Contract", f"{CONTRACT_VERSION};max-wait={MAX_WAIT_SECONDS}")
 
@@ -130,8 +163,7 @@ CONTRACT_HEADER = ("Trainjob-Exporter-Contract", f"{CONTRACT_VERSION};max-wait={
 #: say (docs/scraper.md, "Other writers and time", rule 5).
 SEQUENCE_HEADER = "Trainjob-Exporter-Sequence"
 
-_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_POLICY_KEY = WRITE_POLICY_HEADER.lower()  # request header names are kept lower-case
 _WAIT = re.compile(r"^\s*wait\s*=\s*\"?(\d{1,9})\"?\s*$", re.IGNORECASE)
 
 
@@ -170,46 +202,33 @@ class Request:
         return "keep-alive" in tokens
 
 
-def parse_head(block: bytes) -> Request:
-    """Parse a request head (without its final empty line), strictly (RFC 9112).
+def request_from(event: h11.Request) -> Request:
+    """The :class:`Request` of a head h11 parsed (RFC 9110/9112).
+
+    h11 has checked the request line and every field (tokens, field syntax, whitespace
+    before a colon, a continuation line with no field before it, ``Content-Length``,
+    exactly one ``Host`` in HTTP/1.1 and at most one in HTTP/1.0); a continuation line
+    after a field is joined to it with a space (RFC 9112 section 5.2).  Repeated fields
+    are joined with ``, `` (RFC 9110 section 5.3).
 
     Raises:
-        Refused: 400 malformed (bare obs-fold, whitespace before a colon, non-ASCII
-            request line, an HTTP/1.1 request without exactly one ``Host`` field:
-            RFC 9112 section 3.2), 431 too many fields, 505 a version other than
-            HTTP/1.0 or 1.1.
+        Refused: 431 more than :data:`MAX_HEADER_FIELDS` fields, 505 a version other
+            than HTTP/1.0 or 1.1, 400 a target that is not a path.
     """
-    lines = block.replace(b"\r\n", b"\n").split(b"\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not lines[0].isascii():
-        raise Refused(HTTPStatus.BAD_REQUEST, "BadRequest",
-                      f"malformed request line {lines[0][:80]!r}", close=True)
-    method, target, version = (p.decode("ascii") for p in parts)
+    version = "HTTP/" + event.http_version.decode("ascii")
     if version not in ("HTTP/1.0", "HTTP/1.1"):
-        if not re.fullmatch(r"HTTP/\d(\.\d)?", version):
-            raise Refused(HTTPStatus.BAD_REQUEST, "BadRequest",
-                          f"malformed request line {lines[0][:80]!r}", close=True)
         raise Refused(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, "HTTPVersionNotSupported",
                       f"{version} is not supported; use HTTP/1.1", close=True)
-    if len(lines) - 1 > MAX_HEADER_FIELDS:
+    if len(event.headers) > MAX_HEADER_FIELDS:
         raise Refused(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "RequestHeaderFieldsTooLarge",
-                      f"{len(lines) - 1} header fields exceed the limit of {MAX_HEADER_FIELDS}",
-                      close=True)
+                      f"{len(event.headers)} header fields exceed the limit of "
+                      f"{MAX_HEADER_FIELDS}", close=True)
     headers: dict[str, str] = {}
-    hosts = 0
-    for line in lines[1:]:
-        name, colon, value = line.partition(b":")
-        if not colon or not _TOKEN.fullmatch(name):
-            raise Refused(HTTPStatus.BAD_REQUEST, "BadRequest",
-                          f"malformed header field {line[:80]!r}", close=True)
-        key = name.decode("ascii").lower()
-        hosts += key == "host"
-        text = value.strip(b" \t").decode("latin-1")
+    for raw_name, raw_value in event.headers:  # names come lower-case
+        key = raw_name.decode("ascii")
+        text = raw_value.decode("latin-1")
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
-    if hosts > 1 or (hosts == 0 and version == "HTTP/1.1"):
-        raise Refused(HTTPStatus.BAD_REQUEST, "BadRequest",
-                      f"{hosts} Host header fields in a {version} request: at most one, and "
-                      f"exactly one in HTTP/1.1 (RFC 9112 section 3.2)", close=True)
+    target = event.target.decode("ascii")
     try:
         path = urlsplit(target).path if target.startswith(("/", "http://", "https://")) else ""
     except ValueError:
@@ -217,7 +236,46 @@ def parse_head(block: bytes) -> Request:
     if not path.startswith("/"):
         raise Refused(HTTPStatus.BAD_REQUEST, "BadRequest",
                       f"request target {target[:80]!r} is not a path", close=True)
-    return Request(method.upper() if method.isascii() else method, path, version, headers)
+    return Request(event.method.decode("ascii").upper(), path, version, headers)
+
+
+def pipelines(first: bytes) -> bool:
+    """True when ``first`` (the bytes a new connection sent before any answer) holds a
+    whole ``GET``/``HEAD`` request head followed by more bytes: a client that sends its
+    next request before reading an answer.  h11 finds the head; anything malformed is
+    left to the server's own answer (False)."""
+    parser = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+    parser.receive_data(first)
+    try:
+        event = parser.next_event()
+    except h11.RemoteProtocolError:
+        return False
+    return (isinstance(event, h11.Request) and event.method in (b"GET", b"HEAD")
+            and bool(parser.trailing_data[0]))
+
+
+def _malformed(block: bytes, exc: h11.RemoteProtocolError) -> Refused:
+    """The refusal for a head h11 rejected (``block``: the buffer from the head's start):
+    its reason, or the ``Host`` rule with the number of ``Host`` fields (counted here only
+    to name it in the message)."""
+    if exc.error_status_hint == HTTPStatus.NOT_IMPLEMENTED:  # an unknown Transfer-Encoding
+        return Refused(HTTPStatus.LENGTH_REQUIRED, "LengthRequired",
+                       "Transfer-Encoding is not supported: send Content-Length", close=True)
+    if exc.error_status_hint == HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE:
+        return Refused(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                       "RequestHeaderFieldsTooLarge",
+                       f"request head exceeds the limit of {MAX_HEAD_BYTES} bytes", close=True)
+    ends = [at for at in (block.find(b"\n\r\n"), block.find(b"\n\n")) if at >= 0]
+    lines = block[:min(ends, default=len(block))].split(b"\n")
+    version = lines[0].rstrip(b"\r").rpartition(b" ")[2]
+    hosts = sum(line.partition(b":")[0].lower() == b"host" for line in lines[1:])
+    if hosts > 1 or (hosts == 0 and version == b"HTTP/1.1"):
+        return Refused(HTTPStatus.BAD_REQUEST, "BadRequest",
+                       f"{hosts} Host header fields in a {version.decode('latin-1')} request: "
+                       f"at most one, and exactly one in HTTP/1.1 (RFC 9112 section 3.2)",
+                       close=True)
+    return Refused(HTTPStatus.BAD_REQUEST, "BadRequest",
+                   f"malformed request head: {str(exc)[:200]}", close=True)
 
 
 class _Connection:
@@ -234,6 +292,17 @@ class _Connection:
         #: Loop time since which it waits for its client (a request, or a read).
         self.since = self.opened = asyncio.get_running_loop().time()
         self.answered = 0  # answers written and taken by the client
+        self.taken = 0  # bytes this server has read from the client
+
+    @property
+    def unread(self) -> bool:
+        """Its client has sent bytes that this server has not read yet, and has had no
+        answer: the server is behind, not the client (a fresh scrape waits for its first
+        read here).  Such a connection is never evicted, whatever else arrives; it is
+        read within a loop pass or two, and judged by what it sent from then on."""
+        protocol = self.writer.transport.get_protocol()
+        return (not self.answered and not self.taken
+                and isinstance(protocol, _GuardedProtocol) and protocol.sent)
 
     def standing(self, now: float) -> int:
         """How well the client behaves, for eviction (lowest goes first): 0 it does not
@@ -252,41 +321,58 @@ class _Connection:
     def stalled(self) -> bool:
         """Waiting for its client (for a request head, or to read the answers sent), or
         holding pipelined requests: each answered one per loop turn, the client has
-        already been served and waits its turn as a new connection would."""
-        return (self.idle or bool(self.buffer)
-                or self.writer.transport.get_write_buffer_size() > 0)
+        already been served and waits its turn as a new connection would.  Never while
+        :attr:`unread`."""
+        return ((self.idle or bool(self.buffer)
+                 or self.writer.transport.get_write_buffer_size() > 0) and not self.unread)
+
+    @property
+    def alive(self) -> bool:
+        """The socket is open and not evicted (see :class:`_GuardedProtocol`)."""
+        protocol = self.writer.transport.get_protocol()
+        return not isinstance(protocol, _GuardedProtocol) or protocol.alive
 
     def abort(self) -> None:
         self.writer.transport.abort()
 
-    async def head(self, deadline: asyncio.Timeout) -> bytes | None:
-        """The next request head, or ``None`` when the peer closed between requests.
+    async def head(self, deadline: asyncio.Timeout) -> h11.Request | None:
+        """The next request head, parsed by h11, or ``None`` when the peer closed between
+        requests.  The bytes after the head (a push body, pipelined requests) stay in
+        :attr:`buffer`.
 
         Raises:
-            Refused: 431 the head exceeds :data:`MAX_HEAD_BYTES`, 400 the peer closed mid-head.
+            Refused: 431 the head exceeds :data:`MAX_HEAD_BYTES`, 400 the peer closed
+                mid-head or the head is malformed (:func:`request_from`).
             TimeoutError: ``deadline`` passed (rescheduled here to the header deadline
                 at the first byte).
         """
-        scanned = 0
-        started = False
+        parser = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        fed = 0  # bytes of the buffer given to the parser
         while True:
-            while self.buffer[:2] == b"\r\n" or self.buffer[:1] == b"\n":  # RFC 9112 2.2
-                del self.buffer[:2 if self.buffer[:1] == b"\r" else 1]
-            if self.buffer and not started:
-                started = True
-                deadline.reschedule(asyncio.get_running_loop().time() + HEADER_TIMEOUT_SECONDS)
-            match = _HEAD_END.search(self.buffer, max(0, scanned - 3))
-            if match and match.start() <= MAX_HEAD_BYTES:
-                block = bytes(self.buffer[:match.start()])
-                del self.buffer[:match.end()]
-                return block
-            scanned = len(self.buffer)
-            if scanned > MAX_HEAD_BYTES:
-                raise Refused(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
-                              "RequestHeaderFieldsTooLarge",
-                              f"request head exceeds the limit of {MAX_HEAD_BYTES} bytes",
-                              close=True)
+            if not fed:
+                while self.buffer[:2] == b"\r\n" or self.buffer[:1] == b"\n":  # RFC 9112 2.2
+                    del self.buffer[:2 if self.buffer[:1] == b"\r" else 1]
+                if self.buffer:
+                    deadline.reschedule(asyncio.get_running_loop().time()
+                                        + HEADER_TIMEOUT_SECONDS)
+            if len(self.buffer) > fed:
+                parser.receive_data(bytes(self.buffer[fed:]))
+                fed = len(self.buffer)
+                try:
+                    event = parser.next_event()
+                except h11.RemoteProtocolError as exc:
+                    raise _malformed(bytes(self.buffer[:MAX_HEAD_BYTES]), exc) from None
+                if isinstance(event, h11.Request):
+                    used = fed - len(parser.trailing_data[0])
+                    if used > MAX_HEAD_BYTES + 4:  # complete, but past the limit
+                        raise Refused(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                                      "RequestHeaderFieldsTooLarge",
+                                      f"request head exceeds the limit of {MAX_HEAD_BYTES} "
+                                      f"bytes", close=True)
+                    del self.buffer[:used]
+                    return event
             chunk = await self.reader.read(65536)
+            self.taken += len(chunk)
             if not chunk:
                 if self.buffer:
                     raise Refused(HTTPStatus.BAD_REQUEST, "BadRequest",
@@ -300,7 +386,9 @@ class _Connection:
         taken = bytes(self.buffer[:length])
         del self.buffer[:length]
         if len(taken) < length:
-            taken += await self.reader.readexactly(length - len(taken))
+            rest = await self.reader.readexactly(length - len(taken))
+            self.taken += len(rest)
+            taken += rest
         return taken
 
     async def drain(self, length: int) -> None:
@@ -311,6 +399,7 @@ class _Connection:
             async with asyncio.timeout(DRAIN_TIMEOUT_SECONDS):
                 while remaining > 0:
                     chunk = await self.reader.read(min(65536, remaining))
+                    self.taken += len(chunk)
                     if not chunk:
                         return
                     remaining -= len(chunk)
@@ -327,6 +416,8 @@ class _Server:
         self._connections: dict[_Connection, None] = {}  # the open ones
         self.open_sockets = 0  # accepted and not yet closed (see _GuardedProtocol)
         self.closing = 0  # of those, evicted: closed at the next loop pass
+        #: Called when a socket closes (ServerThread: accept again if it had paused).
+        self.released: Callable[[], None] = lambda: None
         self._held = 0
         self._changed = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
@@ -343,10 +434,12 @@ class _Server:
     async def connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _Connection(reader, writer)
         writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
-        if len(self._connections) >= MAX_CONNECTIONS and not self._evict():
-            self._count("ConnectionLimit")
-            conn.abort()
-            return
+        # Over the cap only when no connection could be evicted as this one was accepted:
+        # evict one now if one has stalled since; else it is served over the cap, within
+        # the headroom the accept keeps.  Closing it would reset a client that did nothing
+        # wrong (a fresh scrape whose request has not arrived yet looks just like it).
+        if self.open_sockets - self.closing > MAX_CONNECTIONS:
+            self._evict()
         self._connections[conn] = None
         task = asyncio.current_task()
         if task is not None:
@@ -359,20 +452,35 @@ class _Server:
         except Exception:  # a bug of ours: one line in the training log, the server goes on
             log.warning("exporter request failed", exc_info=True)
         finally:
-            self._connections.pop(conn, None)
-            if conn.evicted:
+            try:
+                if not conn.evicted:
+                    await self._close(conn)
+            finally:
+                self._connections.pop(conn, None)
                 conn.abort()
-            else:
-                writer.close()
 
-    def refuse_at_accept(self) -> None:
-        """Count a socket closed as it was accepted (over the cap and its headroom)."""
+    async def _close(self, conn: _Connection) -> None:
+        """Close gracefully, the answer's last bytes first, within
+        :data:`WRITE_TIMEOUT_SECONDS`.  The connection stays listed (evictable while its
+        client does not read) until it is closed: a socket that is no longer listed could
+        not be evicted, and one whose client never reads would hold its slot for good."""
+        conn.idle = False
+        conn.writer.close()
+        with contextlib.suppress(TimeoutError, ConnectionError, OSError):
+            async with asyncio.timeout(WRITE_TIMEOUT_SECONDS):
+                await conn.writer.wait_closed()
+
+    def refuse_pipeliner(self) -> None:
+        """Count a new socket closed at the cap for pipelining before its first answer."""
         self._count("ConnectionLimit")
 
-    def make_room(self) -> bool:
-        """At accept time, with :data:`MAX_CONNECTIONS` live: close one stalled connection
-        (:meth:`_evict`) so the new socket is not the one refused; False when none is."""
-        return self._evict()
+    def make_room(self) -> None:
+        """At accept time, with :data:`MAX_CONNECTIONS` or more live: close stalled
+        connections (:meth:`_evict`) until one slot is free for the new socket, or none
+        is stalled.  More than one goes only after connections were kept over the cap
+        (:meth:`connected`); the accept bounds the sockets open meanwhile."""
+        while self.open_sockets - self.closing >= MAX_CONNECTIONS and self._evict():
+            pass
 
     def _evict(self) -> bool:
         """Close one stalled connection (module docstring); False when none is stalled.
@@ -382,7 +490,8 @@ class _Server:
         holding the most, then the one stalled longest.
         """
         held = collections.Counter(conn.peer for conn in self._connections)
-        stalled = [conn for conn in self._connections if conn.stalled]
+        # Only an open, not yet evicted socket: evicting one already lost frees nothing.
+        stalled = [conn for conn in self._connections if conn.stalled and conn.alive]
         if not stalled:
             return False
         share = max(1, MAX_CONNECTIONS // len(held))
@@ -391,9 +500,8 @@ class _Server:
                                                 -held[conn.peer], conn.since))
         victim.evicted = True
         protocol = victim.writer.transport.get_protocol()
-        if isinstance(protocol, _GuardedProtocol) and not protocol.closing:
-            protocol.closing = True
-            self.closing += 1
+        if isinstance(protocol, _GuardedProtocol):
+            protocol.evict()
         del self._connections[victim]
         self._count("ConnectionLimit")
         victim.abort()
@@ -405,7 +513,7 @@ class _Server:
             conn.since = asyncio.get_running_loop().time()
             try:
                 async with asyncio.timeout(IDLE_TIMEOUT_SECONDS) as deadline:
-                    block = await conn.head(deadline)
+                    event = await conn.head(deadline)
             except TimeoutError:
                 if conn.buffer:  # a request had begun: it missed the header deadline
                     await self._refuse(conn, Refused(
@@ -416,11 +524,11 @@ class _Server:
             except Refused as err:
                 await self._refuse(conn, err)
                 return
-            if block is None:
+            if event is None:
                 return
             conn.idle = False
             try:
-                request = parse_head(block)
+                request = request_from(event)
                 keep = await self._dispatch(conn, request) and request.keep_alive
             except Refused as err:
                 await self._refuse(conn, err)
@@ -507,11 +615,15 @@ class _Server:
         generation = self._renderer.version()[0]
         rendered = self._renderer.render(accept)
         wait = requested_wait(request.headers.get("prefer"))
+        # Contract 3: a scraper that has a status (If-None-Match) may state its write
+        # policy; then only a change it will write ends the hold (hold_policy.py).
+        policy = (parse_policy(request.headers.get(_POLICY_KEY))
+                  if wait and if_none_match else None)
         applied: int | None = None
-        if (wait and _unchanged(rendered, if_none_match) and self._held < MAX_HELD
-                and not self._stopping):
+        if (wait and self._holds(rendered, if_none_match, policy, 0.0)
+                and self._held < MAX_HELD and not self._stopping):
             applied = min(wait, MAX_WAIT_SECONDS)
-            await self._hold(conn, accept, if_none_match, applied)
+            await self._hold(conn, accept, if_none_match, applied, policy)
             generation = self._renderer.version()[0]
             rendered = self._renderer.render(accept)
         extra = [(SEQUENCE_HEADER, f"{generation}; start={self._start_id}")]
@@ -527,27 +639,43 @@ class _Server:
         await self._send(conn, HTTPStatus.OK, rendered.body, rendered.content_type, head=head,
                          extra=extra)
 
+    def _holds(self, rendered: Rendered | None, if_none_match: str | None,
+               policy: HoldPolicy | None, held_for: float) -> bool:
+        """True while a waiting scrape is kept: its answer would be unchanged, or (with a
+        stated write policy) the change is not one the scraper would write yet."""
+        if _unchanged(rendered, if_none_match):
+            return True
+        return policy is not None and not policy.answers(self._renderer.status(), held_for)
+
     async def _hold(self, conn: _Connection, accept: str | None, if_none_match: str | None,
-                    seconds: int) -> Rendered | None:
-        """Wait until the answer differs, ``seconds`` pass, the peer leaves or we stop."""
+                    seconds: int, policy: HoldPolicy | None = None) -> Rendered | None:
+        """Wait until the answer is due (:meth:`_holds`), ``seconds`` pass, the peer leaves
+        or we stop (stopping answers at once: the training is ending, its last status is
+        the final one)."""
         loop = asyncio.get_running_loop()
-        end = loop.time() + seconds
+        start = loop.time()
+        end = start + seconds
         self._held += 1
         if self._watcher is None:
             self._watcher = loop.create_task(self._watch(), name="trainjob-exporter-watch")
         try:
             while True:
                 changed = self._changed
-                remaining = end - loop.time()
+                now = loop.time()
+                remaining = end - now
                 if remaining <= 0 or self._stopping:
                     break
+                if policy is not None and (due := policy.metrics_due_in(now - start)) > 0:
+                    # Wake when the metrics fall due, changed or not; the margin keeps a
+                    # timer that fires a hair early from spinning.
+                    remaining = min(remaining, due + 0.001)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(remaining):
                         await changed.wait()
                 if conn.reader.at_eof() or conn.writer.transport.is_closing():
                     break
                 rendered = self._renderer.render(accept)
-                if not _unchanged(rendered, if_none_match):
+                if not self._holds(rendered, if_none_match, policy, loop.time() - start):
                     return rendered
         finally:
             self._held -= 1
@@ -637,32 +765,49 @@ def _int(header: str | None) -> int:
 
 
 class _GuardedProtocol(asyncio.StreamReaderProtocol):
-    """asyncio's stream protocol, counting open sockets: beyond the cap plus
-    :data:`ACCEPT_HEADROOM` a socket is aborted in ``connection_made``, so its descriptor
-    is gone in the same loop pass that accepted it."""
+    """asyncio's stream protocol, keeping the server's socket counts exact: a socket is
+    counted (``open_sockets``) from its accept until :meth:`release`, which runs once,
+    when the connection is lost or could not be set up; an evicted one also counts in
+    ``closing`` until then."""
 
     def __init__(self, server: _Server, reader: asyncio.StreamReader) -> None:
         super().__init__(reader, server.connected)
         self._owner = server
-        self._counted = False
+        self._counted = True  # counted at accept (ServerThread._accept)
         self.closing = False  # evicted; counted in the server's ``closing`` until lost
+        #: The client has sent bytes (seen at accept, or delivered since).
+        self.sent = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if self._owner.open_sockets >= MAX_CONNECTIONS + ACCEPT_HEADROOM:
-            self._owner.refuse_at_accept()
-            cast(asyncio.Transport, transport).abort()
-            return
-        self._counted = True
-        self._owner.open_sockets += 1
-        super().connection_made(transport)
+    @property
+    def alive(self) -> bool:
+        """Open and not evicted: closing it now frees a descriptor."""
+        return self._counted and not self.closing
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def evict(self) -> bool:
+        """Mark the socket evicted (counted in ``closing`` until it is lost); False when
+        it is already evicted or lost, so evicting it frees nothing."""
+        if not self.alive:
+            return False
+        self.closing = True
+        self._owner.closing += 1
+        return True
+
+    def release(self) -> None:
+        """Uncount the socket (once): it is closed."""
         if not self._counted:
             return
         self._counted = False
         self._owner.open_sockets -= 1
         if self.closing:
             self._owner.closing -= 1
+        self._owner.released()
+
+    def data_received(self, data: bytes) -> None:
+        self.sent = True
+        super().data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.release()
         super().connection_lost(exc)
 
 
@@ -687,7 +832,7 @@ class ServerThread:
         self._ready = threading.Event()
         self._failed: BaseException | None = None
         self._listening = False
-        self._accepting = 0  # accepted, transport not made yet
+        self._paused = False  # the accept waits for a socket to close (the headroom is full)
         self._thread = threading.Thread(target=self._run, name="trainjob-exporter", daemon=True)
         self._thread.start()
         self._ready.wait(10)
@@ -703,6 +848,7 @@ class ServerThread:
             return _GuardedProtocol(self._server, reader)
 
         self._protocol = protocol
+        self._server.released = self._resume_accepting
         try:
             # Our own accept callback instead of loop.create_server: asyncio's accepts up
             # to a backlog's worth of sockets per wake-up and closes a refused one only
@@ -727,37 +873,77 @@ class ServerThread:
             self._loop.close()
 
     def _accept(self) -> None:
-        """Accept what is queued (at most :data:`ACCEPTS_PER_WAKEUP`); runs in the loop."""
-        for _ in range(ACCEPTS_PER_WAKEUP):
+        """Accept what is queued (at most :data:`ACCEPTS_PER_WAKEUP` kept, and at most
+        :data:`BACKLOG` looked at); runs in the loop.
+
+        A socket counts in ``open_sockets`` from here until it is closed, so the count is
+        the descriptors held, whatever stage each socket is in.  With
+        :data:`MAX_CONNECTIONS` plus :data:`ACCEPT_HEADROOM` open, nothing more is
+        accepted until one closes: the rest wait in the kernel's backlog (no descriptor
+        here, and no client reset for arriving when the server was full).  At the cap, a
+        new socket that already pipelines (more than one request before any answer) is
+        closed at once (:func:`pipelines`): it would only take a slot from a client that
+        behaves, and closing it here costs no task, so a flood of them drains the
+        kernel's backlog quickly and a scrape's connect finds room there.
+        """
+        server = self._server
+        kept = 0
+        for _ in range(BACKLOG):
+            if kept >= ACCEPTS_PER_WAKEUP:
+                return
+            if server.open_sockets >= MAX_CONNECTIONS + ACCEPT_HEADROOM:
+                server.make_room()  # stalled ones over the cap go; their close resumes this
+                self._pause_accepting()
+                return
             try:
                 conn, _peer = self._socket.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:  # EMFILE, ECONNABORTED: the kernel keeps or drops the rest
                 return
-            opened = self._server.open_sockets + self._accepting
-            # Fair eviction happens here, where the new socket is: a stalled connection
-            # goes, the new one stays (sockets still being set up count as live); the
-            # headroom holds the victims until they close, at the next loop pass.
-            if opened - self._server.closing >= MAX_CONNECTIONS:
-                self._server.make_room()
-            if opened >= MAX_CONNECTIONS + ACCEPT_HEADROOM:
-                self._server.refuse_at_accept()
-                # A reset, not a FIN: nothing was read, nothing will be answered.
+            conn.setblocking(False)
+            protocol = self._protocol()
+            try:  # what the client has sent already (EAGAIN: nothing yet)
+                first = conn.recv(MAX_HEAD_BYTES, socket.MSG_PEEK)
+            except OSError:
+                first = b""
+            protocol.sent = bool(first)
+            full = server.open_sockets - server.closing >= MAX_CONNECTIONS
+            if full and pipelines(first):
+                server.refuse_pipeliner()
+                # A reset, not a FIN: its requests are unread and will not be answered.
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 conn.close()
                 continue
-            conn.setblocking(False)
-            self._accepting += 1
-            self._loop.create_task(self._connect(conn))
+            # Fair eviction happens here, where the new socket is: stalled connections
+            # go, the new one stays.  Evicted sockets close at the next loop pass.
+            if full:
+                server.make_room()
+            server.open_sockets += 1
+            kept += 1
+            self._loop.create_task(self._connect(conn, protocol))
 
-    async def _connect(self, conn: socket.socket) -> None:
+    def _pause_accepting(self) -> None:
+        if self._listening and not self._paused:
+            self._paused = True
+            self._loop.remove_reader(self._socket.fileno())
+            # Also look again later: connections kept over the cap may turn stalled
+            # (evictable) without any socket closing.
+            self._loop.call_later(ACCEPT_RETRY_SECONDS, self._resume_accepting)
+
+    def _resume_accepting(self) -> None:
+        """A socket closed, or :data:`ACCEPT_RETRY_SECONDS` passed: accept again if the
+        accept had paused at the headroom (:meth:`_accept` pauses again if still full)."""
+        if self._paused and self._listening:
+            self._paused = False
+            self._loop.add_reader(self._socket.fileno(), self._accept)
+
+    async def _connect(self, conn: socket.socket, protocol: _GuardedProtocol) -> None:
         try:
-            await self._loop.connect_accepted_socket(self._protocol, conn)
+            await self._loop.connect_accepted_socket(lambda: protocol, conn)
         except OSError:
             conn.close()
-        finally:
-            self._accepting -= 1
+            protocol.release()
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop serving: held scrapes are answered at once, then every connection closes.

@@ -22,7 +22,7 @@ older CRD prunes it.  ``--status-target`` chooses:
 
 Both places go through the same write queue, budget, change detection (against what
 the TrainJob informer holds in that place), drift restore and identity checks
-(:mod:`scraper.status_writer`).  The annotation apply carries ``metadata.uid``, which
+(:mod:`scraper.write.writer`).  The annotation apply carries ``metadata.uid``, which
 on the main resource is a precondition (measured on kube-apiserver v1.37): a TrainJob
 re-created under the same name answers 422 ``metadata.uid: ... field is immutable``, a
 deleted one 409 ``uid mismatch ... no existing object was found``, so an apply can

@@ -8,7 +8,8 @@ Lifecycle of :meth:`ScraperApp.run`:
 2. list+watch pods (every replica, so a standby is warm and ready);
 3. campaign for the Lease (or lead at once without leader election); while
    leading, every Running pod with an IP has a scheduled scrape job and every
-   terminated pod's final status is applied once;
+   terminated pod's final status that is not on its TrainJob is applied, once, by
+   whoever leads (also across leader changes: :mod:`scraper.manager`);
 4. on stop (SIGTERM), or when a root task fails: stop scheduling, give in-flight
    writes ``shutdown_timeout`` seconds, release the Lease, close everything; a
    failed root task is then raised as :class:`~scraper.supervisor.RootTaskFailed`.
@@ -20,7 +21,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from kubernetes import client as k8s
@@ -30,6 +31,7 @@ from scraper.annotation_target import StatusTarget
 from scraper.config import ScraperSettings
 from scraper.discovery import Final, PodEvent, PodWatcher, Synced, WatchItem, probe_selector
 from scraper.identity import LABEL_JOBSET_NAME, Identity, Link, OwnerIndex
+from scraper.kube.calls import Backoff
 from scraper.kube.client import load_client, without_retries
 from scraper.kube.health import ApiHealth
 from scraper.kube.informer import ListWatch, ScopesListed, slim
@@ -41,10 +43,14 @@ from scraper.metrics_auth import MetricsAuth, metrics_auth_for
 from scraper.scheduling import TargetScheduler
 from scraper.scraping import ExporterScraper, ScrapeLimits
 from scraper.sources import SourceScraper
-from scraper.status_writer import StatusWriter
+from scraper.stall_marker import write_stall_marker
+from scraper.stall_watch import Observed, StallCollector, StallWatch
 from scraper.supervisor import Supervisor
+from scraper.targets import Target
 from scraper.telemetry import Telemetry
 from scraper.trainjobs import TrainJobStore, slim_trainjob
+from scraper.write.policy import PolicyResolver, WritePolicy
+from scraper.write.writer import StatusWriter
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +59,15 @@ CRD_RECHECK_SECONDS = 60.0
 JOBSET_GROUP = "jobset.x-k8s.io"
 JOBSET_VERSION = "v1alpha2"
 
+#: Between a failed pod watch item and the relist it asks for: 0.5 s doubling to 30 s
+#: while items keep failing (a pod that always fails must not relist in a loop).
+RELIST_BACKOFF = Backoff(initial=0.5, cap=30.0)
+
 ROOT_CONSUMER = "pod-watch-consumer"
 ROOT_LEADER = "leader-election"
 ROOT_CRD = "crd-recheck"
 ROOT_HEALTH = "api-health-probe"
+ROOT_STALL = "stall-check"
 
 
 class ScraperApp:
@@ -92,9 +103,10 @@ class ScraperApp:
                 retry_period=s.retry_period,
                 on_change=self._on_leadership,
             )
-        # --- write side: TrainJob informer store + write queue (status_writer.py)
         self.scopes: list[str | None] = list(s.namespaces) or [None]
         self.trainjobs = TrainJobStore(self.scopes)
+        # Writing by significance: the flags' policy, overridden per TrainJob.
+        self.policies = PolicyResolver(s.write_policy())
         # Recovery (issue 21, input 6): writes and watches retry once the API answers.
         self.health = ApiHealth.for_client(self.api)
         self.writer = writer or StatusWriter.for_client(
@@ -102,7 +114,7 @@ class ScraperApp:
             store=self.trainjobs, may_write=self._may_write,
             on_write=lambda outcome: self.telemetry.writes.labels(outcome.value).inc(),
             on_request=self.telemetry.write_duration.observe,
-            metrics_interval=s.metrics_write_interval,
+            policy=s.write_policy(), policy_of=self.policy_of,
             target=StatusTarget(s.status_target), health=self.health,
             other_writer_grace=s.other_writer_grace,
             on_deferred=lambda reason: self.telemetry.writes_deferred.labels(reason).inc(),
@@ -110,12 +122,12 @@ class ScraperApp:
         )
         if writer is not None:  # brought by the caller: still resumed after an outage
             self.health.on_recovered(writer.queue.resume)
+            writer.policy_of = self.policy_of
         # Everything not applied yet, also what a writer took and waits on the budget for.
         self.telemetry.writes_pending.set_function(lambda: self.writer.queue.unapplied())
         self.trainjobs = self.writer.store
         self.trainjobs.on_gone = self._trainjob_gone
         self.writer.on_gone = self._drop_trainjob
-        # --- end write side
         self.crd = self.writer.crd
         self.events = self.writer.events
         self.logs: LogScraper | None = None
@@ -128,7 +140,7 @@ class ScraperApp:
         self.scraper = SourceScraper(ExporterScraper(
             ScrapeLimits(s.scrape_timeout, s.max_body_bytes, s.concurrency),
             observe=self.telemetry.scrape_duration.observe, waiting=s.wait_scrapes,
-        ), self.logs)
+        ), self.logs, on_exporter_answer=self._exporter_answered)
         self.scheduler = TargetScheduler(
             self._run_target,
             on_skipped=lambda key: self.telemetry.skipped_runs.inc())
@@ -146,13 +158,14 @@ class ScraperApp:
             on_hold=lambda key, holding: (self.scheduler.pause(key) if holding
                                           else self.scheduler.resume(key)),
             final_from_log=self._final_from_log if self.logs is not None else None,
+            policy_of=self.policy_of,
+            on_retry=self.scheduler.run_within,
+            pods_at=lambda url: self.manager.addresses.pods_at(url),
         )
         self.telemetry.held_scrapes.set_function(lambda: self.scraper.held)
-        # --- identity: Jobs and JobSets by UID (scraper/identity.py)
         self.jobs = OwnerIndex(self.scopes, "Job")
         self.jobsets = OwnerIndex(self.scopes, "JobSet")
         self.identity = Identity(self.jobs, self.jobsets, self.trainjobs)
-        # --- end identity
         self.manager = TargetManager(
             self.loop, self.scheduler, spawn=self._spawn, forget=self.writer.forget,
             default_port=s.default_port, default_path=s.default_path,
@@ -163,9 +176,16 @@ class ScraperApp:
         # Any change to a link of an owner chain, and every list, re-checks the pods
         # waiting on it (scraper/identity.py, "Convergence").
         self.jobs.on_change = self.jobsets.on_change = self._owners_changed
-        self.trainjobs.on_seen = lambda key: self._owners_changed(
-            None if key is None else ("TrainJob", f"{key[0]}/{key[1]}"))
+        self.trainjobs.on_seen = self._trainjob_seen
         self._pods_listed = ScopesListed(self.scopes)
+        self.stalls = StallWatch(
+            targets=self._stall_targets, store=self.trainjobs, events=self.events,
+            write_marker=(functools.partial(write_stall_marker, self.api)
+                          if s.stall_annotate else None),
+            given=s.stall_after, leading=lambda: self.manager.leading,
+            ready=lambda: self._pods_listed.event.is_set() and self.trainjobs.synced.is_set(),
+            spawn=lambda coro: self._spawn_named("stall-record", coro))
+        self.telemetry.registry.register(StallCollector(self.stalls))
 
     # ------------------------------------------------------------ lifecycle
 
@@ -219,9 +239,10 @@ class ScraperApp:
         self.scheduler.start()
         for w in watchers:
             w.start()
-        supervisor.root(ROOT_CONSUMER, self._consume(queue))
+        supervisor.root(ROOT_CONSUMER, self._consume(queue, watchers))
         supervisor.root(ROOT_HEALTH, self.health.run())
         supervisor.root(ROOT_CRD, self._recheck_crd())
+        supervisor.root(ROOT_STALL, self.stalls.run())
         if self._elector is not None:
             supervisor.root(ROOT_LEADER, self._elector.run())
         log.info("trainjob-scraper started: selector %r, namespaces %s, interval %gs, "
@@ -244,21 +265,47 @@ class ScraperApp:
             self.scheduler.shutdown()
             await supervisor.cancel_background()
             await self.writer.stop()
-            await supervisor.cancel(ROOT_CONSUMER, ROOT_CRD, ROOT_HEALTH)
+            await supervisor.cancel(ROOT_CONSUMER, ROOT_CRD, ROOT_HEALTH, ROOT_STALL)
             await supervisor.cancel(ROOT_LEADER)  # last: it releases the Lease
             # All at once: each may wait up to 1 s for its blocked read.
             stops: list[Callable[[float], None]] = [w.stop for w in watchers]
             stops += [w.stop for w in trainjob_watches]
             await asyncio.gather(*(asyncio.to_thread(stop, 1.0) for stop in stops))
 
+    def sizes(self) -> dict[str, int]:
+        """Entries of every map kept per pod or TrainJob, by ``component.map``: each is
+        bounded by the live objects (issue 27, deliverable 6)."""
+        parts: dict[str, dict[str, int]] = {
+            "manager": self.manager.sizes(), "writer": self.writer.sizes(),
+            "scraper": self.scraper.exporter.sizes(), "scheduler": self.scheduler.sizes(),
+            "stalls": self.stalls.sizes(),
+            "informers": {"trainjobs": len(self.trainjobs), "jobs": len(self.jobs),
+                          "jobsets": len(self.jobsets)},
+        }
+        if self.logs is not None:
+            parts["logs"] = self.logs.sizes()
+        return {f"{part}.{k}": v for part, sizes in parts.items() for k, v in sizes.items()}
+
+    def policy_of(self, namespace: str, name: str) -> WritePolicy:
+        """A TrainJob's write policy: its target pod's annotations, then its own, then
+        the flags (:class:`scraper.write.policy.PolicyResolver`)."""
+        target = self.manager.target_of(namespace, name)
+        held = self.trainjobs.get(namespace, name)
+        return self.policies.policy(target.policy if target is not None else (),
+                                    held.policy if held is not None else (),
+                                    where=f"TrainJob {namespace}/{name}")
+
     def _trainjob_source(self, namespace: str, name: str) -> str | None:
         held = self.trainjobs.get(namespace, name)
         return held.source if held is not None else None
 
-    async def _final_from_log(self, final: Final) -> TrainerStatus | None:
+    def _exporter_answered(self, target: Target) -> None:
+        state = self.manager.states.get(target.key)
+        if state is not None and state.uid == target.pod_uid:
+            state.exporter_answered = True
+
+    async def _final_from_log(self, final: Final, answered: bool) -> TrainerStatus | None:
         assert self.logs is not None
-        answered = final.pod_uid in self.scraper.exporter_answered
-        self.scraper.exporter_answered.discard(final.pod_uid)
         if final.source == "auto" and answered:
             return None  # its exporter answered: the exporter's last status stands
         return await self.logs.final(final.namespace, final.pod_name, final.pod_uid,
@@ -273,12 +320,28 @@ class ScraperApp:
         assert self.supervisor is not None, "spawned before run()"
         self.supervisor.background("final-status", coro)
 
+    def _spawn_named(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        assert self.supervisor is not None, "spawned before run()"
+        self.supervisor.background(name, coro)
+
+    # ------------------------------------------------------------ stall detection
+
+    def _stall_targets(self) -> list[Observed]:
+        out = []
+        for key, state in self.manager.chosen().items():
+            target = state.target
+            if target is None:
+                continue
+            out.append(Observed(key, target.trainjob_uid, target.pod_name, state.uid,
+                                target.interval, state.view.status, state.view.up is True))
+        return out
+
     def _watch_restarted(self, reason: str) -> None:
         # Called from a watch thread; prometheus-client counters are thread-safe.
         self.telemetry.watch_restarts.labels(reason).inc()
 
     def _targets_changed(self) -> None:
-        self.telemetry.targets.set(len(self.scheduler.scheduled_keys()))
+        self.telemetry.targets.set(len(self.scheduler))  # per pod event: no copy
 
     # ------------------------------------------------------------ leadership
 
@@ -290,7 +353,9 @@ class ScraperApp:
     def _on_leadership(self, leading: bool) -> None:
         self.telemetry.leader.set(1 if leading else 0)
         if not leading:
-            self.writer.stop_leading()  # the next leader re-derives finals from the pods
+            # The queue is this term's: whoever leads next applies every final still owed
+            # (scraper.manager, "Leader changes"), this replica too when it wins back.
+            self.writer.stop_leading()
         self.manager.set_leading(leading)
         self._targets_changed()
 
@@ -300,21 +365,49 @@ class ScraperApp:
 
     # ------------------------------------------------------------ root tasks
 
-    async def _consume(self, queue: asyncio.Queue[WatchItem]) -> None:
-        """Feed every pod watch item to the target manager."""
+    async def _consume(self, queue: asyncio.Queue[WatchItem],
+                       watchers: Sequence[PodWatcher] = ()) -> None:
+        """Feed every pod watch item to the target manager.
+
+        A failed item is never a silent gap: an exception while applying a list (the
+        other pods of it are applied) or an event is logged, counted
+        (``trainjob_scraper_pod_apply_failures_total``) and answered with a relist of
+        every pod watch, at most once per :data:`RELIST_BACKOFF` step while they keep
+        failing.
+        """
+        failures = 0  # in a row: a list applied whole starts the backoff over
+        relist_at = 0.0
+        loop = asyncio.get_running_loop()
         while True:
             item = await queue.get()
+            kind = "list" if isinstance(item, Synced) else "event"
             try:
                 if isinstance(item, Synced):
-                    self.manager.on_synced(item)
-                    self._pods_listed.listed(item.scope)
-                    if self._pods_listed.event.is_set():
-                        self.telemetry.ready.set()
+                    try:
+                        for _ in self.manager.synced_steps(item):
+                            await asyncio.sleep(0)  # the Lease renewal and scrapes run
+                    finally:  # the list was applied, up to the pods that failed
+                        self._pods_listed.listed(item.scope)
+                        if self._pods_listed.event.is_set():
+                            self.telemetry.ready.set()
+                    failures = 0
                 elif isinstance(item, PodEvent):
                     self.manager.on_pod(item.pod, deleted=item.kind == "DELETED")
             except Exception:
-                log.exception("handling a pod watch item failed")
+                self.telemetry.pod_apply_failures.labels(kind).inc()
+                delay = RELIST_BACKOFF.delay(failures)
+                failures += 1
+                log.exception("applying a pod watch %s failed; relisting pods in %.1fs",
+                              kind, delay)
+                if loop.time() >= relist_at:  # one relist pending at a time
+                    relist_at = loop.time() + delay
+                    loop.call_later(delay, self._relist_pods, watchers)
             self._targets_changed()
+
+    @staticmethod
+    def _relist_pods(watchers: Sequence[PodWatcher]) -> None:
+        for watcher in watchers:
+            watcher.relist()
 
     async def _recheck_crd(self) -> None:
         """Re-read a CRD that is unsupported or unread, every minute."""
@@ -360,6 +453,10 @@ class ScraperApp:
                     relist_interval=self.settings.resync_interval, health=self.health,
                     slim=slim_trainjob if kind == "trainjobs" else slim))
         return watches
+
+    def _trainjob_seen(self, key: tuple[str, str] | None) -> None:
+        self._owners_changed(None if key is None else ("TrainJob", f"{key[0]}/{key[1]}"))
+        self.manager.trainjob_seen(key)  # an owed final it now holds settles
 
     def _owners_changed(self, link: Link | None) -> None:
         self.manager.recheck(link)

@@ -16,13 +16,19 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from scraper.config import ENV_PREFIX, ConfigError, ScraperSettings, load_settings
+from scraper.config import (
+    DURATION_FIELDS,
+    ENV_PREFIX,
+    ConfigError,
+    ScraperSettings,
+    load_settings,
+    removed_option,
+)
 
 Handler = Callable[[argparse.Namespace], int]
 AddSubcommand = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 _LIST_FIELDS = {"namespaces"}
-
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
@@ -45,8 +51,12 @@ def add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     parser.add_argument("--config", metavar="FILE",
                         help="YAML or JSON file of options (keys as the flags, without --)")
     for name, info in ScraperSettings.model_fields.items():
-        shown = "unset" if info.default_factory is not None or info.default is None \
+        shown: object = "unset" if info.default_factory is not None or info.default is None \
             else info.default
+        if name in DURATION_FIELDS and isinstance(shown, float):
+            shown = f"{shown:g}s"
+        elif name == "stall_after":
+            shown = "auto"  # None is the auto threshold (scraper.stall), not "off"
         env = f"{ENV_PREFIX}{name.upper()}"
         # argparse formats help with %: a literal one is written %% there.
         help_text = f"{info.description} [env {env}; default: {shown}]".replace("%", "%%")
@@ -127,7 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trainjob-scraper`` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    for arg in given:
+        flag = arg.split("=", 1)[0]
+        hint = removed_option(flag) if flag.startswith("--") else None
+        if hint:  # argparse alone would say only "unrecognized arguments"
+            print(f"trainjob-scraper: {flag} was removed: {hint}", file=sys.stderr)
+            return 2
+    args = build_parser().parse_args(given)
     handler: Handler = args.handler
     return handler(args)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
@@ -27,9 +27,53 @@ from pydantic_settings import (
 )
 
 from exporter_lib.pod import service_account_namespace
-from scraper.syntax import check_interval, parse_duration
+from scraper.stall import StallSettingError, parse_stall_after
+from scraper.syntax import (
+    check_interval,
+    parse_duration,
+)
+from scraper.write.policy import (
+    METRICS_STALENESS_SECONDS,
+    PROGRESS_FLOOR_SECONDS,
+    WritePolicy,
+    check_metrics_staleness,
+    check_progress_floor,
+)
 
 ENV_PREFIX = "TRAINJOB_SCRAPER_"
+
+#: Options given as durations (``30s``, ``2m``, ``1h``, or seconds); seconds once parsed.
+DURATION_FIELDS = (
+    "interval",
+    "scrape_timeout",
+    "backoff_max",
+    "resync_interval",
+    "progress_floor",
+    "metrics_staleness",
+    "other_writer_grace",
+    "lease_duration",
+    "renew_deadline",
+    "retry_period",
+    "shutdown_timeout",
+    "metrics_auth_cache_ttl",
+)
+
+#: The range check of each bounded duration option: a value that is not a duration at
+#: all is told the same limit, in the same words, as one out of range.
+_DURATION_RANGES: dict[str, Callable[[float], float]] = {
+    "interval": check_interval,
+    "progress_floor": check_progress_floor,
+    "metrics_staleness": check_metrics_staleness,
+}
+
+
+def _limit_of(check: Callable[[float], float]) -> str:
+    """The limit text a range check states (it refuses any negative number)."""
+    try:
+        check(-1.0)
+    except ValueError as exc:
+        return str(exc)
+    return ""
 
 #: Rank-0 trainer pod of a Kubeflow Trainer v2 TrainJob (the launcher for MPI).
 DEFAULT_SELECTOR = (
@@ -38,6 +82,22 @@ DEFAULT_SELECTOR = (
     "jobset.sigs.k8s.io/job-index=0,"
     "batch.kubernetes.io/job-completion-index=0"
 )
+
+
+#: Options of earlier releases, by field name, each with what replaced it: given as a
+#: flag, an environment variable or a config-file key, it is refused with the way
+#: forward (argparse would say "unrecognized arguments", and pydantic-settings ignores
+#: an environment variable it has no field for).
+REMOVED_OPTIONS = {
+    "metrics_write_interval": "replaced by metrics-staleness (how long a change of "
+                              "metrics or ETA alone may wait) and progress-floor "
+                              "(least time between two writes of one TrainJob)",
+}
+
+
+def removed_option(name: str) -> str | None:
+    """What replaced option ``name`` (flag, file key or field spelling), or None."""
+    return REMOVED_OPTIONS.get(name.lstrip("-").replace("-", "_").lower())
 
 
 class ConfigError(ValueError):
@@ -76,11 +136,18 @@ class _FileSource(PydanticBaseSettingsSource):
             raise ConfigError([f"config={str(self.path)!r}: expected a mapping of options"])
         fields = self.settings_cls.model_fields
         out: dict[str, Any] = {}
+        problems = []
         for raw_key, value in data.items():
             key = str(raw_key).replace("-", "_")
-            if key not in fields:
-                raise ConfigError([f"config={str(self.path)!r}: unknown option {raw_key!r}"])
-            out[key] = value
+            if key in fields:
+                out[key] = value
+                continue
+            hint = removed_option(key)
+            problems.append(f"config={str(self.path)!r}: "
+                            + (f"option {raw_key!r} was removed: {hint}" if hint
+                               else f"unknown option {raw_key!r}"))
+        if problems:  # every bad key at once, not one per try
+            raise ConfigError(problems)
         return out
 
 
@@ -143,10 +210,18 @@ class ScraperSettings(BaseSettings):
         "trainjobs), 'auto' (the annotation while the CRD has no status.trainerStatus, "
         "else the status; re-checked every minute)",
     )
-    metrics_write_interval: float = Field(
-        default=0.0,
-        description="a change of metrics alone (progress and remaining time unchanged) is "
-        "written at most this often per TrainJob (0: whenever the budget allows)",
+    progress_floor: float = Field(
+        default=PROGRESS_FLOOR_SECONDS,
+        description="a change of the integer progressPercentage is written at once, but "
+        "no sooner than this after the TrainJob's previous write (0.1s..60s); with "
+        "waiting scrapes (exporter contract 3) also the least time between two answers "
+        "of one exporter; annotation trainjob-progress.dev/progress-floor overrides it",
+    )
+    metrics_staleness: float = Field(
+        default=METRICS_STALENESS_SECONDS,
+        description="a change of metrics or the remaining time alone is written within "
+        "this (or with the next progress write; 0s..1h, 0: at once); annotation "
+        "trainjob-progress.dev/metrics-staleness overrides it",
     )
     other_writer_grace: float = Field(
         default=60.0, ge=0,
@@ -163,7 +238,6 @@ class ScraperSettings(BaseSettings):
     listen_port: int = Field(
         default=8080, ge=0, le=65535, description="port of /metrics, /healthz, /readyz (0: any)"
     )
-    # --- /metrics authentication (scraper/metrics_auth.py)
     metrics_auth: bool = Field(
         default=True,
         description="require a bearer token on /metrics, checked by TokenReview and "
@@ -178,15 +252,25 @@ class ScraperSettings(BaseSettings):
     metrics_auth_cache_size: int = Field(
         default=1024, ge=1, le=1 << 20, description="/metrics decisions cached at most"
     )
-    # --- end /metrics authentication
-    # --- waiting scrapes (scrapes branch, issue 14.1)
     wait_scrapes: bool = Field(
         default=True,
         description="hold one scrape per target open at exporters that offer it "
         "(Trainjob-Exporter-Contract 2, Prefer: wait): changes arrive at once, an "
         "unchanged exporter costs one request per max-wait; false: poll every target",
     )
-    # --- end waiting scrapes
+    stall_after: float | None = Field(
+        default=None,
+        description="when a training that runs and answers is stalled: 'auto' (3x the "
+        "longest gap between its changes seen so far, at least 5m), a duration "
+        "(5s..720h, 30 days; units ms, s, m, h), "
+        "or 0 (off); a TrainJob's trainjob-progress.dev/stall-after annotation overrides it",
+    )
+    stall_annotate: bool = Field(
+        default=True,
+        description="write the TrainJob annotation trainjob-progress.dev/stalled-since "
+        "while a training is stalled, read by the kubectl plugin and the SDK (needs patch "
+        "on trainjobs); false: Events and /metrics only",
+    )
     leader_election: bool = Field(
         default=False, description="elect one leader through a coordination.k8s.io Lease"
     )
@@ -246,28 +330,33 @@ class ScraperSettings(BaseSettings):
             raise ValueError("empty selector (it would select every pod)")
         return value.strip()
 
-    @field_validator(
-        "interval",
-        "scrape_timeout",
-        "backoff_max",
-        "resync_interval",
-        "metrics_write_interval",
-        "other_writer_grace",
-        "lease_duration",
-        "renew_deadline",
-        "retry_period",
-        "shutdown_timeout",
-        "metrics_auth_cache_ttl",
-        mode="before",
-    )
+    @field_validator(*DURATION_FIELDS, mode="before")
     @classmethod
     def _duration(cls, value: Any) -> float:
         return parse_duration(value)
+
+    @field_validator("stall_after", mode="before")
+    @classmethod
+    def _stall_after(cls, value: Any) -> float | None:
+        try:
+            return parse_stall_after(value, "stall-after")
+        except StallSettingError as exc:  # the message names the option already
+            raise ValueError(str(exc).split(": ", 1)[1]) from None
 
     @field_validator("interval")
     @classmethod
     def _interval_range(cls, value: float) -> float:
         return check_interval(value)
+
+    @field_validator("progress_floor")
+    @classmethod
+    def _floor_range(cls, value: float) -> float:
+        return check_progress_floor(value)
+
+    @field_validator("metrics_staleness")
+    @classmethod
+    def _staleness_range(cls, value: float) -> float:
+        return check_metrics_staleness(value)
 
     @field_validator("scrape_timeout", "retry_period", "lease_duration", "renew_deadline",
                      "metrics_auth_cache_ttl")
@@ -314,6 +403,10 @@ class ScraperSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _FileSource(settings_cls, _config_file.get()))
 
+    def write_policy(self) -> WritePolicy:
+        """The default write policy (``--progress-floor``, ``--metrics-staleness``)."""
+        return WritePolicy(self.progress_floor, self.metrics_staleness)
+
     def effective_lease_namespace(self) -> str:
         """The Lease's namespace: configured, else the pod's own, else ``default``."""
         if self.lease_namespace:
@@ -330,6 +423,10 @@ def load_settings(
         ConfigError: one ``option=value: reason`` line per invalid option.
     """
     given = {k: v for k, v in (flags or {}).items() if v is not None}
+    gone = [f"{ENV_PREFIX}{name.upper()}: option was removed: {hint}"
+            for name, hint in REMOVED_OPTIONS.items() if ENV_PREFIX + name.upper() in os.environ]
+    if gone:
+        raise ConfigError(gone)
     token = _config_file.set(Path(config_file) if config_file else None)
     try:
         return ScraperSettings(**given)
@@ -351,6 +448,9 @@ def _describe(exc: ValidationError) -> list[str]:
             problems.append(f"{option}: unknown option")
         elif not err["loc"]:
             problems.append(msg)
+        elif msg.startswith("not a duration") and err["loc"][0] in _DURATION_RANGES:
+            limit = _limit_of(_DURATION_RANGES[str(err["loc"][0])])
+            problems.append(f"{option}={value!r}: {msg}; {limit}")
         else:
             problems.append(f"{option}={value!r}: {msg}")
     return problems

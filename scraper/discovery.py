@@ -26,12 +26,14 @@ from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.pod import kubelet_hostname
 from scraper.config import ConfigError
+from scraper.deletions import requested_at
 from scraper.kube.calls import Backoff, call
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.health import ApiHealth
 from scraper.kube.informer import WATCH_BACKOFF, ListWatch
 from scraper.syntax import IntervalOutOfRange, parse_interval
 from scraper.targets import SOURCE_EXPORTER, SOURCES, Target
+from scraper.write.policy import overrides_of
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +120,8 @@ def pod_key(pod: Mapping[str, Any]) -> str:
 
 
 def classify(
-    pod: Mapping[str, Any], *, default_port: int, default_path: str, default_interval: float
+    pod: Mapping[str, Any], *, default_port: int, default_path: str, default_interval: float,
+    deletion_requested: float | None = None,
 ) -> Decision:
     """Decide what a pod (API JSON dict) means for the scraper.
 
@@ -126,7 +129,8 @@ def classify(
     else ``default_port``; paths likewise; the interval from
     ``trainjob-progress.dev/interval`` (``15s``, ``2m`` or seconds, 1s..1h), else
     ``default_interval`` (seconds).  A malformed annotation makes the pod
-    :class:`Ignore` with a reason that names it.
+    :class:`Ignore` with a reason that names it.  ``deletion_requested``: the earliest
+    deletion request seen for the pod (:func:`killed_by_deletion`).
     """
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
@@ -145,6 +149,8 @@ def classify(
     container = log_container(pod)
     phase = status.get("phase", "")
     if phase in ("Succeeded", "Failed"):
+        if killed_by_deletion(pod, deletion_requested):
+            return Ignore(KILLED_REASON)
         return Final(namespace, trainjob, name, uid, _termination_messages(pod),
                      source=source, log_container=container,
                      finished_at=_finished_at(pod))
@@ -181,7 +187,8 @@ def classify(
     # compared; the exporter's other stated parts (name, namespace, UID) still are.
     hostname = "" if spec.get("hostNetwork") else kubelet_hostname(name, spec.get("hostname"))
     return Scrape(Target(namespace, trainjob, name, uid, url, interval, source=source,
-                         log_container=container, hostname=hostname))
+                         log_container=container, hostname=hostname,
+                         policy=overrides_of(annotations)))
 
 
 def log_container(pod: Mapping[str, Any]) -> str:
@@ -195,12 +202,41 @@ def log_container(pod: Mapping[str, Any]) -> str:
     return TRAINER_CONTAINER if TRAINER_CONTAINER in names else (names[0] if names else "")
 
 
-def final_from_deleted(pod: Mapping[str, Any]) -> Final | None:
-    """A deleted pod's :class:`Final`, when it carries a termination message."""
+KILLED_REASON = ("its containers ended after its deletion began (preemption, suspension, "
+                 "a restart, an eviction): not the training's end, no final status")
+
+
+def killed_by_deletion(pod: Mapping[str, Any], requested: float | None = None) -> bool:
+    """True when the pod's containers ended because the pod was deleted, not on their own.
+
+    A Kueue preemption or a suspended TrainJob (its Jobs' pods deleted), a JobSet
+    restart, an eviction: the containers get SIGTERM and end, the training did not, so
+    a termination message written then is not a final status.  Read from the pod: it
+    has a ``deletionTimestamp``, and every terminated container's ``finishedAt`` is at
+    or after the deletion request (``deletionTimestamp`` minus
+    ``deletionGracePeriodSeconds``; both have 1 s resolution, so a container that
+    ended on its own in the very second of the request counts as killed).  A pod that
+    ended before it was deleted (a finished training cleaned up) is not.
+
+    ``requested``: the earliest deletion request seen for this pod (epoch seconds,
+    :class:`scraper.deletions.DeletionRequests`); the pod's own fields lose it once the
+    kubelet's grace-0 confirmation shortened them.
+    """
+    shown = requested_at(pod)
+    if shown is None and requested is None:
+        return False
+    earliest = min(t for t in (shown, requested) if t is not None)
+    finished = [at for _, at in _finished_at(pod)]
+    return bool(finished) and min(finished) >= earliest
+
+
+def final_from_deleted(pod: Mapping[str, Any], requested: float | None = None) -> Final | None:
+    """A deleted pod's :class:`Final`, when it carries a termination message and its
+    containers ended on their own (:func:`killed_by_deletion`, ``requested`` as there)."""
     meta = pod.get("metadata") or {}
     trainjob = (meta.get("labels") or {}).get(LABEL_JOBSET_NAME)
     messages = _termination_messages(pod)
-    if not trainjob or not messages:
+    if not trainjob or not messages or killed_by_deletion(pod, requested):
         return None
     return Final(meta.get("namespace", ""), trainjob, meta.get("name", ""),
                  meta.get("uid", ""), messages, finished_at=_finished_at(pod))
@@ -323,6 +359,10 @@ class PodWatcher:
     def stop(self, timeout: float = 1.0) -> None:
         """Ask the watch thread to stop; wait at most ``timeout`` seconds for it."""
         self._watch.stop(timeout)
+
+    def relist(self) -> None:
+        """List again at once (:meth:`scraper.kube.informer.ListWatch.relist`)."""
+        self._watch.relist()
 
     def _put(self, item: WatchItem) -> None:
         # Backpressure: wait for room in the queue, but keep noticing stop().

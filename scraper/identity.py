@@ -231,6 +231,11 @@ class ChainWaits:
     def __contains__(self, key: object) -> bool:
         return key in self._pods
 
+    def sizes(self) -> dict[str, int]:
+        """Entries of each map kept: pods, their links, pods by link."""
+        return {"pods": len(self._pods), "links": len(self._links),
+                "by_link": len(self._by_link)}
+
     def park(self, key: str, pod: dict[str, Any], links: tuple[Link, ...]) -> None:
         """Keep ``pod`` under ``key`` until one of ``links`` (or any list) changes."""
         self.release(key)

@@ -8,7 +8,10 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
   again and the write is retried.
 * Backoff: a target where nothing listens (refused, unreachable) is retried after
   ``interval * 2**(n-1)`` seconds, capped at ``backoff_max``; logged the first time
-  only.  Any answer resets it.
+  only.  Any answer resets it.  A target that has never answered (a new training whose
+  exporter is still starting) is retried sooner, after ``min(STARTING_RETRY_SECONDS *
+  2**(n-1), interval * 2**(n-1))`` (1, 2, 4, ... s), through ``on_retry``: its first
+  answer opens the waiting scrape that brings each new percentage at once.
 * Events: another failure is recorded as a Warning Event on the TrainJob, at most
   once per :data:`EVENT_REPEAT_SECONDS` per target and reason, whatever the message
   says (an exporter answering a different page per request must not flood).  What
@@ -16,16 +19,26 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
 * Waiting scrapes: an exporter whose answers carry ``Trainjob-Exporter-Contract: 2;
   max-wait=N`` gets one held request at a time (``Prefer: wait=N`` with the ETag),
   opened no sooner than one interval after its previous answer; any failure, or an
-  answer without the header, goes back to polling.
+  answer without the header, goes back to polling.  Each held request states the
+  TrainJob's write policy (:mod:`scraper.write.policy`, header
+  :data:`~exporter_lib.hold_policy.WRITE_POLICY_HEADER`); an exporter of contract 3
+  then answers only for a change that will be written, so its next request is opened
+  no sooner than the *progress floor* after its previous answer instead of the
+  interval: a new percentage reaches the writer within about the floor.
 * Which pod answers: an answer whose exporter states another pod than the target's
   (:class:`~scraper.scraping.WrongPod`: a reused pod IP) is never written; it drops
   the ETag, is logged once per target, counted by reason and recorded as a Warning
   Event (as other failures, at most once per :data:`EVENT_REPEAT_SECONDS`).
-* Final status: a terminated pod's termination message is applied once (the
-  caller claims it through :meth:`TargetState.claim_final`); a scrape that returns
-  after the pod ended writes nothing, so the final status wins.
+* Final status: a terminated pod's final status is owed (:class:`FinalDue`) until the
+  writer finds it needs no write: the TrainJob holds it, another writer's newer status
+  stands, the CRD cannot store it, or the TrainJob is gone (:meth:`ScrapeLoop.finalize`
+  says which).  The caller (:class:`scraper.manager.TargetManager`) starts one
+  finalize at a time per pod and starts it again while it is owed (leadership gained,
+  a pod event, a relist); a repeated apply is coalesced by the write queue or found
+  unchanged, so an owed final is written once.  A scrape that returns after the pod
+  ended writes nothing, so the final status wins.
 * Order and news (docs/scraper.md, "Other writers and time"): an answer whose
-  exporter sequence (:data:`scraper.writer_rules.SEQUENCE_HEADER`) is lower than the
+  exporter sequence (:data:`scraper.sequence.SEQUENCE_HEADER`) is lower than the
   last one of the same exporter process is late and dropped (``scrapes_total{result=
   "late"}``); each status goes to the writer with when its content (values, time,
   sequence) was first seen, so an exporter answering the same content again is no
@@ -33,19 +46,21 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
 
 The neighbours are :class:`Scraper`, :class:`StatusWriter` and
 :class:`EventRecorder` (Protocols); their production implementations are
-:class:`scraper.scraping.ExporterScraper`, :class:`scraper.status_writer.StatusWriter`
+:class:`scraper.scraping.ExporterScraper`, :class:`scraper.write.writer.StatusWriter`
 and :class:`scraper.kube.events.EventRecorder`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from exporter_lib.hold_policy import format_policy
 from exporter_lib.status import StatusError, TrainerStatus
 from scraper.discovery import Final
 from scraper.scraping import (
@@ -56,15 +71,22 @@ from scraper.scraping import (
     NothingYet,
     NotModified,
     ScrapeResult,
+    SharedAddress,
     WrongPod,
     excerpt,
 )
-from scraper.status_writer import TrainJobGone, WriteOutcome
+from scraper.sequence import Sequence, is_late
 from scraper.targets import Target
 from scraper.telemetry import JobView
-from scraper.writer_rules import Sequence, is_late
+from scraper.trainjobs import TrainJobGone
+from scraper.write.outcome import WriteOutcome
+from scraper.write.policy import DEFAULT_POLICY, WritePolicy
 
 log = logging.getLogger(__name__)
+
+#: First retry of a target that never answered (seconds; doubled per refusal, at most
+#: the interval's backoff): an exporter starts a few seconds after its pod.
+STARTING_RETRY_SECONDS = 1.0
 
 #: The same failure on the same target is recorded as an Event at most this often (seconds).
 EVENT_REPEAT_SECONDS = 600.0
@@ -73,6 +95,7 @@ REASON_INVALID = "InvalidTrainerStatus"
 REASON_SCRAPE_FAILED = "TrainerStatusScrapeFailed"
 REASON_FINAL_INVALID = "InvalidFinalTrainerStatus"
 REASON_WRONG_POD = "TrainerStatusFromOtherPod"
+REASON_SHARED_ADDRESS = "TrainerStatusFromSharedAddress"
 
 #: Longest excerpt of a failure's detail (characters) kept in an Event or log line: the
 #: detail quotes what the pod sent, which namespace users can read in the Event.
@@ -81,9 +104,27 @@ DETAIL_MAX = 160
 
 
 #: Outcomes after which the ETag is kept: the status is where it belongs (or cannot be).
-#: QUEUED: the write queue keeps it until applied (writes: scraper/status_writer.py).
+#: QUEUED: the write queue keeps it until applied (writes: scraper/write/).
 _SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.NOT_STORED,
             WriteOutcome.QUEUED)
+
+
+#: Outcomes of a final's apply after which it is owed no more: on the TrainJob (or found
+#: there), another writer's newer status stands (write.rules), the CRD cannot store it.
+_FINAL_SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.DEFERRED,
+                  WriteOutcome.NOT_STORED)
+
+
+class FinalDue(enum.Enum):
+    """Where an ended pod's final status stands (docs/scraper.md, "Leader changes")."""
+
+    #: Not known to be on the TrainJob: whoever leads applies it (again).  A final in
+    #: this replica's write queue is owed too, until an apply finds it on the TrainJob.
+    OWED = "owed"
+    #: A finalize run is deciding and queueing it now (one at a time per pod).
+    APPLYING = "applying"
+    #: Nothing more to write: on the TrainJob, superseded, not storable, or no valid final.
+    SETTLED = "settled"
 
 
 class Scraper(Protocol):
@@ -92,15 +133,16 @@ class Scraper(Protocol):
     async def scrape(self, target: Target, etag: str | None = None) -> ScrapeResult: ...
 
     async def wait_for_change(self, target: Target, etag: str | None,
-                              wait: float) -> ScrapeResult:
-        """A waiting scrape (``Prefer: wait``), held up to ``wait`` seconds."""
+                              wait: float, policy: str | None = None) -> ScrapeResult:
+        """A waiting scrape (``Prefer: wait``), held up to ``wait`` seconds; ``policy``:
+        the write policy stated to the exporter (exporter_lib.hold_policy)."""
         ...
 
 
 class StatusWriter(Protocol):
     """Applies (or queues) a status for a TrainJob; ``final`` for a final status.
 
-    Raises :class:`~scraper.status_writer.TrainJobGone` when the TrainJob does not
+    Raises :class:`~scraper.trainjobs.TrainJobGone` when the TrainJob does not
     exist; any other exception counts as a failed write.
     """
 
@@ -130,17 +172,25 @@ class TargetState:
         retry_at: monotonic time before which scheduled runs do nothing (backoff).
         event_at: per Event reason, the monotonic time it was last recorded.
         ended: the pod's end (termination messages), once it ended.
-        final_claimed: the final status write has been started (it is started once).
+        final: where its final status stands once it ended (:class:`FinalDue`).
+        attempt: the pod's restart attempt (a newer attempt's pod supersedes its final).
+        exporter_answered: its exporter answered a scrape (``auto`` source: the final is
+            then the exporter's, never the log's).
         dropped: the state left the table (pod gone, TrainJob gone, replaced).
         max_wait: the exporter's longest wait when its last answer offered waiting
             scrapes (contract 2), else None (the target is polled).
         answered_at: monotonic time of the target's last answer (the floor of the next).
+        answered_ever: its exporter answered once (before, a refusal is retried soon).
         held: the task keeping this target's one waiting scrape open, if any.
         wrong_pod_logged: an answer from another pod was logged for this target.
         sequence: the exporter sequence of the last answer in order (None: none had one).
         reported: the content (status, sequence) of the last answer in order.
         reported_seen: monotonic time ``reported`` was first seen (``-inf`` for the
             target's first answer: when its content changed is unknown).
+        by_policy: the exporter's last answer said it holds by the write policy
+            (contract 3): held requests are then paced by the progress floor.
+        taken_at: monotonic time the last status of this target went to the writer
+            (the metrics' age stated to the exporter counts from it).
     """
 
     view: JobView
@@ -151,15 +201,23 @@ class TargetState:
     retry_at: float = 0.0
     event_at: dict[str, float] = field(default_factory=dict)
     ended: Final | None = None
-    final_claimed: bool = False
+    final: FinalDue | None = None
+    attempt: int = 0
+    exporter_answered: bool = False
     dropped: bool = False
     max_wait: float | None = None
     answered_at: float = float("-inf")
+    answered_ever: bool = False
     held: asyncio.Task[None] | None = None
     wrong_pod_logged: bool = False
+    #: The pods at this target's address when a :class:`SharedAddress` Event was last
+    #: recorded: one Event per set of pods, not per scrape; () once an answer is used.
+    shared_reported: tuple[str, ...] = ()
     sequence: Sequence | None = None
     reported: tuple[TrainerStatus, int | None] | None = None
     reported_seen: float = float("-inf")
+    by_policy: bool = False
+    taken_at: float = float("-inf")
 
     def stop_holding(self) -> None:
         """Cancel the waiting scrape in flight (leadership lost, pod gone, stop)."""
@@ -172,18 +230,29 @@ class TargetState:
         """``(namespace, trainjob)``: the object whose status this pod reports."""
         return (self.view.namespace, self.view.trainjob)
 
-    def claim_final(self) -> bool:
-        """True the first time it is called for a state whose pod ended; False after."""
-        if self.ended is None or self.final_claimed:
+    def end(self, final: Final) -> None:
+        """The pod ended (or its end was seen again): its final is owed unless settled."""
+        self.ended = final
+        if self.final is None:
+            self.final = FinalDue.OWED
+
+    @property
+    def owes_final(self) -> bool:
+        """True while the pod's final status is not known to need no write."""
+        return self.ended is not None and self.final in (FinalDue.OWED, FinalDue.APPLYING)
+
+    def start_final(self) -> bool:
+        """True (and APPLYING) when its final is owed and no finalize runs for it."""
+        if self.ended is None or self.final is not FinalDue.OWED:
             return False
-        self.final_claimed = True
+        self.final = FinalDue.APPLYING
         return True
 
     def retarget(self, target: Target) -> None:
         """Set the target; a new URL starts over (no ETag, no backoff, polled first)."""
         if self.target is not None and self.target.url != target.url:
             self.etag, self.refusals, self.retry_at = None, 0, 0.0
-            self.max_wait = None
+            self.max_wait, self.answered_ever = None, False
             self.stop_holding()
         self.target = target
 
@@ -205,9 +274,17 @@ class ScrapeLoop:
         on_hold: called with ``(target key, True)`` when a target's waiting scrapes
             start and ``(key, False)`` when they end (the scheduler pauses its job meanwhile).
         final_from_log: reads the final status from a terminated pod's log, for pods
-            whose source is the log (scraper/sources.py); None: never.
+            whose source is the log (scraper/sources.py), given whether its exporter
+            ever answered (``auto``: then the exporter's last status stands); None: never.
         count_wrong_pod: called with :attr:`WrongPod.reason` for each answer from
             another pod.
+        policy_of: the write policy of a TrainJob by ``(namespace, name)``
+            (:class:`scraper.write.policy.PolicyResolver`), stated in held requests.
+        on_retry: ``(target key, seconds)``: run the target again within that many
+            seconds (a target still starting; :meth:`TargetScheduler.run_within`).
+        pods_at: keys of the live pods known at a target URL's ``host:port``
+            (:meth:`scraper.target_table.AddressIndex.pods_at`); an answer that states
+            no pod is refused (:class:`SharedAddress`) while there is more than one.
     """
 
     def __init__(
@@ -225,9 +302,15 @@ class ScrapeLoop:
         clock: Callable[[], float] = time.monotonic,
         waiting: bool = True,
         on_hold: Callable[[str, bool], None] = lambda key, holding: None,
-        final_from_log: Callable[[Final], Awaitable[TrainerStatus | None]] | None = None,
+        final_from_log: Callable[[Final, bool], Awaitable[TrainerStatus | None]] | None = None,
         count_wrong_pod: Callable[[str], None] = lambda reason: None,
+        policy_of: Callable[[str, str], WritePolicy] = lambda namespace, name: DEFAULT_POLICY,
+        on_retry: Callable[[str, float], None] = lambda key, seconds: None,
+        pods_at: Callable[[str], tuple[str, ...]] = lambda url: (),
     ) -> None:
+        self._pods_at = pods_at
+        self._policy_of = policy_of
+        self._on_retry = on_retry
         self._final_from_log = final_from_log
         self._count_wrong_pod = count_wrong_pod
         self._waiting = waiting
@@ -252,10 +335,7 @@ class ScrapeLoop:
             return
         if state.max_wait is not None:
             # Waiting scrapes: the one held request per target replaces the polls.
-            if state.held is None or state.held.done():
-                state.held = asyncio.create_task(self._hold(state, target),
-                                                 name=f"held-scrape {target.key}")
-                self._on_hold(target.key, True)
+            self._start_holding(state, target)
             return
         result = await self._scraper.scrape(target, state.etag)
         if isinstance(result, Busy):
@@ -263,25 +343,42 @@ class ScrapeLoop:
             return
         state.answered_at = self._clock()
         await self._handle(state, target, result)
+        if state.max_wait is not None and not state.dropped and state.target == target \
+                and self._leading():
+            # The poll learnt that the exporter offers waiting scrapes: hold from now on,
+            # not from the next scheduled run (an interval later); _hold keeps the pace.
+            self._start_holding(state, target)
+
+    def _start_holding(self, state: TargetState, target: Target) -> None:
+        """Open the target's one held request unless it is open already."""
+        if state.held is None or state.held.done():
+            state.held = asyncio.create_task(self._hold(state, target),
+                                             name=f"held-scrape {target.key}")
+            self._on_hold(target.key, True)
 
     async def _hold(self, state: TargetState, target: Target) -> None:
         """Keep one waiting scrape open for ``target`` while its exporter offers them.
 
-        The schedule stays the floor: a request is sent no sooner than one interval
-        after the previous answer, so a target answers at most once per interval.  Ends
-        (back to polling by the scheduled runs) on a failure, an answer without the
-        contract header, a new target, the end of leadership or the state's drop.
+        A request is sent no sooner than the *pace* after the previous answer: the
+        TrainJob's progress floor when the exporter holds by the stated write policy
+        (contract 3: it answers only for a change that will be written), else the
+        interval (contract 2 answers every change: a target answers at most once per
+        interval, as polling would).  Ends (back to polling by the scheduled runs) on a
+        failure, an answer without the contract header, a new target, the end of
+        leadership or the state's drop.
         """
         try:
             while True:
-                delay = state.answered_at + target.interval - self._clock()
+                policy = self._policy_of(target.namespace, target.trainjob)
+                pace = policy.progress_floor if state.by_policy else target.interval
+                delay = state.answered_at + pace - self._clock()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 if (state.dropped or state.target != target or not self._leading()
                         or state.max_wait is None or self._clock() < state.retry_at):
                     return
-                result = await self._scraper.wait_for_change(target, state.etag,
-                                                             state.max_wait)
+                result = await self._scraper.wait_for_change(
+                    target, state.etag, state.max_wait, self._stated(state, policy))
                 state.answered_at = self._clock()
                 if state.dropped or not self._leading():
                     return
@@ -296,6 +393,13 @@ class ScrapeLoop:
                 state.held = None
             self._on_hold(target.key, False)
 
+    def _stated(self, state: TargetState, policy: WritePolicy) -> str:
+        """The write policy as stated to the exporter: the percentage of the last status
+        taken from it, the staleness, and how long ago that status was taken."""
+        progress = state.reported[0].progress_percentage if state.reported else None
+        return format_policy(progress, policy.metrics_staleness,
+                             self._clock() - state.taken_at)
+
     async def _handle(self, state: TargetState, target: Target, result: ScrapeResult) -> None:
         """The rules for one answer (or failure) of ``target``."""
         if isinstance(result, Busy):
@@ -306,13 +410,23 @@ class ScrapeLoop:
             self._count_scrape(result.kind.value)
             await self._on_failure(state, target, result)
             return
+        if isinstance(result, Fresh) and not result.identified:
+            pods = self._pods_at(target.url)
+            if len(pods) > 1:
+                result = SharedAddress(pods)
         if isinstance(result, WrongPod):
             await self._on_wrong_pod(state, target, result)
             return
+        if isinstance(result, SharedAddress):
+            await self._on_shared_address(state, target, result)
+            return
         state.max_wait = result.max_wait if self._waiting else None
+        state.by_policy = result.by_policy
         if state.refusals:
             log.info("target %s answers again", target.key)
         state.refusals, state.retry_at, state.view.up = 0, 0.0, True
+        state.answered_ever = True
+        state.shared_reported = ()  # a later conflict, even of the same pods, is evented
         if isinstance(result, NotModified):
             self._count_scrape("not_modified")
             return
@@ -335,6 +449,7 @@ class ScrapeLoop:
         state.view.status = result.status
         if state.dropped or state.target is None:
             return  # the pod ended meanwhile: its final status wins
+        state.taken_at = self._clock()
         outcome = await self.write(target.namespace, target.trainjob, result.status,
                                    uid=target.trainjob_uid, seen=state.reported_seen)
         state.etag = result.etag if outcome in _SETTLED else None
@@ -345,6 +460,9 @@ class ScrapeLoop:
         if failure.kind.not_instrumented:
             state.refusals += 1
             delay = min(target.interval * 2 ** (state.refusals - 1), self._backoff_max)
+            if not state.answered_ever:  # still starting
+                delay = min(delay, STARTING_RETRY_SECONDS * 2 ** (state.refusals - 1))
+                self._on_retry(target.key, delay)
             state.retry_at = self._clock() + delay
             if state.refusals == 1:
                 log.info("target %s (%s): %s; treating it as not instrumented and backing "
@@ -381,6 +499,22 @@ class ScrapeLoop:
         await self._events.event(target.namespace, target.trainjob, REASON_WRONG_POD,
                                  message + "; not written, the previous status is kept")
 
+    async def _on_shared_address(self, state: TargetState, target: Target,
+                                 shared: SharedAddress) -> None:
+        state.max_wait, state.etag, state.view.up = None, None, False
+        self._count_scrape("shared_address")
+        if shared.pods == state.shared_reported:
+            return
+        state.shared_reported = shared.pods
+        message = (f"the answer at {target.url} (pod {target.pod_name}) states no pod, and "
+                   f"{len(shared.pods)} live pods are known at that address "
+                   f"({excerpt(', '.join(shared.pods), DETAIL_MAX)}): it may be another "
+                   "pod's")
+        log.warning("TrainJob %s/%s: %s; not written", target.namespace, target.trainjob,
+                    message)
+        await self._events.event(target.namespace, target.trainjob, REASON_SHARED_ADDRESS,
+                                 message + "; not written, the previous status is kept")
+
     async def write(self, namespace: str, trainjob: str, status: TrainerStatus, *,
                     final: bool = False, uid: str = "", seen: float | None = None,
                     finished_at: float | None = None) -> WriteOutcome | None:
@@ -399,11 +533,18 @@ class ScrapeLoop:
             self._count_write(WriteOutcome.FAILED)
             return WriteOutcome.FAILED
 
-    async def finalize(self, final: Final, state: TargetState | None) -> None:
+    async def finalize(self, final: Final, state: TargetState | None) -> bool:
         """Apply the final status from a terminated pod's termination message.
 
         The first container message that is a valid trainerStatus is applied; when
         none is, one Warning Event names every problem.
+
+        Returns:
+            True when the final is settled (:class:`FinalDue`): the apply found nothing
+            to write or wrote it, the TrainJob is gone, or there is no valid final (the
+            Event was recorded).  False while it is owed: queued in this replica's write
+            queue (lost if leadership ends before it lands), not leading, or the apply
+            failed; applying it again later is safe (coalesced, or found unchanged).
         """
         problems = []
         for container, message in final.messages:
@@ -421,9 +562,10 @@ class ScrapeLoop:
             log.info("final status of TrainJob %s/%s from pod %s (container %s): %s",
                      final.namespace, final.trainjob, final.pod_name, container,
                      outcome.value if outcome else "TrainJob gone")
-            return
+            return outcome is None or outcome in _FINAL_SETTLED
         if final.source != "exporter" and self._final_from_log is not None:
-            from_log = await self._final_from_log(final)
+            from_log = await self._final_from_log(
+                final, state is not None and state.exporter_answered)
             if from_log is not None:
                 if state is not None:
                     state.view.status = from_log
@@ -432,10 +574,11 @@ class ScrapeLoop:
                 log.info("final status of TrainJob %s/%s from the log of pod %s (container "
                          "%s): %s", final.namespace, final.trainjob, final.pod_name,
                          final.log_container, outcome.value if outcome else "TrainJob gone")
-                return
+                return outcome is None or outcome in _FINAL_SETTLED
         if problems:
             await self._events.event(
                 final.namespace, final.trainjob, REASON_FINAL_INVALID,
                 f"termination message of pod {final.pod_name} is not a valid trainerStatus: "
                 + "; ".join(problems) + "; the previous status is kept",
             )
+        return True

@@ -2,14 +2,24 @@
 
 As Prometheus does, every target gets a fixed offset inside its interval from a
 hash of its key, so N targets with the same interval do not all fire at once
-and a restarted scraper scrapes each target at the same phase as before.
+and a restarted scraper scrapes each target at the same phase as before.  A target
+that appears while the scraper runs (a new training, or the lists at start-up and at a
+Lease gain) is first scraped sooner than its phase: within a second
+(:data:`SOON_SECONDS`), early first runs taking turns at most :data:`SOON_PER_SECOND` a
+second, and never later than its phase.  Its first answer opens the waiting scrape that
+brings each new percentage at once.
 
 Unlike Prometheus, which spreads offsets to the millisecond, offsets fall on one
 of :data:`PHASES` evenly spaced phases.  Every event-loop wakeup costs CPU of its
-own (45-68 us on a 2-core VM, ``python -m benchmarks.breakdown``), so targets that
-share a phase share one wakeup, one pass of APScheduler's job loop and one
-``epoll`` round for their requests.  20 phases still spread N targets into
-bursts of about N/20.
+own (``python -m benchmarks.breakdown`` measures it), so targets that share a phase
+share one wakeup, one pass of APScheduler's job loop and one ``epoll`` round for
+their requests.  20 phases still spread N targets into bursts of about N/20.
+
+APScheduler is used through its public API only (``add_job``, ``pause_job``,
+``resume_job``, ``remove_job``, listeners).  Its asyncio scheduler wakes through
+``call_soon_threadsafe`` even from its own timer: one extra loop iteration per
+phase, that is at most :data:`PHASES` per interval whatever the number of targets
+(20 per 30 s at the defaults), too few to justify overriding its private methods.
 """
 
 from __future__ import annotations
@@ -20,9 +30,10 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
@@ -37,6 +48,18 @@ ScrapeFunc = Callable[[str], Awaitable[None]]
 
 #: Seconds between two "runs skipped" warnings (the counter counts every one).
 SKIP_WARNING_PERIOD = 60.0
+
+#: A target that appears while the scraper runs (a new training's pod) is first scraped
+#: within this many seconds (its phase within it) instead of at its phase within the
+#: interval: a waiting scrape, and with it a new percentage at once, starts only after a
+#: first answer, so a new training waited up to a whole interval (30 s by default).
+SOON_SECONDS = 1.0
+#: Early first runs per second at most.  Beyond that a surge (the lists at start-up and
+#: at a Lease gain) takes turns: the k-th target over the rate runs about k / this
+#: seconds later, or at its phase when that comes first.  Before, every target over the
+#: first 50 waited for its phase: after a restart with 200 targets, 150 of them were
+#: polled for up to an interval and their percentages waited for it (issue 26).
+SOON_PER_SECOND = 50.0
 
 
 def offset_seconds(key: str, interval: float) -> float:
@@ -75,25 +98,6 @@ def _drop_cancelled_runs(record: logging.LogRecord) -> bool:
     return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
 
 
-class _OnLoopScheduler(AsyncIOScheduler):  # type: ignore[misc]  # APScheduler 3 is untyped
-    """APScheduler's asyncio scheduler, woken by its timer without a thread hop.
-
-    The stock timer callback is ``wakeup()``, which goes through
-    ``call_soon_threadsafe`` (a write to the loop's self-pipe, a read back and one
-    more loop iteration) although the timer already runs on the loop.  Here the
-    timer runs the same job pass directly; ``wakeup()`` from other code is unchanged.
-    """
-
-    def _start_timer(self, wait_seconds: float | None) -> None:
-        self._stop_timer()
-        if wait_seconds is not None:
-            self._timeout = self._eventloop.call_later(wait_seconds, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timeout = None
-        self._start_timer(self._process_jobs())
-
-
 class TargetScheduler:
     """Runs ``scrape(key)`` for every scheduled target on its interval.
 
@@ -109,13 +113,15 @@ class TargetScheduler:
         reported through :meth:`note_skipped`."""
         self._scrape = scrape
         self._on_skipped = on_skipped
-        self._scheduler = _OnLoopScheduler(timezone=UTC)
+        self._scheduler = AsyncIOScheduler(timezone=UTC)
         self._scheduler.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES)
         # APScheduler warns once per skipped run: a line per target per interval
         # when the scraper falls behind.  _skipped() counts them and warns per minute.
         logging.getLogger("apscheduler.scheduler").addFilter(_drop_skip_warnings)
         logging.getLogger("apscheduler.executors.default").addFilter(_drop_cancelled_runs)
         self._scheduled: dict[str, Target] = {}
+        self._soon_tokens = SOON_PER_SECOND
+        self._soon_refilled = time.monotonic()
         self._skips = 0
         self._last_warning = float("-inf")
 
@@ -151,15 +157,54 @@ class TargetScheduler:
             self._scheduler.shutdown(wait=False)
         self._scheduled.clear()
 
+    def __len__(self) -> int:
+        """How many targets are scheduled (no copy: read on every pod event)."""
+        return len(self._scheduled)
+
+    def sizes(self) -> dict[str, int]:
+        """Entries kept per target: scheduled targets and APScheduler's jobs."""
+        return {"scheduled": len(self._scheduled), "jobs": len(self._scheduler.get_jobs())}
+
     def scheduled_keys(self) -> set[str]:
         """Keys of the scheduled targets."""
         return set(self._scheduled)
 
+    def _soon_wait(self) -> float:
+        """Seconds until the next early first run is free in a bucket of
+        :data:`SOON_PER_SECOND` per second (0: one is free now); not taken."""
+        now = time.monotonic()
+        self._soon_tokens = min(SOON_PER_SECOND, self._soon_tokens
+                                + (now - self._soon_refilled) * SOON_PER_SECOND)
+        self._soon_refilled = now
+        return max(0.0, (1.0 - self._soon_tokens) / SOON_PER_SECOND)
+
+    def _early_run(self, target: Target) -> datetime | None:
+        """When a target new to this scheduler first runs if before its phase (taking
+        its turn of the early runs), else None (it runs at its phase)."""
+        wait = self._soon_wait()
+        now = time.time()
+        at = now + wait + offset_seconds(target.key, min(SOON_SECONDS, target.interval))
+        if at >= first_run(target.key, target.interval, now).timestamp():
+            return None
+        self._soon_tokens -= 1.0  # below 0 while a surge takes turns
+        return datetime.fromtimestamp(at, UTC)
+
     def schedule(self, target: Target) -> None:
-        """Add the target's job, or replace it if its URL, pod or interval changed."""
+        """Add the target's job, or replace it if its URL, pod or interval changed.
+
+        A target new to this scheduler runs first within :data:`SOON_SECONDS` of its
+        turn among the early first runs (:data:`SOON_PER_SECOND` per second), or at its
+        phase (:func:`first_run`) when that comes first; APScheduler then counts its
+        interval from that run.
+        """
         current = self._scheduled.get(target.key)
         if current == target:
             return
+        extra = {}
+        if current is None and self._scheduler.running:
+            early = self._early_run(target)
+            if early is not None:
+                extra["next_run_time"] = early
         self._scheduler.add_job(
             self._scrape,
             IntervalTrigger(seconds=target.interval,
@@ -171,27 +216,39 @@ class TargetScheduler:
             max_instances=1,
             coalesce=True,
             misfire_grace_time=None,
+            **extra,
         )
         self._scheduled[target.key] = target
         log.debug("scheduled %s every %.1fs (%s)", target.key, target.interval, target.url)
+
+    def run_within(self, key: str, seconds: float) -> None:
+        """Run the target's job once within ``seconds`` when its next run is later
+        (a retry sooner than the interval); APScheduler counts the interval from that run."""
+        if key not in self._scheduled:
+            return
+        job = self._scheduler.get_job(key)
+        at = datetime.now(UTC) + timedelta(seconds=seconds)
+        if job is not None and job.next_run_time is not None and job.next_run_time > at:
+            with contextlib.suppress(JobLookupError):
+                self._scheduler.modify_job(key, next_run_time=at)
 
     def pause(self, key: str) -> None:
         """Stop firing the target's job until :meth:`resume` (its waiting scrape is open:
         a run per interval would only find it open, at the cost of a wakeup and a job run)."""
         if key in self._scheduled:
-            with contextlib.suppress(Exception):  # JobLookupError: already gone
+            with contextlib.suppress(JobLookupError):  # the job already ran its course
                 self._scheduler.pause_job(key)
 
     def resume(self, key: str) -> None:
         """Fire the target's job again at its phase (its waiting scrape ended)."""
         if key in self._scheduled:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(JobLookupError):
                 self._scheduler.resume_job(key)
 
     def unschedule(self, key: str) -> None:
         """Remove the target's job if there is one."""
         if self._scheduled.pop(key, None) is not None:
-            # JobLookupError: the job already ran its course; nothing to remove.
-            with contextlib.suppress(Exception):
+            # The job already ran its course: nothing to remove.
+            with contextlib.suppress(JobLookupError):
                 self._scheduler.remove_job(key)
             log.debug("unscheduled %s", key)

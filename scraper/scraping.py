@@ -20,17 +20,20 @@ half of the slots while another namespace waits for one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import enum
 import functools
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter_lib.hold_policy import WRITE_POLICY_HEADER
 from exporter_lib.pod import POD_HEADER, PodIdentity, hostname_label
 from exporter_lib.status import StatusError, TrainerStatus, metric_value_text
 from scraper.http_exchange import (
@@ -43,8 +46,8 @@ from scraper.http_exchange import (
     StaleConnection,
     endpoint,
 )
+from scraper.sequence import SEQUENCE_HEADER, Sequence, sequence_of
 from scraper.targets import Target
-from scraper.writer_rules import SEQUENCE_HEADER, Sequence, sequence_of
 
 #: JSON first; the Prometheus text format is the fallback any exporter can serve.
 ACCEPT = "application/json, text/plain;version=0.0.4;q=0.5, */*;q=0.1"
@@ -75,19 +78,27 @@ class Fresh:
     """A new status.  ``etag`` is the response's ETag (None when absent); ``max_wait`` the
     exporter's longest wait when it serves waiting scrapes (:func:`max_wait_of`);
     ``sequence`` the answer's place in its exporter's order
-    (:data:`scraper.writer_rules.SEQUENCE_HEADER`; None without the header)."""
+    (:data:`scraper.sequence.SEQUENCE_HEADER`; None without the header);
+    ``by_policy``: the exporter holds waiting scrapes by the stated write policy
+    (contract 3, :func:`holds_by_policy`); ``identified``: False when an exporter's
+    answer stated no pod (no :data:`~exporter_lib.pod.POD_HEADER`), so that it may be
+    another pod's at a shared address (:class:`SharedAddress`)."""
 
     status: TrainerStatus
     etag: str | None
     max_wait: float | None = None
     sequence: Sequence | None = None
+    by_policy: bool = False
+    identified: bool = True
 
 
 @dataclass(frozen=True)
 class NotModified:
-    """304: the status is the one the given ETag names (``max_wait`` as in :class:`Fresh`)."""
+    """304: the status is the one the given ETag names (``max_wait`` and ``by_policy`` as
+    in :class:`Fresh`)."""
 
     max_wait: float | None = None
+    by_policy: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,7 @@ class NothingYet:
     """204 (or text without trainjob series): the job has not reported yet."""
 
     max_wait: float | None = None
+    by_policy: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,7 +137,17 @@ class WrongPod:
     detail: str
 
 
-ScrapeResult = Fresh | NotModified | NothingYet | Failure | Busy | WrongPod
+@dataclass(frozen=True)
+class SharedAddress:
+    """An answer that states no pod identity, while more than one live pod is known at
+    the target's address (issue 27, point 3): it may be any of them, so nothing of it is
+    used.  Made by the loop (:class:`scraper.loop.ScrapeLoop`) from an unidentified
+    :class:`Fresh`; ``pods`` are the keys (``namespace/pod``) known there."""
+
+    pods: tuple[str, ...]
+
+
+ScrapeResult = Fresh | NotModified | NothingYet | Failure | Busy | WrongPod | SharedAddress
 
 
 def wrong_pod(target: Target, stated: PodIdentity | None) -> WrongPod | None:
@@ -163,6 +185,8 @@ class ScrapeLimits:
 CONTRACT_HEADER = "Trainjob-Exporter-Contract"
 #: Longest wait asked for (seconds), whatever an exporter advertises.
 WAIT_MAX_SECONDS = 300.0
+#: The first contract version whose held scrapes follow the stated write policy.
+POLICY_CONTRACT = 3
 _CONTRACT = re.compile(r"^\s*(\d+)\s*;\s*max-wait\s*=\s*(\d{1,6})\s*$")
 
 
@@ -175,6 +199,16 @@ def max_wait_of(header: str | None) -> float | None:
     if match is None or int(match.group(1)) < 2 or int(match.group(2)) < 1:
         return None
     return min(float(match.group(2)), WAIT_MAX_SECONDS)
+
+
+@functools.lru_cache(maxsize=256)
+def holds_by_policy(header: str | None) -> bool:
+    """True when ``Trainjob-Exporter-Contract`` is at least :data:`POLICY_CONTRACT` (with a
+    valid max-wait): the exporter answers a held scrape only for a change the stated
+    write policy writes (:mod:`exporter_lib.hold_policy`)."""
+    match = _CONTRACT.match(header or "")
+    return (match is not None and int(match.group(1)) >= POLICY_CONTRACT
+            and max_wait_of(header) is not None)
 
 
 #: Consecutive timeouts after which a target's scrapes move to the hung lane.
@@ -247,6 +281,10 @@ class ExporterScraper:
         self.held = 0  # held requests in flight
         # Each target's URL parsed once, with its request's first lines built.
         self._ends: dict[str, Endpoint] = {}
+        # Scrapes in flight per target key, and the targets forgotten meanwhile: what such
+        # a scrape re-adds (its URL, its pooled connection) is let go when it ends.
+        self._in_flight: dict[str, int] = {}
+        self._gone: dict[str, Target] = {}
 
     def _endpoint(self, url: str) -> Endpoint:
         """Raises ValueError for a URL that is not ``http://host[:port]/path``."""
@@ -269,6 +307,14 @@ class ExporterScraper:
         elif not isinstance(result, Busy):
             self._timeouts.pop(key, None)
 
+    def sizes(self) -> dict[str, int]:
+        """Entries of each map kept per target: timeout counts, parsed URLs, idle pooled
+        connections (both pools)."""
+        held = self._held_pool.idle_count() if self._held_pool is not None else 0
+        return {"timeouts": len(self._timeouts), "endpoints": len(self._ends),
+                "in_flight": len(self._in_flight), "gone": len(self._gone),
+                "idle_connections": self._pool.idle_count() + held}
+
     def forget(self, target: Target) -> None:
         """Drop what is kept for a target that is gone (its pod deleted, ended or moved):
         its timeout count and its idle keep-alive connections in both pools.
@@ -278,6 +324,8 @@ class ExporterScraper:
         under pod churn thousands of sockets, parsers and buffers to gone pods stayed
         open (issue 13, input 8).
         """
+        if target.key in self._in_flight:
+            self._gone[target.key] = target
         self._timeouts.pop(target.key, None)
         where = self._ends.pop(target.url, None)
         if where is None:
@@ -296,10 +344,12 @@ class ExporterScraper:
             await self._held_pool.close()
 
     async def wait_for_change(self, target: Target, etag: str | None,
-                              wait: float) -> ScrapeResult:
+                              wait: float, policy: str | None = None) -> ScrapeResult:
         """A waiting scrape: GET with ``If-None-Match: etag`` and ``Prefer: wait=<wait>``
         (RFC 7240), which an exporter of contract 2 holds until its status changes or
-        ``wait`` seconds pass.
+        ``wait`` seconds pass.  ``policy``: the
+        :data:`~exporter_lib.hold_policy.WRITE_POLICY_HEADER` value; an exporter of
+        contract 3 then answers only for a change it says will be written.
 
         Takes no scrape slot (a held request is not a hung exporter); bounded by
         ``wait`` plus the scrape timeout.  The caller keeps one per target.  Returns as
@@ -311,13 +361,14 @@ class ExporterScraper:
         headers = {**HEADERS, "Prefer": f"wait={int(wait)}"}
         if etag:
             headers["If-None-Match"] = etag
+            if policy:
+                headers[WRITE_POLICY_HEADER] = policy
         self.held += 1
         try:
-            result = await self._scrape(target, headers, limit, self._held_pool)
+            with self._tracked(target):
+                return await self._scrape(target, headers, limit, self._held_pool)
         finally:
             self.held -= 1
-        self._note(target.key, result)
-        return result
 
     async def scrape(self, target: Target, etag: str | None = None) -> ScrapeResult:
         """GET the target's URL once.
@@ -331,6 +382,11 @@ class ExporterScraper:
             :class:`Failure`, or :class:`Busy` when no slot came free within the
             scrape timeout; this method raises nothing but cancellation.
         """
+        with self._tracked(target):
+            return await self._slotted(target, etag)
+
+    async def _slotted(self, target: Target, etag: str | None = None) -> ScrapeResult:
+        """One GET within a scrape slot (or the hung lane)."""
         timeout = min(self.limits.timeout, target.interval * 0.9)
         headers = {**HEADERS, "If-None-Match": etag} if etag else HEADERS
         if self.is_hung(target.key):
@@ -352,7 +408,6 @@ class ExporterScraper:
             self._slots.release()
             if self._observe is not None:
                 self._observe(time.monotonic() - started)
-        self._note(target.key, result)
         return result
 
     async def _scrape_hung(self, target: Target, headers: dict[str, str],
@@ -367,12 +422,33 @@ class ExporterScraper:
             self._hung.give(target.namespace)
             if self._observe is not None:
                 self._observe(time.monotonic() - started)
-        self._note(target.key, result)
         return result
 
     async def _scrape(self, target: Target, headers: dict[str, str], limit: float,
                       pool: ConnectionPool | None = None) -> ScrapeResult:
         """One GET (retried once on a stale pooled connection) within ``limit`` seconds."""
+        result = await self._scrape_once(target, headers, limit, pool)
+        self._note(target.key, result)
+        return result
+
+    @contextlib.contextmanager
+    def _tracked(self, target: Target) -> Iterator[None]:
+        """Count a scrape of ``target`` in flight (from before it waits for a slot); a
+        target forgotten meanwhile is forgotten again once its last scrape ends, so what
+        such a scrape added back (its parsed URL, its pooled connection, a timeout count)
+        does not outlive the pod."""
+        self._in_flight[target.key] = self._in_flight.get(target.key, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._in_flight.pop(target.key) - 1
+            if left:
+                self._in_flight[target.key] = left
+            elif (gone := self._gone.pop(target.key, None)) is not None:
+                self.forget(gone)
+
+    async def _scrape_once(self, target: Target, headers: dict[str, str], limit: float,
+                           pool: ConnectionPool | None = None) -> ScrapeResult:
         pool = pool or self._pool
         try:
             where = self._endpoint(target.url)
@@ -402,25 +478,30 @@ class ExporterScraper:
         try:
             # Before anything of the answer is read: another pod's status, 304 or error
             # says nothing about this target.
-            if other := wrong_pod(target, PodIdentity.parse(resp.header(POD_HEADER))):
+            stated = PodIdentity.parse(resp.header(POD_HEADER))
+            if other := wrong_pod(target, stated):
                 return other
-            max_wait = max_wait_of(resp.header(CONTRACT_HEADER))
+            contract = resp.header(CONTRACT_HEADER)
+            max_wait = max_wait_of(contract)
             if max_wait is not None and self._waiting and pool is self._pool:
                 # Held requests take over on their own pool (__init__): this connection
                 # is closed, not left idle.
                 keep = False
-            return await self._answer(resp, max_wait, cap)
+            answer = await self._answer(resp, max_wait, cap, holds_by_policy(contract))
+            if stated is None and isinstance(answer, Fresh):
+                answer = dataclasses.replace(answer, identified=False)
+            return answer
         finally:
             # Pooled only when the answer ended cleanly (a cancelled or unread one closes).
             resp.release(keep)
 
     async def _answer(self, resp: Response, max_wait: float | None,
-                      cap: int) -> ScrapeResult:
+                      cap: int, by_policy: bool = False) -> ScrapeResult:
         status = resp.status
         if status == 304:
-            return NotModified(max_wait)
+            return NotModified(max_wait, by_policy)
         if status == 204:
-            return NothingYet(max_wait)
+            return NothingYet(max_wait, by_policy)
         if 300 <= status < 400:
             where = excerpt(resp.header("Location") or "?")
             return Failure(FailureKind.REDIRECT,
@@ -436,7 +517,8 @@ class ExporterScraper:
         sequence = sequence_of(resp.header(SEQUENCE_HEADER))
         if resp.content_type == "application/json":
             try:
-                return Fresh(TrainerStatus.from_json(body), etag, max_wait, sequence)
+                return Fresh(TrainerStatus.from_json(body), etag, max_wait, sequence,
+                             by_policy)
             except StatusError as exc:
                 return Failure(FailureKind.INVALID, f"invalid trainerStatus JSON: {exc}"[:1000])
         return parse_text(body, etag, sequence)

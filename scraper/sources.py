@@ -14,6 +14,8 @@ rules, the write queue and its budget are the same for either.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from scraper.logsource.reader import LogScraper
 from scraper.scraping import ExporterScraper, Failure, ScrapeResult
 from scraper.targets import SOURCE_AUTO, SOURCE_LOGS, Target
@@ -22,12 +24,15 @@ from scraper.targets import SOURCE_AUTO, SOURCE_LOGS, Target
 class SourceScraper:
     """Sends each scrape to the exporter or the log, as the target's source says."""
 
-    def __init__(self, exporter: ExporterScraper, logs: LogScraper | None) -> None:
+    def __init__(self, exporter: ExporterScraper, logs: LogScraper | None, *,
+                 on_exporter_answer: Callable[[Target], None] = lambda target: None) -> None:
+        """``on_exporter_answer``: called with an ``auto`` target whose exporter answered
+        (its final status is then the exporter's, never the log's); the caller keeps
+        that per pod (:attr:`scraper.loop.TargetState.exporter_answered`), so nothing
+        here grows with the pods that come and go."""
         self.exporter = exporter
         self.logs = logs
-        #: Pods (UIDs) of ``auto`` targets whose exporter answered: their final status
-        #: is the exporter's, never the log's.
-        self.exporter_answered: set[str] = set()
+        self._on_exporter_answer = on_exporter_answer
 
     @property
     def held(self) -> int:
@@ -40,15 +45,14 @@ class SourceScraper:
         if target.source == SOURCE_AUTO and self.logs is not None:
             if isinstance(result, Failure) and result.kind.not_instrumented:
                 return await self.logs.scrape(target, etag)
-            self.exporter_answered.add(target.pod_uid)
+            self._on_exporter_answer(target)
         return result
 
     async def wait_for_change(self, target: Target, etag: str | None,
-                              max_wait: float) -> ScrapeResult:
-        return await self.exporter.wait_for_change(target, etag, max_wait)
+                              max_wait: float, policy: str | None = None) -> ScrapeResult:
+        return await self.exporter.wait_for_change(target, etag, max_wait, policy)
 
     def forget(self, target: Target) -> None:
-        # exporter_answered is kept: the pod's final status is decided after the drop.
         self.exporter.forget(target)
         if self.logs is not None:
             self.logs.forget(target)

@@ -53,6 +53,10 @@ class Supervisor:
         task.add_done_callback(self._background_done)
         return task
 
+    def background_count(self) -> int:
+        """One-off tasks still running (e.g. final status writes)."""
+        return len(self._background)
+
     def _root_done(self, task: asyncio.Task[Any]) -> None:
         if task.cancelled() or self._stopping:
             return

@@ -39,11 +39,15 @@ def parse_duration(value: object) -> float:
                     break
                 seconds += float(match.group(1)) * _SCALE[match.group(2)]
                 pos = match.end()
+            if text.startswith("-") and _DURATION_PART.fullmatch(text[1:]):
+                raise ValueError(f"not a duration: {value!r} (must be >= 0)") from None
             if pos != len(text) or not text:
                 raise ValueError(
                     f"not a duration: {value!r} (use e.g. 30s, 2m, 1h or seconds)"
                 ) from None
-    if seconds != seconds or seconds < 0:
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise ValueError(f"not a duration: {value!r} (not a finite number)")
+    if seconds < 0:
         raise ValueError(f"not a duration: {value!r} (must be >= 0)")
     return seconds
 

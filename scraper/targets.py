@@ -27,6 +27,8 @@ class Target:
         hostname: the hostname the kubelet gives the pod's containers
             (:func:`exporter_lib.pod.kubelet_hostname`), compared with the one its
             exporter states; ``""`` when not known (not compared).
+        policy: the pod's write-policy annotations as found, ``(name, value)`` pairs
+            (validated where they are used: :class:`scraper.write.policy.PolicyResolver`).
     """
 
     namespace: str
@@ -39,6 +41,7 @@ class Target:
     source: str = SOURCE_EXPORTER
     log_container: str = ""
     hostname: str = ""
+    policy: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:

@@ -115,6 +115,10 @@ class Telemetry:
         self.targets = Gauge("trainjob_scraper_targets", "Targets being scraped", registry=r)
         self.watch_restarts = Counter("trainjob_scraper_watch_restarts_total",
                                       "Times the pod watch started over", ["reason"], registry=r)
+        self.pod_apply_failures = Counter(
+            "trainjob_scraper_pod_apply_failures_total", "Pod watch items (list: a full "
+            "list, the other pods of it applied; event: one watch event) whose applying "
+            "raised; each is answered with a relist", ["item"], registry=r)
         self.leader = Gauge("trainjob_scraper_leader", "1 while this replica leads",
                             registry=r)
         self.held_scrapes = Gauge("trainjob_scraper_held_scrapes", "Waiting scrapes "

@@ -13,7 +13,7 @@ Callbacks (on the event loop):
 * ``on_gone(namespace, name, uid)``: a TrainJob was deleted, or is absent from a
   relist, or came back with another UID (re-created: the old object is gone);
 * ``on_change(namespace, name, held)``: its status or annotation changed (the drift check,
-  :meth:`scraper.status_writer.StatusWriter.on_trainjob_change`);
+  :meth:`scraper.write.writer.StatusWriter.on_trainjob_change`);
 * ``on_seen(key)``: after every watch event of a TrainJob, whatever changed (a label is
   enough), with its ``(namespace, name)``, and after every list and relist with None, once
   the store holds what it brought: the owner-chain checks waiting on a TrainJob run again
@@ -55,7 +55,11 @@ from typing import Any
 from exporter_lib.status import StatusError, TrainerStatus
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, decode_annotation
 from scraper.kube.informer import ScopesListed
+from scraper.write.policy import overrides_of
 
+#: The stall annotations of a TrainJob (scraper/stall.py).
+STALL_AFTER_ANNOTATION = "trainjob-progress.dev/stall-after"
+STALLED_SINCE_ANNOTATION = "trainjob-progress.dev/stalled-since"
 #: The status source annotation (pods and TrainJobs; scraper/sources.py).
 SOURCE_ANNOTATION = "trainjob-progress.dev/source"
 
@@ -112,6 +116,12 @@ class Held:
             status source of its pods that do not name their own (scraper/sources.py).
         status_by: who wrote ``status.trainerStatus`` (None: nobody owns it).
         annotated_by: who wrote the annotation (None: nobody owns it).
+        policy: its write-policy annotations as found (:mod:`scraper.write.policy`).
+        suspended: its ``spec.suspend`` is true (a queue such as Kueue holds it).
+        stall_after: its ``trainjob-progress.dev/stall-after`` annotation as written
+            (None when absent; scraper/stall.py).
+        stalled_since: its ``trainjob-progress.dev/stalled-since`` annotation (None when
+            absent; written by this scraper, scraper/stall_watch.py).
     """
 
     uid: str
@@ -121,6 +131,10 @@ class Held:
     source: str | None = None
     status_by: Writer | None = None
     annotated_by: Writer | None = None
+    policy: tuple[tuple[str, str], ...] = ()
+    suspended: bool = False
+    stall_after: str | None = None
+    stalled_since: str | None = None
 
 
 def _epoch(stamp: Any) -> float:
@@ -212,10 +226,17 @@ def held_from_object(obj: dict[str, Any]) -> Held:
     status = _readable(TrainerStatus.from_api, (obj.get("status") or {}).get("trainerStatus"))
     annotated = _readable(decode_annotation,
                           (meta.get("annotations") or {}).get(TRAINER_STATUS_ANNOTATION))
-    source = (meta.get("annotations") or {}).get(SOURCE_ANNOTATION)
+    annotations = meta.get("annotations") or {}
+    source = annotations.get(SOURCE_ANNOTATION)
     status_by, annotated_by = writers_of(meta.get("managedFields"))
+    stall_after, stalled_since = (annotations.get(STALL_AFTER_ANNOTATION),
+                                  annotations.get(STALLED_SINCE_ANNOTATION))
     return Held(meta.get("uid", ""), status, meta.get("resourceVersion", ""), annotated,
-                str(source).lower() if source else None, status_by, annotated_by)
+                str(source).lower() if source else None, status_by, annotated_by,
+                overrides_of(meta.get("annotations")),
+                suspended=(obj.get("spec") or {}).get("suspend") is True,
+                stall_after=None if stall_after is None else str(stall_after),
+                stalled_since=None if stalled_since is None else str(stalled_since))
 
 
 def _readable(parse: Callable[[Any], TrainerStatus], raw: Any) -> TrainerStatus | None:
@@ -268,6 +289,10 @@ class TrainJobStore:
     def get(self, namespace: str, name: str) -> Held | None:
         """What the TrainJob holds; None when it does not exist (or before the first list)."""
         return self._held.get((namespace, name))
+
+    def items(self) -> list[tuple[TrainJobKey, Held]]:
+        """Every TrainJob held now, as ``((namespace, name), held)`` pairs (a copy)."""
+        return list(self._held.items())
 
     def uid_of(self, namespace: str, name: str) -> str:
         """The TrainJob's UID, or ``""`` when unknown."""

@@ -207,6 +207,26 @@ def push_stack(pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> I
 
 
 @pytest.fixture(scope="session")
+def kueue_stack(pytestconfig: pytest.Config) -> Iterator[Cluster]:
+    """A local cluster with Kueue v0.17.0 and its TrainJob integration in front of the
+    Trainer (:class:`~localdev.cluster.stack.Cluster` ``kueue=True``); a cluster of its
+    own, so Kueue's admission never holds up the other stack tests."""
+    yield from started_cluster(pytestconfig, Cluster(flavour=FLAVOUR_CURRENT, kueue=True))
+
+
+@pytest.fixture(scope="session")
+def kueue_api(kueue_stack: Cluster) -> Iterator[client.ApiClient]:
+    """An admin ApiClient for :func:`kueue_stack`."""
+    yield from _admin_api(kueue_stack)
+
+
+@pytest.fixture
+def kueue_namespace(kueue_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace on :func:`kueue_stack`, deleted after the test."""
+    yield from _deleted_namespace(kueue_api, request)
+
+
+@pytest.fixture(scope="session")
 def stack_api(kube_stack: Cluster) -> Iterator[client.ApiClient]:
     """An admin ApiClient for the session's local cluster."""
     yield from _admin_api(kube_stack)

@@ -1,6 +1,6 @@
 """Client side of trainjob-progress: the kubectl plugin and the notebook helpers.
 
-Install with the ``client`` extra (``pip install 'trainjob-progress[client]'``):
+Install with the ``client`` extra from a clone (``pip install -e '.[client]'``):
 
 * ``kubectl trainjob progress|watch`` (console script ``kubectl-trainjob``,
   :mod:`trainjob_client.cli`);

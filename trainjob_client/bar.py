@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import IO, Any
 
 from tqdm.auto import tqdm
@@ -26,6 +27,9 @@ BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}{postfix}]"
 def describe(item: TrainJobProgress, metrics: Sequence[str]) -> str:
     """The bar's text after the time: ``Running, ETA 05:10, loss=0.173`` (tqdm's clock)."""
     parts = [item.state] if item.state else []
+    stalled = item.stalled_for(datetime.now(UTC))
+    if stalled:
+        parts.append(stalled)
     status = item.status
     if status is None:
         parts.append(item.problem or "no trainer status yet")

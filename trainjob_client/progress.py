@@ -21,6 +21,9 @@ from trainjob_client.annotation import TRAINER_STATUS_ANNOTATION, decode_annotat
 #: Where a trainer status was read from (:attr:`TrainJobProgress.source`).
 SOURCE_STATUS = "status.trainerStatus"
 SOURCE_ANNOTATION = f"metadata.annotations[{TRAINER_STATUS_ANNOTATION}]"
+#: The annotation the scraper writes while a training is stalled: the time of its last
+#: change (RFC 3339; docs/scraper.md, "Stall detection").
+STALLED_SINCE_ANNOTATION = "trainjob-progress.dev/stalled-since"
 #: TrainJob condition types that end a TrainJob (Trainer v1alpha1 API).
 TERMINAL_CONDITIONS = ("Complete", "Failed")
 
@@ -43,6 +46,15 @@ class TrainJobProgress:
     status: TrainerStatus | None
     source: str | None
     problem: str | None = None
+    #: The last change of a training the scraper finds stalled (None: not stalled).
+    stalled_since: datetime | None = None
+
+    def stalled_for(self, now: datetime) -> str | None:
+        """``stalled for 14 min`` while the scraper finds the training stalled, else None."""
+        if self.stalled_since is None or self.ended:
+            return None
+        minutes = max(0, int((now - self.stalled_since).total_seconds() // 60))
+        return f"stalled for {minutes} min"
 
     @property
     def ended(self) -> bool:
@@ -63,6 +75,7 @@ class TrainJobProgress:
             "source": self.source,
             "trainerStatus": None if self.status is None else self.status.to_api(),
             **({"problem": self.problem} if self.problem else {}),
+            **({"stalledSince": self.stalled_since.isoformat()} if self.stalled_since else {}),
         }
 
 
@@ -98,6 +111,7 @@ def trainjob_progress(trainjob: Mapping[str, Any]) -> TrainJobProgress:
             status is None or from_annotation.last_updated_time > status.last_updated_time):
         status, source = from_annotation, SOURCE_ANNOTATION
     return TrainJobProgress(
+        stalled_since=_time((meta.get("annotations") or {}).get(STALLED_SINCE_ANNOTATION)),
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         state=trainjob_state(trainjob),
@@ -108,9 +122,21 @@ def trainjob_progress(trainjob: Mapping[str, Any]) -> TrainJobProgress:
     )
 
 
+def _time(raw: Any) -> datetime | None:
+    """An RFC 3339 time; None when absent or unreadable (an annotation anyone may edit)."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
 __all__ = [
     "SOURCE_ANNOTATION",
     "SOURCE_STATUS",
+    "STALLED_SINCE_ANNOTATION",
     "TERMINAL_CONDITIONS",
     "TrainJobProgress",
     "trainjob_progress",

@@ -17,6 +17,7 @@ context and identity), so they see exactly what the SDK sees.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
@@ -139,8 +140,7 @@ class ProgressCallback:
                                     None, None, problem=f"unavailable: {exc}")
         if not item.state:
             # The SDK's own state (Created/Running) when the TrainJob has no condition yet.
-            item = TrainJobProgress(item.namespace, item.name, trainjob.status, item.created,
-                                    item.status, item.source, item.problem)
+            item = dataclasses.replace(item, state=trainjob.status)
         bar.show(item)
         if trainjob.status in SDK_END_STATES or item.ended:
             bar.close()

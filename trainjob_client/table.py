@@ -69,7 +69,9 @@ def row(item: TrainJobProgress, metrics: Sequence[str], *, now: datetime | None 
     now = now or datetime.now(UTC)
     status = item.status
     cells = [item.namespace] if all_namespaces else []
-    cells += [item.name, item.state or NONE]
+    stalled = item.stalled_for(now)
+    state = item.state or NONE
+    cells += [item.name, f"{state} ({stalled})" if stalled else state]
     if status is None:
         cells += [NONE, NONE, NONE]
         cells += [NONE] * len(metrics)

@@ -4,7 +4,8 @@ They come from ``scripts/stack-assets``: it runs ``scripts/controlplane-assets``
 (kube-apiserver, kubectl, etcd and helm from the Go modules pinned under
 ``tools/controlplane/``, or ``KUBEBUILDER_ASSETS``), builds
 kube-controller-manager, kube-scheduler, kwok, the JobSet controller (v0.12.0) and
-the Kubeflow Trainer controller (v2.3.0, and v2.0.0 for the "before-v2.2" flavour;
+the Kubeflow Trainer controller (v2.3.0, and v2.0.0 for the "before-v2.2" flavour),
+Kueue (v0.17.0, for ``Cluster(kueue=True)``;
 ``tools/controlplane/kube``, ``tools/stack/*``),
 copies the manifests those projects ship out of the Go module cache, and prints
 one bundle directory.  This module runs that script, streams its progress to
@@ -135,9 +136,15 @@ def ensure_assets(assets_dir: str | None = None) -> Assets:
         assert proc.stderr is not None and proc.stdout is not None
         # Relay progress line by line as it comes (fd 2: shown even under
         # pytest's capture when the caller disables it), keeping a tail for errors.
+        # A warm cache says only "up to date": that is kept for errors, not shown (under
+        # pytest it landed inside the progress line); the first line shown starts a line.
+        shown = False
         for line in proc.stderr:
             tail.append(line.rstrip("\n"))
-            os.write(2, line.encode(errors="replace"))
+            if "] up to date: " in line:
+                continue
+            os.write(2, (("" if shown else "\n") + line).encode(errors="replace"))
+            shown = True
         stdout = proc.stdout.read()
         returncode = proc.wait()
     finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import signal
@@ -24,6 +25,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -49,6 +51,28 @@ LOG_TAIL_LINES = 40
 KUBECTL_TIMEOUT_SECONDS = 120.0
 #: Verbs that change an object: the ones the audit policy logs.
 AUDIT_WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+
+
+def trainjob_status_writes(path: Path | str, offset: int,
+                           namespace: str) -> Iterator[dict[str, Any]]:
+    """The audit events (as :func:`audit_policy` logs them) of patches and updates of
+    ``trainjobs/status`` in ``namespace``, from byte ``offset`` of the audit log on; a
+    half-written last line is skipped."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        handle.seek(offset)
+        for line in handle:
+            if '"trainjobs"' not in line or '"status"' not in line:
+                continue  # cheaper than parsing every write of the cluster
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            ref = event.get("objectRef") or {}
+            if (ref.get("resource") == "trainjobs" and ref.get("subresource") == "status"
+                    and ref.get("namespace") == namespace
+                    and event.get("stage") == "ResponseComplete"
+                    and event.get("verb") in ("patch", "update")):
+                yield event
 
 
 def audit_policy(status_level: str = "Metadata") -> dict[str, Any]:
@@ -331,6 +355,11 @@ class ControlPlane:
     def pids(self) -> list[int]:
         """Process ids of etcd and kube-apiserver (each leads its own process group)."""
         return [p.pid for p in (self._etcd, self._apiserver) if p is not None]
+
+    @property
+    def apiserver_pid(self) -> int | None:
+        """Process id of kube-apiserver (None before :meth:`start`)."""
+        return None if self._apiserver is None else self._apiserver.pid
 
     # ----------------------------------------------------------------- access
 

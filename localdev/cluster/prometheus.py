@@ -121,6 +121,8 @@ class PrometheusServer:
         workdir: where the configuration, TSDB and log go; default a temporary
             directory removed by :meth:`stop`.
         startup_timeout: seconds to wait for ``/-/ready``.
+        rule_files: Prometheus rule files loaded (alerting and recording rules,
+            evaluated every ``scrape_interval``).
     """
 
     def __init__(
@@ -131,7 +133,9 @@ class PrometheusServer:
         binary: str | None = None,
         workdir: Path | None = None,
         startup_timeout: float = 30.0,
+        rule_files: Sequence[Path] = (),
     ) -> None:
+        self.rule_files = [str(p) for p in rule_files]
         self.targets = [
             t if isinstance(t, ScrapeTarget) else ScrapeTarget(f"target{i}", t)
             for i, t in enumerate(targets)
@@ -173,6 +177,7 @@ class PrometheusServer:
                 "evaluation_interval": interval,
             },
             "scrape_configs": [_scrape_config(t) for t in self.targets],
+            **({"rule_files": self.rule_files} if self.rule_files else {}),
         }
 
     def start(self) -> PrometheusServer:

@@ -16,6 +16,8 @@ kube-apiserver), :class:`Cluster` starts, all built from Go modules by
 * with ``push=True``, the Trainer's ``TrainJobStatus`` feature gate on: its status
   server serves (TLS, projected ServiceAccount tokens checked by OIDC discovery of
   the API server's issuer) and trainer pods push to it;
+* with ``kueue=True``, Kueue (v0.17.0) with its TrainJob integration
+  (:mod:`localdev.cluster.kueue`): its shipped CRDs and webhooks, as JobSet's;
 * the pod runner (:mod:`localdev.cluster.podrunner`), the container runtime of
   the runner node: it runs a pod's container command as a local process.
 
@@ -64,6 +66,12 @@ from localdev.cluster.crds import (
     trainer_manifests,
     trainjob_crd,
     wait_trainer_status_schema,
+)
+from localdev.cluster.kueue import (
+    KUEUE_BINARY,
+    KUEUE_METRICS_CERT_DIR,
+    KUEUE_NAMESPACE,
+    kueue_configuration,
 )
 from localdev.cluster.mounts import private_mount_prefix, with_bind_mounts
 from localdev.cluster.pki import serving_pki
@@ -265,20 +273,29 @@ class Cluster(ControlPlane):
     server serves at :attr:`status_server_url` and the Trainer injects its URL, CA
     and a projected token into trainer containers, which the pod runner mounts.
 
+    ``kueue`` also starts Kueue with its TrainJob integration (flavour
+    :data:`~localdev.cluster.crds.FLAVOUR_CURRENT` only); the queues are the
+    caller's (:func:`localdev.cluster.kueue.queue_objects`).
+
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
 
     def __init__(self, assets_dir: str | Path | None = None,
                  workdir: str | Path | None = None, *, flavour: str = FLAVOUR_CURRENT,
-                 push: bool = False, audit_log: str | None = None) -> None:
+                 push: bool = False, kueue: bool = False,
+                 audit_log: str | None = None) -> None:
         super().__init__(assets_dir, workdir, controllers=True, audit_log=audit_log)
         if flavour not in FLAVOURS:
             raise ValueError(f"flavour={flavour!r}: must be one of {FLAVOURS}")
         if push and flavour != FLAVOUR_CURRENT:
             raise ValueError(f"push=True needs flavour={FLAVOUR_CURRENT!r} (Trainer v2.3.0); "
                              f"Trainer v2.0.0 has no status server")
+        if kueue and flavour != FLAVOUR_CURRENT:
+            raise ValueError(f"kueue=True needs flavour={FLAVOUR_CURRENT!r} (Kueue's TrainJob "
+                             "integration uses the v2.2+ TrainJob API)")
         self.flavour = flavour
         self.push = push
+        self.kueue = kueue
         self.kwok_cidr, self.runner_cidr = pod_cidrs()
         """Pod CIDRs of the kwok node and the runner node (loopback, this cluster's own)."""
         self._trainer_flavour = flavour
@@ -286,7 +303,7 @@ class Cluster(ControlPlane):
         """Port of the Trainer's status server (any interface; ``push`` only)."""
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._spawned: dict[str, tuple[list[str], dict[str, str] | None]] = {}
-        self._jobset_probe = self._trainer_probe = ""
+        self._jobset_probe = self._trainer_probe = self._kueue_probe = ""
         self._trainer_ca = b""
         self.stack_startup_seconds: float | None = None
         """Wall time from the API server ready to the whole stack ready (seconds)."""
@@ -354,6 +371,8 @@ class Cluster(ControlPlane):
         if name not in self._children:
             args, env = self._spawned[name]
             self._children[name] = processes.spawn(args, self.workdir / f"{name}.log", env=env)
+        if name == KUEUE_BINARY:
+            self._wait("Kueue controller", lambda: _http_ok(self._kueue_probe))
         if name == "trainer-controller-manager":
             self._wait("Trainer controller", lambda: _http_ok(self._trainer_probe))
             if self.push:
@@ -428,6 +447,8 @@ class Cluster(ControlPlane):
             if self.push:
                 self._wait("Trainer status server", self._status_server_serves)
             self._apply_runtimes(api, trainer_manifests(manifests, self.flavour) / "runtimes")
+            if self.kueue:
+                self._start_kueue(api, core, manifests)
             self._wait(f"nodes {KWOK_NODE}, {RUNNER_NODE}", lambda: _nodes_ready(core))
             self._wait("ServiceAccount default/default",
                        lambda: bool(core.read_namespaced_service_account("default", "default")))
@@ -583,6 +604,43 @@ class Cluster(ControlPlane):
             return None
         return f"https://127.0.0.1:{self.status_server_port}"
 
+    def _start_kueue(self, api: client.ApiClient, core: client.CoreV1Api,
+                     manifests: Path) -> None:
+        """Start Kueue as JobSet runs: a dev CA's certificate in its certDir, internal
+        cert management off, the shipped webhooks registered once it serves."""
+        binary = self.assets.directory / KUEUE_BINARY
+        if not os.access(binary, os.X_OK):
+            raise ControlPlaneError(f"{self.assets.directory} lacks {KUEUE_BINARY}: "
+                                    "build the stack with scripts/stack-assets")
+        for crd in sorted((manifests / "kueue" / "crd").glob("*.yaml")):
+            install_crd(api, load_yaml_file(crd))
+        with contextlib.suppress(client.ApiException):
+            core.create_namespace({"metadata": {"name": KUEUE_NAMESPACE}})
+        certs = self.workdir / "kueue-certs"
+        certs.mkdir(exist_ok=True)
+        pki = serving_pki("kueue-webhook-ca", [], ["127.0.0.1"])
+        (certs / "tls.crt").write_bytes(pki.cert)
+        (certs / "tls.key").write_bytes(pki.key)
+        port, probe = processes.free_port(), processes.free_port()
+        self._kueue_probe = f"http://127.0.0.1:{probe}/readyz"
+        config = self.workdir / "kueue-config.yaml"
+        config.write_text(yaml.safe_dump(kueue_configuration(
+            webhook_port=port, probe_port=probe, cert_dir=certs), sort_keys=False))
+        args = [str(binary), f"--kubeconfig={self.kubeconfig_path}", f"--config={config}",
+                # The visibility API server would need an APIService and a fixed port.
+                "--feature-gates=VisibilityOnDemand=false", "--zap-log-level=2"]
+        # With internal cert management off, Kueue reads a metrics certificate at a
+        # compiled-in path (its metrics server stays off): given in a private mount
+        # namespace, as the Trainer's certificate directory is.
+        prefix = private_mount_prefix()
+        if prefix is None:
+            raise ControlPlaneError(
+                f"kueue=True needs a private mount namespace for Kueue (its metrics "
+                f"certificate at {KUEUE_METRICS_CERT_DIR}): unshare is missing or refused")
+        self._spawn(KUEUE_BINARY, with_bind_mounts(prefix, [(certs, KUEUE_METRICS_CERT_DIR)], args))
+        self._wait("Kueue controller", lambda: _http_ok(self._kueue_probe))
+        self._apply_webhooks(api, manifests / "kueue" / "webhook", port, pki.ca_cert, "kueue-")
+
     @property
     def trainer_ca_cert(self) -> bytes:
         """PEM of the CA of the Trainer's webhook and status server certificate."""
@@ -637,9 +695,13 @@ class Cluster(ControlPlane):
 
     @property
     def stack_versions(self) -> dict[str, str]:
-        """Versions of the stack's parts (``kubernetes``, ``kwok``, ``jobset``, ``trainer``)."""
+        """Versions of the stack's parts that run (``kubernetes``, ``kwok``, ``jobset``,
+        ``trainer``; ``kueue`` only with ``kueue=True``)."""
         text = (self.assets.directory / "versions").read_text()
-        return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        versions = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        if not self.kueue:
+            versions.pop("kueue", None)
+        return versions
 
 
 def _http_ok(url: str) -> bool:

@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "reads the bar from the pod's log (docs/log-source.md)")
     parser.add_argument("--epochs", type=_positive_int, default=4,
                         help="training epochs (default 4: about 90 s of training on two cores; "
-                        "the first run also builds the local cluster, 30-40 minutes)")
+                        "the first run also builds the local cluster: README.md, Times)")
     parser.add_argument("--interval", default="2s", type=_interval,
                         help="scrape interval given to the scraper (default 2s)")
     parser.add_argument("--kubeconfig", type=Path, default=None,
@@ -85,13 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "local mode, whose TrainJob runs in namespace trainjob-demo")
     parser.add_argument("--duration", type=_positive_int, default=None,
                         help="cluster mode: stop this many seconds after the start, the "
-                        "scraper's start-up included (default: Ctrl-C)")
+                        "scraper's start-up included (default: Ctrl-C); refused in local "
+                        "mode, which ends with its TrainJob")
     parser.add_argument("--push", action="store_true",
                         help="local mode: turn on Kubeflow Trainer's TrainJobStatus feature "
                         "gate, so its status server runs next to the scraper (both write "
                         "trainerStatus; docs/scraper.md, coexistence)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (logs, kubeconfig) after the demo")
+    parser.add_argument("--hold", action="store_true",
+                        help="local mode: keep the cluster and the scraper running after the "
+                        "training ends, until Ctrl-C, to try kubectl trainjob on it")
     parser.set_defaults(handler=_handler)
     return parser
 

@@ -69,7 +69,10 @@ def main(args: argparse.Namespace) -> int:
                       "run scripts/bootstrap test (installs them into .venv) first[/]")
         return 2
     if args.duration is not None and kubeconfig is None:
-        console.print("[yellow]--duration applies to cluster mode only; ignored[/]")
+        # Refused rather than ignored: the local demo ends when its TrainJob does.
+        console.print("[red]--duration applies to cluster mode only (with --kubeconfig or "
+                      "$KUBECONFIG); local mode ends when its TrainJob completes[/]")
+        return 2
     if args.namespace is not None and kubeconfig is None:
         console.print(f"[red]--namespace applies to cluster mode only (with --kubeconfig or "
                       f"$KUBECONFIG); local mode runs its TrainJob in namespace {NAMESPACE}[/]")
@@ -113,7 +116,7 @@ def _local_mode(console: Console, args: argparse.Namespace) -> int:
         console.rule("[bold]trainjob-progress demo")
         console.print("1/5 local cluster: etcd, kube-apiserver, kube-controller-manager, "
                       "kube-scheduler, kwok, JobSet and Kubeflow Trainer controllers, pod runner "
-                      "(the first build takes 30-40 minutes on two cores and prints progress)")
+                      "(the first build takes many minutes, README.md 'Times'; it prints progress)")
         cluster = Cluster(workdir=workdir / "cluster", push=getattr(args, "push", False))
         stack.callback(cluster.stop)
         cluster.start()
@@ -162,7 +165,8 @@ def _local_mode(console: Console, args: argparse.Namespace) -> int:
             obj = read()[0]
             return trainjobs.condition(obj, "Complete") or trainjobs.condition(obj, "Failed")
 
-        console.print("5/5 live status (Ctrl-C stops the demo)")
+        console.print("5/5 live status (Ctrl-C stops the demo); the same from another "
+                      f"terminal while the demo runs:\n    {_plugin_shown(cluster)}")
         _follow(console, read, until=finished, children=[scraper_child])
         pod = client.CoreV1Api(api).read_namespaced_pod(pod.metadata.name, NAMESPACE)
         terminated = pod.status.container_statuses[0].state.terminated
@@ -186,9 +190,59 @@ def _local_mode(console: Console, args: argparse.Namespace) -> int:
         console.rule("kubectl get jobsets,jobs,pods -o wide")
         console.print(cluster.kubectl("get", "jobsets,jobs,pods", "-n", NAMESPACE,
                                       "-o", "wide").stdout.rstrip(), highlight=False)
+        console.rule("kubectl trainjob progress (the plugin, trainjob_client)")
+        console.print(_run_plugin(cluster), highlight=False)
+        hold = getattr(args, "hold", False)
         console.print(f"demo took {time.monotonic() - started:.0f}s; logs in {workdir}"
-                      + ("" if args.keep else " (removed; --keep keeps them)"))
+                      + ("" if args.keep else " (removed when the demo ends; --keep keeps them)"
+                         if hold else " (removed; --keep keeps them)"))
+        if hold:
+            _hold(console, cluster)
         return 0 if landed else 1
+
+
+def _plugin_env(cluster: Any) -> dict[str, str]:
+    """The environment in which ``kubectl trainjob`` reads the demo's cluster: this venv's
+    ``kubectl-trainjob`` first on PATH (kubectl finds plugins there) and the cluster's
+    kubeconfig (kubectl does not hand its own ``--kubeconfig`` flag to a plugin)."""
+    import os
+    import sys
+
+    path = f"{Path(cluster.kubectl_path).parent}:{Path(sys.executable).parent}"
+    return {**os.environ, "PATH": f"{path}:{os.environ.get('PATH', '')}",
+            "KUBECONFIG": str(cluster.kubeconfig_path)}
+
+
+def _plugin_shown(cluster: Any, verb: str = f"watch {TRAINJOB}") -> str:
+    """The plugin command line a user can paste into another terminal."""
+    import sys
+
+    path = f"{Path(cluster.kubectl_path).parent}:{Path(sys.executable).parent}"
+    return (f"PATH={path}:$PATH KUBECONFIG={cluster.kubeconfig_path} "
+            f"kubectl trainjob {verb} -n {NAMESPACE}")
+
+
+def _run_plugin(cluster: Any) -> str:
+    """``kubectl trainjob progress`` against the demo's cluster, as a user runs it."""
+    import subprocess
+
+    done = subprocess.run([str(cluster.kubectl_path), "trainjob", "progress", "-n", NAMESPACE,
+                           "--metrics", "loss"], env=_plugin_env(cluster),
+                          capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        return f"kubectl trainjob failed ({done.returncode}): {done.stderr.strip()}"
+    return done.stdout.rstrip()
+
+
+def _hold(console: Console, cluster: Any) -> None:
+    """``--hold``: keep the cluster (and the scraper) up until Ctrl-C or SIGTERM."""
+    console.print("--hold: the cluster stays up until Ctrl-C; from another terminal:\n    "
+                  + _plugin_shown(cluster, "progress"))
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("stopping the cluster")
 
 
 def _log_runtime(cluster: Any, api: client.ApiClient) -> tuple[str, list[str], str]:

@@ -19,6 +19,7 @@ bound by :func:`functools.partial`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -84,7 +85,8 @@ class ListWatch:
         loop: the asyncio loop the callbacks run on.
         on_list: the full list of objects (after every (re)list).
         on_event: ``(type, object)`` for ADDED, MODIFIED, DELETED.
-        on_restart: ``"gone"`` or ``"error"`` (called from the thread; must be thread-safe).
+        on_restart: ``"gone"``, ``"error"`` or ``"relist"`` (:meth:`relist`); called from
+            the thread, must be thread-safe.
         relist_interval: seconds between two relists besides the watch (0: never).
         handoff: how the thread hands a callback and its arguments over; default: run it
             on ``loop`` (``call_soon_threadsafe``).  A handoff may block the thread
@@ -121,6 +123,8 @@ class ListWatch:
         self._relist_interval = relist_interval
         self._backoff = backoff
         self._stop = threading.Event()
+        self._relist = threading.Event()  # relist() asked for a new list
+        self._resp: Any = None  # the watch answer being read (relist() shuts it down)
         self.lists = 0  # how many lists ran (for tests and benchmarks)
         self._thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
 
@@ -142,6 +146,16 @@ class ListWatch:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+    def relist(self) -> None:
+        """Start over with a new list at once (thread-safe): the caller failed to apply
+        something this watch delivered, so its picture may have a gap.  A blocked watch
+        read is shut down (urllib3's ``HTTPResponse.shutdown``, meant for this)."""
+        self._relist.set()
+        resp = self._resp
+        if resp is not None:
+            with contextlib.suppress(Exception):  # already closed or released
+                resp.shutdown()
 
     # -- thread side
 
@@ -180,9 +194,10 @@ class ListWatch:
                             # 10 s later.
                             _request_timeout=(REQUEST_TIMEOUT[0], timeout + 10),
                             _preload_content=False)
+        self._resp = resp
         try:
             for line in iter_resp_lines(resp):
-                if self._stop.is_set():
+                if self._stop.is_set() or self._relist.is_set():
                     break
                 if not line.strip():
                     continue
@@ -202,9 +217,15 @@ class ListWatch:
                 raise _Gone() from None
             raise
         finally:
+            self._resp = None
             resp.close()
             resp.release_conn()
         return resource_version
+
+    def _relisting(self) -> None:
+        self._relist.clear()
+        log.info("watch %s: relisting (asked to)", self.name)
+        self._on_restart("relist")
 
     def _run(self) -> None:
         failures = 0
@@ -219,12 +240,18 @@ class ListWatch:
                 failures = 0
                 until = (time.monotonic() + self._relist_interval
                          if self._relist_interval > 0 else 0.0)
-                while not self._stop.is_set() and (not until or time.monotonic() < until):
+                while (not self._stop.is_set() and not self._relist.is_set()
+                       and (not until or time.monotonic() < until)):
                     resource_version = self._watch_from(resource_version, until)
+                if self._relist.is_set():
+                    self._relisting()
             except _Gone:
                 log.info("watch %s: resourceVersion expired, relisting", self.name)
                 self._on_restart("gone")
             except Exception as exc:
+                if self._relist.is_set():  # the shut-down read of relist(): no backoff
+                    self._relisting()
+                    continue
                 self._on_restart("error")
                 lost = self._health is not None and unreachable(exc)
                 if was_unreachable and not lost:

@@ -14,11 +14,17 @@ Which bar counts when a run prints several:
   ``Epoch 3``) gives metrics and no progress: the fraction of an epoch is not the
   fraction of the run;
 * a plain bar (no epochs known) that starts again from a lower count is one of
-  several per-epoch bars of unknown number: from then on it gives metrics and no
-  progress, and while the container runs a full plain bar reads 99 %, not 100 %
-  (it may be the first of several); 100 % comes with the container's end.
+  several per-epoch bars of unknown number: from then on it gives no progress of its
+  own (the highest progress given before is kept, without an ETA: the bar's own is an
+  epoch's), and a full plain bar reads 99 %, not 100 % (it may be the first of
+  several); 100 % comes with the container's end for a single bar only.
 
-Progress is the floor of the fraction in percent (100 only when the bar is full).  The
+Reads of the log overlap (``sinceTime`` has whole seconds; a cut read is followed by a
+short tail): :meth:`LogProgress.read` applies each segment once, where the bytes of
+the answer show it begins (:mod:`.cursor`), so a read repeated or overlapping changes
+nothing.  A re-read earlier redraw would otherwise read as a lower count, "a new bar".
+Progress is the floor of the fraction in percent (100 only when the bar is full); it
+never goes back and, once given, is never left out.  The
 ETA: the bar's own remaining time, scaled to the run where the epochs are known (Keras:
 seconds per step times the steps left in all epochs; per-epoch bars: the remaining
 epochs at this epoch's pace).  Metrics: the newest value of each name from every
@@ -35,8 +41,9 @@ from datetime import datetime
 
 from exporter_lib.status import METRICS_MAX_ITEMS, REMAINING_SECONDS_MAX, TrainerStatus
 from scraper.logsource import katib, keras_bar, rich_bar, tqdm_bar, trainer_dicts
+from scraper.logsource.cursor import ReadCursor
 from scraper.logsource.reading import Reading
-from scraper.logsource.segments import Segment, parse_time
+from scraper.logsource.segments import Segment, parse_time, segments_of, strip
 
 
 @dataclass
@@ -50,28 +57,32 @@ class LogProgress:
     metrics: dict[str, str] = field(default_factory=dict)
     updated: datetime | None = None
     readings: int = 0
-    lines_read_to: str = ""  # the newest ended line applied (kubelet timestamp)
+    cursor: ReadCursor = field(default_factory=ReadCursor)
     plain: bool = False  # the fraction is a plain bar's n/total (no epochs known)
     repeating: bool = False  # the plain bar started again: its count is per epoch
     _plain_done: float = 0.0
     _after_rich_row: bool = False
 
-    def feed(self, segments: list[Segment]) -> int:
-        """Apply ``segments`` (oldest first); returns how many gave a reading.
+    def read(self, body: bytes, *, ended: bool, from_start: bool = False) -> int:
+        """Apply the part of ``body`` (a pods/log answer, ``timestamps=true``) not
+        applied before; returns how many segments gave a reading.
 
-        A line that has ended is applied once: a later read that starts in the same
-        second (``sinceTime`` has whole seconds) brings it again, and applying it after
-        the lines that followed it would mix old readings with newer context (Keras'
-        ``Epoch e/E``).  The kubelet's timestamps have a fixed width, so they compare
-        as text.
+        ``ended``: the container has terminated (its last redraw is complete);
+        ``from_start``: ``body`` begins at the log's start (else its first segment, when
+        it shares no bytes with what was applied, may be cut and is dropped).
         """
+        answer = strip(body)
+        start = self.cursor.new_from(answer.content)
+        segments, end = segments_of(answer, start or 0, ended=ended,
+                                    trust_first=start is not None or from_start)
+        self.cursor.advance(answer.content, start, end)
+        return self.feed(segments)
+
+    def feed(self, segments: list[Segment]) -> int:
+        """Apply ``segments`` (oldest first, each once: see :meth:`read`); returns how
+        many gave a reading."""
         used = 0
-        newest_line = self.lines_read_to
         for segment in segments:
-            if segment.line_done_at:
-                if segment.line_done_at <= self.lines_read_to:
-                    continue
-                newest_line = max(newest_line, segment.line_done_at)
             if not segment.complete or segment.nested:
                 continue
             reading = self._parse(segment.text)
@@ -82,7 +93,6 @@ class LogProgress:
             stamp = parse_time(segment.timestamp)
             if stamp is not None and (self.updated is None or stamp >= self.updated):
                 self.updated = stamp
-        self.lines_read_to = newest_line
         self.readings += used
         return used
 
@@ -122,7 +132,7 @@ class LogProgress:
         if reading.epoch_only:
             return True
         if epoch is not None and epochs:
-            self.fraction = min(1.0, (epoch - 1 + step) / epochs)
+            self._advance(min(1.0, (epoch - 1 + step) / epochs))
             self.remaining = self._run_remaining(reading, epoch, epochs)
             self.plain = False
             return True
@@ -130,10 +140,15 @@ class LogProgress:
             self.repeating = True
         self._plain_done = reading.done
         if self.repeating:
-            self.fraction = self.remaining = None
+            self.remaining = None  # the bar's own ETA is one epoch's
             return True
-        self.fraction, self.remaining, self.plain = step, reading.remaining, True
+        self._advance(step)
+        self.remaining, self.plain = reading.remaining, True
         return True
+
+    def _advance(self, fraction: float) -> None:
+        """Progress never goes back (a second ``fit`` starting at epoch 1 keeps it)."""
+        self.fraction = fraction if self.fraction is None else max(self.fraction, fraction)
 
     @staticmethod
     def _run_remaining(reading: Reading, epoch: int, epochs: int) -> float | None:
@@ -169,8 +184,8 @@ class LogProgress:
                                                for n, v in self.metrics.items()]}
         if self.fraction is not None:
             percent = max(0, min(100, math.floor(self.fraction * 100 + 1e-9)))
-            body["progressPercentage"] = min(percent, 99) if self.plain and not ended \
-                else percent
+            body["progressPercentage"] = min(percent, 99) if self.plain and (
+                self.repeating or not ended) else percent
         if self.remaining is not None and math.isfinite(self.remaining):
             body["estimatedRemainingSeconds"] = max(
                 0, min(REMAINING_SECONDS_MAX, round(self.remaining)))

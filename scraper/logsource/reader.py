@@ -5,7 +5,10 @@ One read per scrape, ``GET /api/v1/namespaces/{ns}/pods/{pod}/log`` with
 * ``timestamps=true``: each entry's time, so ``lastUpdatedTime`` is when the line was
   printed and the next read can start there;
 * ``sinceTime``: the newest timestamp read so far, in whole seconds (``metav1.Time``
-  keeps no more): bytes already read are not read again, except the last second's;
+  keeps no more): bytes already read are not read again, except the last second's
+  (and the rest of a line whose entries the kubelet sends behind one timestamp);
+  what was applied before is found by its bytes and not applied again
+  (:mod:`.cursor`);
 * ``tailLines`` and ``limitBytes``: at most that many entries and bytes.  The API
   server cuts at ``limitBytes`` from the *start* of the tail, which would drop the
   newest bytes; an answer that reached ``limitBytes`` is read again with a tail that
@@ -33,7 +36,6 @@ from kubernetes.client.exceptions import ApiException
 from exporter_lib.status import StatusError, TrainerStatus
 from scraper.kube.calls import call
 from scraper.logsource.progress import LogProgress
-from scraper.logsource.segments import split
 from scraper.scraping import Failure, FailureKind, Fresh, NothingYet, ScrapeResult
 from scraper.targets import Target
 
@@ -95,6 +97,10 @@ class LogScraper:
         self._on_read = on_read
         self._on_parse_failure = on_parse_failure
 
+    def sizes(self) -> dict[str, int]:
+        """Entries of each map kept per pod: read positions."""
+        return {"states": len(self._states)}
+
     def forget(self, target: Target) -> None:
         """Drop what was read of ``target``'s pod."""
         self._states.pop(target.pod_uid, None)
@@ -139,7 +145,7 @@ class LogScraper:
                        and body.count(b"\n") < limits.tail_lines)
         if newest is not None:
             state.since = newest.decode() + "Z"
-        state.progress.feed(split(body, ended=ended, trust_first=trust_first))
+        state.progress.read(body, ended=ended, from_start=trust_first)
         try:
             status = state.progress.status(ended=ended)
         except StatusError as exc:

@@ -1,10 +1,14 @@
 """A pods/log answer read with ``timestamps=true``, cut into timed text segments.
 
-What the API server relays is the kubelet's rendering of the CRI log file: each entry
-is ``<RFC3339Nano timestamp> <content>``; a full entry ends with ``\\n``, a partial one
-(a line over the runtime's 16 KiB) runs straight into the next entry's timestamp.  So
-one line of the answer is one line the training printed, with a timestamp in front and
-one more at each 16 KiB cut.
+What the API server relays is the kubelet's rendering of the CRI log file.  The
+kubelet's reader (``k8s.io/cri-client/pkg/logs``, which kwok's server uses too) puts an
+entry's timestamp in front of it only when the entry starts a line: the 16 KiB partial
+entries of a long line (a tqdm bar redrawn with ``\\r`` only) come joined, behind the
+timestamp of the line's first entry, and an answer that ``sinceTime`` starts inside a
+line begins with no timestamp at all (one cut by ``tailLines`` begins with its first
+entry's).  Older kubelets put a timestamp in front of every entry; those inside a
+line are removed here.  :func:`strip` turns an answer into its content (the bytes the
+training printed, lines joined by ``\\n``) and the timestamps of the lines that had one.
 
 A segment is what a terminal would show as one redraw: the text between two ``\\r``
 or ``\\n``.  A segment is *complete* when a ``\\r`` or ``\\n`` follows it, or when it
@@ -20,16 +24,18 @@ bytes whatever the training printed.
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 #: Longest segment looked at (characters): a progress bar with its postfix is far shorter.
 SEGMENT_MAX_CHARS = 4096
-_TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)"
-_LEADING_TS = re.compile(rf"({_TS}) ")
-_INNER_TS = re.compile(rf"{_TS} ")
+_TS = rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)"
+_LEADING_TS = re.compile(rb"(" + _TS + rb") ")
+_INNER_TS = re.compile(_TS + rb" ")
 _TS_PARTS = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
+_END = re.compile(rb"[\r\n]")
 #: CSI (``ESC [ ... final``) and two-byte escapes; backspaces (Keras erases with them).
 _ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\x1b[@-Z\\-_]|[\x08\x00]")
 _CURSOR_UP = "\x1b[A"
@@ -40,13 +46,30 @@ class Segment:
     """One redraw or line: its text (cleaned), when it was printed, what follows it."""
 
     text: str
-    timestamp: str  # RFC 3339 as the kubelet wrote it ("" when the answer had none)
+    timestamp: str  # RFC 3339 of its line as the kubelet wrote it ("" when it had none)
     complete: bool
     nested: bool
     line_end: bool  # a "\n" follows (else a "\r", or nothing yet)
-    #: The timestamp of the newest entry of its line, when the line has ended ("" while
-    #: the runtime has not ended it): a line is read once (see LogProgress.feed).
-    line_done_at: str = ""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A pods/log answer without its timestamps.
+
+    ``content``: the bytes the training printed, lines joined by ``\\n`` (the answer's
+    first line may begin anywhere in a line); ``stamps``: ``(offset in content, RFC
+    3339 timestamp)`` of each line start that carried one, in order.
+    """
+
+    content: bytes
+    stamps: tuple[tuple[int, str], ...] = ()
+
+    def stamp_at(self, line_start: int) -> str:
+        """The timestamp of the line that starts at ``line_start``, or ""."""
+        index = bisect.bisect_left(self.stamps, (line_start, ""))
+        if index < len(self.stamps) and self.stamps[index][0] == line_start:
+            return self.stamps[index][1]
+        return ""
 
 
 def parse_time(text: str) -> datetime | None:
@@ -67,42 +90,67 @@ def clean(text: str) -> str:
     return _ANSI.sub("", text).strip()
 
 
+def strip(body: bytes) -> Answer:
+    """``body`` (a pods/log answer with ``timestamps=true``) as its content and the
+    timestamps of its lines (see the module docstring)."""
+    lines = body.split(b"\n")
+    out = bytearray()
+    stamps: list[tuple[int, str]] = []
+    for index, line in enumerate(lines):
+        match = _LEADING_TS.match(line)
+        if match is not None:
+            stamps.append((len(out), match.group(1).decode()))
+            line = line[match.end():]
+        out += _INNER_TS.sub(b"", line)
+        if index < len(lines) - 1:
+            out += b"\n"
+    return Answer(bytes(out), tuple(stamps))
+
+
+def segments_of(answer: Answer, start: int, *, ended: bool,
+                trust_first: bool) -> tuple[list[Segment], int]:
+    """The segments of ``answer.content`` from offset ``start`` (a segment's start when
+    ``trust_first``, else anywhere: the first one is then dropped when a ``\r`` ends
+    it), oldest first, and the offset where the complete ones end (what a later read
+    need not bring again).
+
+    ``ended``: the container has terminated, so the content's last bytes are final.
+    Bytes that are not UTF-8 become U+FFFD.
+    """
+    content = answer.content
+    out: list[Segment] = []
+    line_start = content.rfind(b"\n", 0, start) + 1
+    position = consumed = start
+    first = True
+    while position < len(content):
+        end_match = _END.search(content, position)
+        end = end_match.start() if end_match is not None else len(content)
+        if end_match is None and not ended:
+            break  # the runtime may not have stored the rest of this redraw yet
+        piece = content[position:end]
+        line_end = end_match is not None and end_match.group() == b"\n"
+        # An untrusted first piece that a \r ends may be the tail of a cut redraw.
+        cut = first and not trust_first and end_match is not None and not line_end
+        if not cut and len(piece) <= 4 * SEGMENT_MAX_CHARS:
+            text = piece.decode("utf-8", errors="replace")
+            cleaned = clean(text) if len(text) <= SEGMENT_MAX_CHARS else ""
+            if cleaned:
+                out.append(Segment(text=cleaned, timestamp=answer.stamp_at(line_start),
+                                   complete=True,
+                                   nested=text.rstrip().endswith(_CURSOR_UP),
+                                   line_end=line_end))
+        first = False
+        position = consumed = end + 1 if end_match is not None else len(content)
+        if line_end:
+            line_start = position
+    return out, consumed
+
+
 def split(body: bytes, *, ended: bool, trust_first: bool = False) -> list[Segment]:
-    """The segments of a pods/log answer, oldest first.
+    """The complete segments of a pods/log answer, oldest first.
 
     ``ended``: the container has terminated, so the answer's last bytes are final.
     ``trust_first``: the answer begins at the start of a line (else its first
-    segment may be the tail of a cut redraw and is dropped).  Bytes that are not
-    UTF-8 become U+FFFD.
+    segment, when a ``\r`` ends it, may be the tail of a cut redraw and is dropped).
     """
-    text = body.decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    out: list[Segment] = []
-    last = len(lines) - 1
-    for index, line in enumerate(lines):
-        if index == last and not line:
-            break
-        match = _LEADING_TS.match(line)
-        stamp = match.group(1) if match else ""
-        content = line[match.end():] if match else line
-        # The timestamps of the partial entries after the first (16 KiB cuts).
-        inner = _INNER_TS.findall(content)
-        newest = inner[-1].strip() if inner else stamp
-        content = _INNER_TS.sub("", content)
-        terminated = index < last
-        done_at = newest if terminated else ""
-        pieces = content.split("\r")
-        for number, piece in enumerate(pieces):
-            final_piece = number == len(pieces) - 1
-            if index == 0 and number == 0 and not trust_first and len(pieces) > 1:
-                continue
-            if len(piece) > SEGMENT_MAX_CHARS:
-                continue
-            complete = not final_piece or terminated or ended
-            cleaned = clean(piece)
-            if not cleaned:
-                continue
-            out.append(Segment(text=cleaned, timestamp=stamp, complete=complete,
-                               nested=piece.rstrip().endswith(_CURSOR_UP),
-                               line_end=final_piece and terminated, line_done_at=done_at))
-    return out
+    return segments_of(strip(body), 0, ended=ended, trust_first=trust_first)[0]

@@ -27,6 +27,7 @@ from tests.helpers.chart import (
 )
 
 HELM_TIMEOUT_SECONDS = 180.0
+PROMETHEUS_RULE_CRD = Path(__file__).with_name("prometheusrule-crd.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +154,52 @@ def test_install_upgrade_uninstall_against_the_api_server(
     assert removed.returncode == 0, removed.stderr
     left = control_plane.kubectl("get", "clusterrole", fullname, check=False)
     assert left.returncode != 0 and "NotFound" in left.stderr
+
+
+def test_the_stall_alerts_ship_by_default_where_the_prometheus_rule_kind_exists(
+    control_plane: ControlPlane, helm: Helm
+) -> None:
+    """prometheusRule.enabled=auto (the default): a cluster without the Prometheus
+    Operator's PrometheusRule kind installs without it (and without an error); once the
+    kind is served, the same values create it; false removes it."""
+    crd = "crd/prometheusrules.monitoring.coreos.com"
+    absent = control_plane.kubectl("get", crd, check=False)
+    assert absent.returncode != 0 and "NotFound" in absent.stderr, absent.stdout
+    release_ns = _create_namespace(control_plane, "chart")
+    release = "stall-alerts"  # its own cluster-scoped names: no clash with another test
+    fullname = f"{release}-trainjob-scraper"
+
+    def rules() -> list[str]:
+        out = control_plane.kubectl("get", "prometheusrules", f"--namespace={release_ns}",
+                                    "--output=jsonpath={.items[*].metadata.name}").stdout
+        return out.split()
+
+    installed = _helm_cluster(helm, control_plane, "install", release, str(CHART),
+                              f"--namespace={release_ns}")
+    assert installed.returncode == 0, installed.stderr
+    assert "No PrometheusRule: the cluster does not serve" in installed.stdout, \
+        installed.stdout
+    assert "stalled for N min" in installed.stdout, installed.stdout
+    try:
+        control_plane.kubectl("apply", "--server-side", f"--filename={PROMETHEUS_RULE_CRD}")
+        control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", crd)
+        upgraded = _helm_cluster(helm, control_plane, "upgrade", release, str(CHART),
+                                 f"--namespace={release_ns}")
+        assert upgraded.returncode == 0, upgraded.stderr
+        assert f"PrometheusRule {release_ns}/{fullname} (TrainJobStalled" in \
+            upgraded.stdout, upgraded.stdout
+        assert rules() == [fullname]
+        out = control_plane.kubectl("get", "prometheusrule", fullname,
+                                    f"--namespace={release_ns}", "--output=yaml").stdout
+        alerts = [r["alert"] for g in yaml.safe_load(out)["spec"]["groups"]
+                  for r in g["rules"]]
+        assert alerts == ["TrainJobStalled", "TrainJobExporterDown"]
+        off = _helm_cluster(helm, control_plane, "upgrade", release, str(CHART),
+                            f"--namespace={release_ns}", "--set=prometheusRule.enabled=false")
+        assert off.returncode == 0, off.stderr
+        assert rules() == []
+    finally:
+        _helm_cluster(helm, control_plane, "uninstall", release, f"--namespace={release_ns}",
+                      "--wait", "--timeout=60s")
+        control_plane.kubectl("delete", "--ignore-not-found", f"--filename={PROMETHEUS_RULE_CRD}",
+                              check=False)

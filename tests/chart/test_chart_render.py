@@ -171,7 +171,7 @@ def _rules(role: dict[str, Any]) -> set[tuple[str, str, str, tuple[str, ...]]]:
 
 
 #: Exactly the calls the scraper makes in a watched scope (see scraper/discovery.py,
-#: scraper/identity.py, scraper/trainjobs.py, scraper/status_writer.py and
+#: scraper/identity.py, scraper/trainjobs.py, scraper/write/ and
 #: scraper/kube/events.py); any added verb must be justified here too.
 SCOPE_GRANTS = {
     ("", "pods", "list", ()),
@@ -191,11 +191,19 @@ REVIEW_GRANTS = {("authentication.k8s.io", "tokenreviews", "create", ()),
                  ("authorization.k8s.io", "subjectaccessreviews", "create", ())}
 CRD_GRANT = {("apiextensions.k8s.io", "customresourcedefinitions", "get",
               ("trainjobs.trainer.kubeflow.org",))}
+#: ``patch`` on the main resource: the stalled-since annotation (config.stall.annotate, on
+#: by default) and the trainer-status annotation (config.statusTarget annotation|auto).
+ANNOTATION_GRANT = {("trainer.kubeflow.org", "trainjobs", "patch", ())}
+#: config.stall.annotate=false: the default install without the stalled-since annotation.
+NO_STALL_MARK = {"config": {"stall": {"annotate": False}}}
 
 
 def test_cluster_rbac_grants_exactly_what_the_scraper_uses(helm: Helm) -> None:
     rendered = helm.template()
-    assert _rules(rendered.one("ClusterRole", FULLNAME)) == SCOPE_GRANTS | CRD_GRANT
+    assert _rules(rendered.one("ClusterRole", FULLNAME)) == (
+        SCOPE_GRANTS | CRD_GRANT | ANNOTATION_GRANT)
+    assert _rules(helm.template(NO_STALL_MARK).one("ClusterRole", FULLNAME)) == (
+        SCOPE_GRANTS | CRD_GRANT)
     binding = rendered.one("ClusterRoleBinding", FULLNAME)
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
                                   "kind": "ClusterRole", "name": FULLNAME}
@@ -214,11 +222,15 @@ def test_chart_ships_the_rules_file_scoped_not_widened(helm: Helm) -> None:
     """The chart's grants are files/clusterrole-rules.yaml's, only scoped tighter."""
     file_rules = yaml.safe_load((CHART / "files" / "clusterrole-rules.yaml").read_text())
     from_file = {grant[:3] for grant in _rules({"rules": file_rules})}
-    rendered = helm.template()
-    shipped = _rules(rendered.one("ClusterRole", FULLNAME)) | _rules(
-        rendered.one("Role", f"{FULLNAME}-leader-election")) | _rules(
-        rendered.one("ClusterRole", f"{FULLNAME}-metrics-auth"))
-    assert {grant[:3] for grant in shipped} == from_file
+    annotation_rules = yaml.safe_load((CHART / "files" / "annotation-rules.yaml").read_text())
+    from_annotation_file = {grant[:3] for grant in _rules({"rules": annotation_rules})}
+    for values, expected in (({}, from_file | from_annotation_file),
+                             (NO_STALL_MARK, from_file)):
+        rendered = helm.template(values)
+        shipped = _rules(rendered.one("ClusterRole", FULLNAME)) | _rules(
+            rendered.one("Role", f"{FULLNAME}-leader-election")) | _rules(
+            rendered.one("ClusterRole", f"{FULLNAME}-metrics-auth"))
+        assert {grant[:3] for grant in shipped} == expected, values
 
 
 def test_namespace_list_gives_roles_per_namespace_and_no_cluster_scope(helm: Helm) -> None:
@@ -227,7 +239,11 @@ def test_namespace_list_gives_roles_per_namespace_and_no_cluster_scope(helm: Hel
              if r["metadata"]["name"] == FULLNAME}
     assert sorted(roles) == ["team-a", "team-b"]
     for role in roles.values():
-        assert _rules(role) == SCOPE_GRANTS
+        assert _rules(role) == SCOPE_GRANTS | ANNOTATION_GRANT
+    for role in helm.template({"config": {**NAMESPACED["config"], "stall": {
+            "annotate": False}}}).of_kind("Role"):
+        if role["metadata"]["name"] == FULLNAME:
+            assert _rules(role) == SCOPE_GRANTS
     bindings = {b["metadata"]["namespace"] for b in rendered.of_kind("RoleBinding")
                 if b["metadata"]["name"] == FULLNAME}
     assert bindings == {"team-a", "team-b"}
@@ -471,11 +487,17 @@ def test_default_networkpolicy_limits_ingress_to_the_metrics_port_only(helm: Hel
 
 def test_validating_admission_policy_is_optional_and_names_the_scraper(helm: Helm) -> None:
     assert not helm.template().of_kind("ValidatingAdmissionPolicy")
-    rendered = helm.template({"validatingAdmissionPolicy": {"enabled": True},
-                              "serviceAccount": {"create": False, "name": "preexisting"}})
+    values = {"validatingAdmissionPolicy": {"enabled": True},
+              "serviceAccount": {"create": False, "name": "preexisting"}}
     name = f"{FULLNAME}-trainerstatus-only"
     expected = {name: (["trainjobs/status"], ["UPDATE"]),
                 f"{name}-events": (["events"], ["CREATE", "UPDATE"])}
+    without_mark = helm.template({**values, **NO_STALL_MARK})
+    assert {p["metadata"]["name"] for p in without_mark.of_kind(
+        "ValidatingAdmissionPolicy")} == set(expected)
+    # The default writes the stalled-since annotation: the annotation policy comes too.
+    rendered = helm.template(values)
+    expected[f"{name}-annotation"] = (["trainjobs"], ["CREATE", "UPDATE"])
     assert {p["metadata"]["name"] for p in rendered.of_kind("ValidatingAdmissionPolicy")} \
         == set(expected)
     for policy_name, (resources, operations) in expected.items():
@@ -492,20 +514,22 @@ def test_validating_admission_policy_is_optional_and_names_the_scraper(helm: Hel
 # ---------------------------------------------------------------- the annotation target
 
 
-ANNOTATION_GRANT = {("trainer.kubeflow.org", "trainjobs", "patch", ())}
-
 
 @pytest.mark.parametrize("target", ["annotation", "auto"])
 def test_status_target_reaches_the_scraper_and_adds_patch_on_trainjobs_only_then(
         helm: Helm, tmp_path: Path, target: str) -> None:
+    # Without the stalled-since annotation (on by default: the next test), patch on
+    # trainjobs comes only from a target that writes the trainer-status annotation.
     assert _settings_from(helm.template(), tmp_path).status_target == "status"
-    assert not _rules(helm.template().one("ClusterRole", FULLNAME)) & ANNOTATION_GRANT
-    rendered = helm.template({"config": {"statusTarget": target}})
+    assert not _rules(helm.template(NO_STALL_MARK).one("ClusterRole", FULLNAME)) & \
+        ANNOTATION_GRANT
+    rendered = helm.template({"config": {"statusTarget": target, "stall": {"annotate": False}}})
     assert _settings_from(rendered, tmp_path).status_target == target
     assert _rules(rendered.one("ClusterRole", FULLNAME)) == (
         SCOPE_GRANTS | CRD_GRANT | ANNOTATION_GRANT)
     namespaced = helm.template({**NAMESPACED, "config": {**NAMESPACED["config"],
-                                                         "statusTarget": target}})
+                                                         "statusTarget": target,
+                                                         "stall": {"annotate": False}}})
     for role in namespaced.of_kind("Role"):
         if role["metadata"]["name"] == FULLNAME:
             assert _rules(role) == SCOPE_GRANTS | ANNOTATION_GRANT
@@ -514,12 +538,29 @@ def test_status_target_reaches_the_scraper_and_adds_patch_on_trainjobs_only_then
     assert {g for g in _rules({"rules": extra})} == ANNOTATION_GRANT
 
 
-def test_annotation_policy_ships_only_with_a_target_that_writes_the_annotation(
-        helm: Helm) -> None:
+def test_the_stalled_since_annotation_is_written_by_default_and_granted(
+        helm: Helm, tmp_path: Path) -> None:
+    """config.stall.annotate defaults to true, so `kubectl trainjob progress` shows a stall
+    on a default install: the scraper is told to write it and may patch TrainJobs."""
+    default = helm.template()
+    assert _settings_from(default, tmp_path).stall_annotate is True
+    assert _rules(default.one("ClusterRole", FULLNAME)) & ANNOTATION_GRANT
+    off = helm.template(NO_STALL_MARK)
+    assert _settings_from(off, tmp_path).stall_annotate is False
+    assert not _rules(off.one("ClusterRole", FULLNAME)) & ANNOTATION_GRANT
+
+
+def test_annotation_policy_ships_only_with_a_writer_of_an_annotation(helm: Helm) -> None:
     name = f"{FULLNAME}-trainerstatus-only-annotation"
-    policies = helm.template({"validatingAdmissionPolicy": {"enabled": True}}).of_kind(
-        "ValidatingAdmissionPolicy")
+    policies = helm.template({"validatingAdmissionPolicy": {"enabled": True},
+                              **NO_STALL_MARK}).of_kind("ValidatingAdmissionPolicy")
     assert name not in {p["metadata"]["name"] for p in policies}
+    # The stalled-since annotation (the default) or the trainer-status one brings it.
+    for config in ({}, {"statusTarget": "auto", "stall": {"annotate": False}}):
+        rendered = helm.template({"validatingAdmissionPolicy": {"enabled": True},
+                                  "config": config})
+        assert name in {p["metadata"]["name"] for p in rendered.of_kind(
+            "ValidatingAdmissionPolicy")}, config
     rendered = helm.template({"validatingAdmissionPolicy": {"enabled": True},
                               "config": {"statusTarget": "auto"}})
     policy = rendered.one("ValidatingAdmissionPolicy", name)
@@ -550,11 +591,13 @@ def test_log_source_reaches_the_scraper_and_adds_get_on_pods_log_only_then(
     settings = _settings_from(rendered, tmp_path)
     assert (settings.log_source, settings.log_qps, settings.log_burst,
             settings.log_limit_bytes, settings.log_tail_lines) == (True, 2, 4, 32768, 50)
-    assert _rules(rendered.one("ClusterRole", FULLNAME)) == SCOPE_GRANTS | CRD_GRANT | LOG_GRANT
+    assert _rules(rendered.one("ClusterRole", FULLNAME)) == (
+        SCOPE_GRANTS | CRD_GRANT | ANNOTATION_GRANT | LOG_GRANT)
     namespaced = helm.template({**NAMESPACED, "config": {**NAMESPACED["config"],
                                                          "logSource": values}})
     roles = [r for r in namespaced.of_kind("Role") if r["metadata"]["name"] == FULLNAME]
-    assert roles and all(_rules(role) == SCOPE_GRANTS | LOG_GRANT for role in roles)
+    assert roles and all(_rules(role) == SCOPE_GRANTS | ANNOTATION_GRANT | LOG_GRANT
+                         for role in roles)
     extra = yaml.safe_load((CHART / "files" / "log-rules.yaml").read_text())
     assert set(_rules({"rules": extra})) == LOG_GRANT
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from scraper.config import load_settings
-from scraper.syntax import parse_interval
+from scraper.syntax import parse_duration, parse_interval
 from tests.helpers.chart import FULLNAME, Helm
 
 pytestmark = pytest.mark.timeout(120)
@@ -49,6 +49,18 @@ pytestmark = pytest.mark.timeout(120)
                       "set leaderElection.enabled=true"], id="replicas-need-leader-election"),
         pytest.param({"leaderElection": {"renewDeadline": "1m"}},
                      ["renewDeadline=1m", "leaseDuration=15s"], id="renew-not-below-lease"),
+        # The write policy and the stall threshold: a newcomer's values that rendered
+        # and then crash-looped the scraper.
+        pytest.param({"config": {"progressFloor": "50ms"}},
+                     ["config.progressFloor=50ms", "between 0.1s and 60s"], id="floor-low"),
+        pytest.param({"config": {"progressFloor": "61s"}},
+                     ["config.progressFloor=61s", "between 0.1s and 60s"], id="floor-high"),
+        pytest.param({"config": {"metricsStaleness": "2h"}},
+                     ["config.metricsStaleness=2h", "between 0s and 3600s"], id="staleness"),
+        pytest.param({"config": {"stall": {"after": "2s"}}},
+                     ["config.stall.after=2s", "between 5s and 720h"], id="stall-low"),
+        pytest.param({"config": {"stall": {"after": "721h"}}},
+                     ["config.stall.after=721h", "between 5s and 720h"], id="stall-high"),
     ],
 )
 def test_values_the_scraper_would_refuse_fail_the_install(
@@ -111,3 +123,15 @@ def test_helm_and_the_scraper_agree_on_every_interval(
             pytest.approx(expected)
     except ValidationError as exc:  # pragma: no cover - a disagreement is the failure
         pytest.fail(f"helm rendered interval {text!r} the scraper refuses: {exc}")
+
+
+@pytest.mark.parametrize(("floor", "staleness", "after"),
+                         [("100ms", "0s", "0"), ("60s", "1h", "5s"), ("1s", "30s", "720h"),
+                          ("1s", "30s", "auto")])
+def test_write_policy_and_stall_limits_render_and_the_scraper_takes_them(
+    helm: Helm, tmp_path: Path, floor: str, staleness: str, after: str
+) -> None:
+    settings_ = _settings(helm, {"config": {"progressFloor": floor, "metricsStaleness": staleness,
+                                            "stall": {"after": after}}}, tmp_path)
+    assert settings_.progress_floor == parse_duration(floor)
+    assert settings_.metrics_staleness == parse_duration(staleness)

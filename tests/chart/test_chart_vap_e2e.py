@@ -3,13 +3,17 @@
 RBAC's ``patch trainjobs/status`` lets the scraper's ServiceAccount change every
 status field, and ``create``/``patch`` on events any Event.  With
 ``validatingAdmissionPolicy.enabled`` the chart ships policies that let that identity
-change ``status.trainerStatus`` only and write only Events about TrainJobs (patching
-only its own); these tests apply the chart's RBAC and policies for real, then write as
-the scraper's ServiceAccount (a TokenRequest token) and as another identity (admin).
+change ``status.trainerStatus`` only, write only Events about TrainJobs (patching only
+its own) and change only its own annotations of a TrainJob (``stalled-since``, written
+by default, and the trainer-status one); these tests apply the chart's RBAC and
+policies for real, then write as the scraper's ServiceAccount (a TokenRequest token) and
+as another identity (admin).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import secrets
 import time
 from collections.abc import Callable
@@ -27,7 +31,9 @@ from localdev.cluster import objects
 from localdev.cluster.controlplane import ControlPlane
 from scraper.annotation_target import Place, apply_request
 from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
-from scraper.status_writer import FIELD_MANAGER
+from scraper.stall import STALLED_SINCE_ANNOTATION
+from scraper.stall_marker import write_stall_marker
+from scraper.write.outcome import FIELD_MANAGER
 from tests.helpers.chart import Helm
 
 POLICY_ACTIVE_TIMEOUT = 30.0
@@ -70,6 +76,14 @@ def annotation_release(control_plane: ControlPlane, helm: Helm, tmp_path: Path,
     """:func:`release` with ``config.statusTarget=annotation``."""
     return _install(control_plane, helm, tmp_path, request,
                     {"config": {"statusTarget": "annotation"}})
+
+
+@pytest.fixture
+def unmarked_release(control_plane: ControlPlane, helm: Helm, tmp_path: Path,
+                     request: pytest.FixtureRequest) -> Release:
+    """:func:`release` with ``config.stall.annotate=false``."""
+    return _install(control_plane, helm, tmp_path, request,
+                    {"config": {"stall": {"annotate": False}}})
 
 
 def _install(control_plane: ControlPlane, helm: Helm, tmp_path: Path,
@@ -297,3 +311,71 @@ def test_annotation_policy_lets_the_scraper_change_only_its_annotation(
     custom_admin.patch_namespaced_custom_object(
         API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, trainjob,
         {"metadata": {"labels": {"by": "admin"}}})
+
+
+def test_the_default_lets_the_scraper_mark_a_stall_and_nothing_else(
+    control_plane: ControlPlane, kube_api: client.ApiClient, trainjob_crd: None,
+    namespace: str, release: Release,
+) -> None:
+    """config.stall.annotate is on by default: the chart's RBAC lets the scraper's
+    identity write the stalled-since annotation (its real write, scraper.stall_marker),
+    the annotation policy keeps every other part of the TrainJob from it."""
+    trainjob = "hung"
+    uid = objects.create_trainjob(kube_api, namespace, trainjob)["metadata"]["uid"]
+    admin = client.CustomObjectsApi(kube_api)
+    admin.patch_namespaced_custom_object(
+        API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, trainjob,
+        {"metadata": {"annotations": {"team.example/owner": "alice"}}})
+
+    def annotations() -> dict[str, str]:
+        obj = admin.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace,
+                                                 TRAINJOB_PLURAL, trainjob)
+        found: dict[str, str] = obj["metadata"].get("annotations") or {}
+        return found
+
+    with control_plane.api_client_for_token(release.token) as scraper_api:
+        custom = client.CustomObjectsApi(scraper_api)
+        refusal = _until_refused(lambda: custom.patch_namespaced_custom_object(
+            API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, trainjob,
+            {"metadata": {"annotations": {"team.example/owner": None}}}, dry_run="All"))
+        assert refusal.status == 403
+        assert "this request also changes annotation team.example/owner" in str(refusal.body)
+
+        asyncio.run(write_stall_marker(scraper_api, namespace, trainjob, uid,
+                                       "2026-12-03T12:00:00Z"))
+        assert annotations() == {"team.example/owner": "alice",
+                                 STALLED_SINCE_ANNOTATION: "2026-12-03T12:00:00Z"}
+        asyncio.run(write_stall_marker(scraper_api, namespace, trainjob, uid, None))
+        assert annotations() == {"team.example/owner": "alice"}
+        # A TrainJob re-created under the name (another UID) is never marked.
+        with pytest.raises(client.ApiException) as other:
+            asyncio.run(write_stall_marker(scraper_api, namespace, trainjob, "other-uid",
+                                           "2026-12-03T12:00:00Z"))
+        assert other.value.status == 422 and "field is immutable" in str(other.value.body), \
+            other.value.body
+        # The spec stays the owner's, with or without the annotation in the same patch.
+        spec = _refused(lambda: custom.patch_namespaced_custom_object(
+            API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, trainjob,
+            {"metadata": {"annotations": {STALLED_SINCE_ANNOTATION: "x"}},
+             "spec": {"suspend": True}}))
+        assert spec is not None and spec.status == 403, spec
+        assert "this request also changes spec" in str(spec.body), spec.body
+    assert annotations() == {"team.example/owner": "alice"}
+
+
+def test_without_stall_annotate_the_scraper_may_not_patch_trainjobs(
+    control_plane: ControlPlane, kube_api: client.ApiClient, trainjob_crd: None,
+    namespace: str, unmarked_release: Release,
+) -> None:
+    """config.stall.annotate=false (and statusTarget status): no `patch` on trainjobs,
+    so the stalled-since write is refused by RBAC (the scraper logs it once; its Events
+    and /metrics still say the training is stalled)."""
+    trainjob = "hung"
+    uid = objects.create_trainjob(kube_api, namespace, trainjob)["metadata"]["uid"]
+    with control_plane.api_client_for_token(unmarked_release.token) as scraper_api, \
+            pytest.raises(client.ApiException) as refused:
+        asyncio.run(write_stall_marker(scraper_api, namespace, trainjob, uid,
+                                       "2026-12-03T12:00:00Z"))
+    assert refused.value.status == 403
+    message = json.loads(refused.value.body)["message"]
+    assert 'cannot patch resource "trainjobs"' in message, message

@@ -51,7 +51,9 @@ def test_per_trainjob_panels_filter_by_namespace_and_trainjob() -> None:
     for title, expr in dashboard_expressions(dashboard()):
         for series in ("trainjob_progress_ratio", "trainjob_estimated_remaining_seconds",
                        "trainjob_metric", "trainjob_last_update_timestamp_seconds",
-                       "trainjob_scraper_target_up"):
+                       "trainjob_scraper_target_up", "trainjob_progress_stalled",
+                       "trainjob_progress_seconds_since_change",
+                       "trainjob_progress_stall_threshold_seconds"):
             if re.search(rf"\b{series}\{{", expr) and not title.startswith("variable "):
                 assert 'namespace=~"$namespace"' in expr, (title, expr)
                 assert 'trainjob=~"$trainjob"' in expr, (title, expr)
@@ -61,7 +63,8 @@ def test_core_panels_exist() -> None:
     titles = {p["title"] for p in dashboard_panels(dashboard())}
     assert set(CORE_PANELS) <= titles
     assert {"Training metrics", "ETA over time", "Scrape duration", "Status writes by result",
-            "Scrapes by result", "Scrape error ratio", "Pod watch restarts", "Leader"} <= titles
+            "Scrapes by result", "Scrape error ratio", "Pod watch restarts", "Leader",
+            "Stalled trainings"} <= titles
 
 
 def test_dashboard_uses_only_series_the_scraper_exports() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import threading
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from tests.helpers.client import apply_status, condition
 from trainjob_client import ProgressCallback, get_trainer_status
 from trainjob_client.annotation import TRAINER_STATUS_ANNOTATION, encode_annotation
 from trainjob_client.kube import TrainJobForbidden, TrainJobNotFound
+from trainjob_client.progress import STALLED_SINCE_ANNOTATION
 
 
 def _status(percent: int, eta: int, **metrics: str) -> dict[str, object]:
@@ -138,3 +140,24 @@ def test_progress_callback_shows_a_missing_status_without_stopping_the_wait(
     callback.close()
     assert callback.bars[trainjob].n == 0
     assert "no trainer status yet" in out.getvalue(), out.getvalue()
+
+
+def test_progress_callback_says_a_running_training_is_stalled(
+        sdk: TrainerClient, kube_api: client.ApiClient, namespace: str, trainjob: str) -> None:
+    """A running TrainJob has no True condition (the SDK's own state is shown) and the
+    scraper's stalled-since annotation: the bar says "stalled for N min" after the state
+    (the annotation written as the scraper writes it, a merge patch of that key; the
+    scraper's own write on the real stack: tests/e2e/test_stall_stack.py)."""
+    apply_status(kube_api, namespace, trainjob, trainerStatus=_status(42, 310, loss="0.2"))
+    since = (datetime.now(UTC) - timedelta(minutes=14, seconds=20)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+        API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, trainjob,
+        {"metadata": {"annotations": {STALLED_SINCE_ANNOTATION: since}}})
+    out = io.StringIO()
+    callback = ProgressCallback(sdk, metrics=["loss"], file=out, mininterval=0)
+    job = sdk.get_job(trainjob)
+    callback(job)
+    callback.close()
+    drawn = out.getvalue()
+    assert f"{job.status}, stalled for 14 min, ETA 05:10, loss=0.2" in drawn, drawn

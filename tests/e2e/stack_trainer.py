@@ -58,7 +58,11 @@ def main() -> int:
                             estimated_remaining_seconds=remaining,
                             metrics={**labels, "step": str(step)})
         if args.checkpoint is not None:
-            args.checkpoint.write_text(str(step))
+            # Atomic: a SIGTERM between truncate and write (a preemption) would leave
+            # an empty checkpoint and the next run would start over.
+            tmp = args.checkpoint.with_name(args.checkpoint.name + ".tmp")
+            tmp.write_text(str(step))
+            tmp.replace(args.checkpoint)
         time.sleep(args.step_seconds)
     return 0
 

@@ -30,8 +30,17 @@ def test_demo_runs_the_whole_path_and_ends_at_100_percent() -> None:
     # The controllers' objects, as kubectl lists them: JobSet, Job and the pod on the
     # runner node with a loopback IP from its podCIDR (127.x.y.z: each cluster picks
     # its own, localdev.cluster.stack.pod_cidrs).
-    objects = out.split("kubectl get jobsets,jobs,pods -o wide", 1)[1]
+    objects = out.split("kubectl get jobsets,jobs,pods -o wide", 1)[1].split(
+        "kubectl trainjob progress", 1)[0]
     assert re.search(r"^jobset\.jobset\.x-k8s\.io/demo-train\s+Completed", objects, re.M), objects
     assert re.search(r"^job\.batch/demo-train-node-0\s+Complete\s+1/1", objects, re.M), objects
     assert re.search(r"^pod/demo-train-node-0-0-\w+\s+0/1\s+Completed\s.*127\.\d+\.\d+\.\d+\s+"
                      r"runner-node-0", objects, re.M), objects
+    # The kubectl plugin, run by the real kubectl against the demo's cluster as the demo
+    # tells a user to: the TrainJob's row at 100 % with its loss column.
+    plugin = out.split("kubectl trainjob progress (the plugin", 1)[1]
+    assert "kubectl trainjob failed" not in plugin, plugin
+    header, row = [line for line in plugin.splitlines() if line.strip()][1:3]
+    assert header.split()[:2] == ["NAME", "STATE"] and "LOSS" in header, plugin
+    assert row.startswith("demo-train") and "100%" in row and "Complete" in row, plugin
+    assert "kubectl trainjob watch demo-train -n trainjob-demo" in " ".join(out.split())

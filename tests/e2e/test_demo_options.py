@@ -1,5 +1,6 @@
 """``python -m localdev.demo`` options a newcomer tries: ``--duration`` counts from the
-start in cluster mode, ``--namespace`` is refused in local mode (it would be ignored)."""
+start in cluster mode; ``--namespace`` and ``--duration`` are refused in local mode (they
+would be ignored)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,14 @@ def test_namespace_in_local_mode_is_refused_with_the_reason() -> None:
     out = " ".join(result.stdout.split())  # rich may wrap the line
     assert "--namespace applies to cluster mode only" in out
     assert "trainjob-demo" in out
+
+
+def test_duration_in_local_mode_is_refused_with_the_reason() -> None:
+    result = run_demo("--local", "--duration", "30", timeout=DEMO_TIMEOUT_SECONDS)
+    assert result.returncode == 2, result.stdout + result.stderr
+    out = " ".join(result.stdout.split())
+    assert "--duration applies to cluster mode only" in out
+    assert "ends when its TrainJob completes" in out
 
 
 def test_duration_counts_from_the_start_even_when_the_scraper_never_gets_ready(

@@ -24,7 +24,7 @@ from exporter_lib.status import API_GROUP, API_VERSION, TrainerStatus
 from localdev.cluster import trainjobs
 from localdev.cluster.runtimes import LOG_SOURCE, annotated_runtime
 from localdev.cluster.stack import Cluster
-from tests.helpers.stack import recording, scraper, scraper_metric
+from tests.helpers.stack import TrainJobRecorder, recording, scraper, scraper_metric
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = "torch-distributed-logs"
@@ -49,6 +49,25 @@ CASES = {
                   {"train_loss", "val_loss"}, False),
     "katib": ("katib_lines.py", {"EPOCHS": "4", "SLEEP": "1"}, {"loss", "accuracy"}, True),
 }
+
+
+def progress_in_every_version(recorder: TrainJobRecorder, uid: str) -> list[int]:
+    """Checks every version of the TrainJob the watch saw: once one has progress, every
+    later one has it too, never lower (a version without it, or with a lower one, is
+    what issue 27 saw).  Returns the progress of each version that has it."""
+    progress: list[int] = []
+    for observation in list(recorder.seen):
+        if observation.uid != uid or observation.event == "DELETED":
+            continue
+        status = observation.status
+        value = None if status is None else status.progress_percentage
+        if progress:
+            assert value is not None, (f"version {observation.resource_version} has no "
+                                       f"progress after {progress}: {status}")
+            assert value >= progress[-1], (progress, value)
+        if value is not None:
+            progress.append(value)
+    return progress
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +112,7 @@ def test_unmodified_training_reports_from_its_log(
                                   f"{case}: the final status from the log").status
         assert final is not None
         seen = recorder.statuses(created["metadata"]["uid"])
-        progress = [s.progress_percentage for s in seen if s.progress_percentage is not None]
-        assert progress == sorted(progress), progress
+        progress = progress_in_every_version(recorder, created["metadata"]["uid"])
         if live and case != "katib":
             assert any(p < 100 for p in progress), progress  # read while it ran
         if live and case == "katib":
@@ -129,3 +147,38 @@ def test_trainjob_annotation_selects_the_log_for_its_pods(
             lambda o: o.status is not None and o.status.progress_percentage == 100,
             FINAL_TIMEOUT_SECONDS, "the final status from the log").status
         assert final is not None and "loss" in final.metrics_dict()
+
+
+def test_live_tqdm_bar_with_postfix_keeps_its_progress_in_every_version(
+    kube_stack: Cluster, stack_api: client.ApiClient, stack_namespace: str,
+    logs_runtime: str, tmp_path: Path,
+) -> None:
+    """Issue 27, point 2, as reported: ``tqdm(total=2000, desc="train", mininterval=0)``,
+    then 2000 times ``sleep(0.01)``, ``update(1)`` and ``set_postfix(loss=...,
+    refresh=False)``, read with ``--log-source --interval=1s``.  The bar redraws only
+    with ``\r``: the runtime stores it in 16 KiB partial entries that the kubelet joins
+    behind one timestamp, and the reads overlap.  Before, re-read redraws made the bar
+    "start again" and versions carried metrics only.  Now every version the watch sees,
+    from the first with progress on, has progress, never lower; it was read while the
+    bar ran; the run ends at 100 with the last loss."""
+    namespace, name = stack_namespace, "tqdm-postfix"
+    command = [sys.executable, str(REPO / "tests" / "trainings" / "tqdm_loop.py")]
+    with scraper(kube_stack, namespace, tmp_path, ["--log-source"]) as child, \
+            recording(stack_api, namespace, name) as recorder:
+        created = trainjobs.create(stack_api, trainjobs.trainjob_body(
+            namespace, name, runtime=logs_runtime, command=command,
+            env={"PYTHONUNBUFFERED": "1", "MANUAL": "1", "STEPS": "2000", "SLEEP": "0.01",
+                 "MININTERVAL": "0"}))
+        finished = trainjobs.wait_finished(stack_api, namespace, name, TIMEOUT_SECONDS)
+        assert trainjobs.condition(finished, "Complete"), finished.get("status")
+        final = recorder.wait_for(
+            lambda o: o.status is not None and o.status.progress_percentage == 100,
+            FINAL_TIMEOUT_SECONDS, "the final status from the log").status
+        assert final is not None and final.metrics_dict()["loss"] == f"{1 / 2000:.4f}"
+        uid = created["metadata"]["uid"]
+        progress = progress_in_every_version(recorder, uid)
+        print(f"progress of every version with it: {progress}")
+        live = [p for p in progress if p < 100]
+        assert len(set(live)) >= 3, progress  # read while the bar ran, many times
+        assert "trainjob_scraper_log_parse_failures_total 0.0" in scraper_metric(
+            child, "trainjob_scraper_log_parse_failures_total")

@@ -20,6 +20,7 @@ from kubernetes import client
 
 from localdev.cluster import crilog, trainjobs
 from localdev.cluster.stack import Cluster
+from tests.logsource.conftest import render
 
 TIMEOUT_SECONDS = 180
 LONG = 40 * 1024
@@ -86,3 +87,7 @@ def test_kubectl_logs_reads_the_runtime_split_output(
     # timestamps: each entry's own time, RFC 3339 with nanoseconds.
     stamped = logs("--timestamps", "--tail=1")
     assert stamped.endswith(" no newline") and stamped.startswith(str(late.year))
+    # ... in front of an entry that starts a line only: the 40 KiB line's three entries
+    # come joined behind the first one's.  The log source's tests render pods/log so
+    # (tests/logsource/conftest.py); this pins that rendering to the real one.
+    assert logs("--timestamps").encode() == render(entries)

@@ -115,6 +115,10 @@ FLOODS = [
 ]
 
 
+#: Scrapes of the scraper's pooled client during each flood; every one must succeed.
+POOLED_SCRAPES = 10
+
+
 @pytest.mark.parametrize(("kind", "count", "reconnect", "source"), FLOODS)
 def test_normal_scrapes_succeed_under_a_flood(tmp_path: Path, kind: str, count: int,
                                               reconnect: bool, source: str) -> None:
@@ -137,22 +141,25 @@ def test_normal_scrapes_succeed_under_a_flood(tmp_path: Path, kind: str, count: 
              str(port), "8", source, "1" if reconnect else "0", str(tmp_path / "flood.json")])
         time.sleep(2.0)  # the flood is at full size
         before, started = exporter_flood.training_steps(steps), time.monotonic()
-        # The scraper's own client (pooled keep-alive connection) beside fresh connections.
+        # The scraper's own client (pooled keep-alive connection) beside fresh connections:
+        # a number of scrapes, not a number within a time (a connect that waits for the
+        # kernel's backlog on a loaded machine costs seconds, not a scrape).
         pooled = exporter_flood.Probe()
-        scraper = threading.Thread(target=exporter_flood.scraper_probe, args=(port, 2.0, pooled))
+        scraper = threading.Thread(target=exporter_flood.scraper_probe,
+                                   args=(port, 30.0, pooled, POOLED_SCRAPES))
         scraper.start()
         outcomes = []
         for _ in range(15):  # one scrape per 0.1 s at most, as the benchmark's
             outcomes.append(exporter_flood.scrape_once(port)[0])
             time.sleep(0.1)
-        scraper.join(timeout=30)
+        scraper.join(timeout=60)
         after, took = exporter_flood.training_steps(steps), time.monotonic() - started
         threads, fds = exporter_flood.proc_counts(child.pid)
         assert flooder.wait(timeout=30) == 0
         stats = json.loads((tmp_path / "flood.json").read_text())
         assert stats["connects"] >= count, stats
         assert outcomes == ["ok"] * len(outcomes), outcomes
-        assert set(pooled.outcomes) == {"ok"} and pooled.outcomes["ok"] >= 5, pooled.outcomes
+        assert pooled.outcomes == {"ok": POOLED_SCRAPES}, pooled.outcomes
         assert child.poll() is None, "the training process died"
         # The loop steps every 10 ms; a quarter of that pace under a loaded machine.
         assert after - before > took * 100 / 4, f"the loop stalled: {after - before} steps"

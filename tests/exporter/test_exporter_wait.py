@@ -1,4 +1,6 @@
-"""Waiting scrapes (contract version 2): ``Prefer: wait=N`` with ``If-None-Match`` (issue 14)."""
+"""Waiting scrapes (contract version 2): ``Prefer: wait=N`` with ``If-None-Match`` (issue 14).
+
+Version 3 (the scraper's write policy) is tested in test_exporter_hold_policy.py."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ def test_every_answer_advertises_the_contract(metrics_url: str, fetch: Fetch) ->
     for url in (metrics_url, metrics_url.replace("/metrics", "/healthz"),
                 metrics_url.replace("/metrics", "/nothing")):
         assert fetch(url).headers["Trainjob-Exporter-Contract"] == (
-            f"2;max-wait={server.MAX_WAIT_SECONDS}")
+            f"{server.CONTRACT_VERSION};max-wait={server.MAX_WAIT_SECONDS}")
 
 
 def test_held_until_the_status_changes(metrics_url: str, fetch: Fetch) -> None:

@@ -261,6 +261,15 @@ def scraper_series() -> set[str]:
         "lastUpdatedTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     })
     telemetry = Telemetry(lambda: [JobView("ns", "job", "pod", status=status, up=True)])
+    # The stall gauges come from their own collector (registered by scraper.app).
+    from scraper.stall import StallClock
+    from scraper.stall_watch import StallCollector, _Watched
+
+    class _Clocks:
+        clocks = {("ns", "job"): _Watched("uid", StallClock.start(status, 0.0, 0.0))}
+
+    _Clocks.clocks[("ns", "job")].clock.threshold = 300.0
+    telemetry.registry.register(StallCollector(_Clocks(), clock=lambda: 1.0))  # type: ignore[arg-type]
     names: set[str] = set()
     for family in telemetry.registry.collect():
         if family.type == "counter":

@@ -81,10 +81,13 @@ class FakeExporter:
     Modes: ``json`` (body as JSON, ETag/304 like the real exporter), ``text``
     (``body`` is Prometheus text), ``garbage`` (``body`` sent as JSON as is),
     ``huge`` (a body of ``huge_bytes``), ``slow`` (answers after ``delay`` s),
-    ``redirect`` (302 to ``/elsewhere``), ``empty`` (204).
+    ``redirect`` (302 to ``/elsewhere``), ``empty`` (204).  It listens on ``host``
+    (another loopback address gives a test a pod IP of its own) and states no pod
+    (no ``Trainjob-Exporter-Pod``), as a third-party exporter.
     """
 
     mode: str = "json"
+    host: str = "127.0.0.1"
     body: Any = None
     huge_bytes: int = 4 << 20
     delay: float = 30.0
@@ -138,9 +141,9 @@ class FakeExporter:
             app.router.add_get("/elsewhere", self._elsewhere)
             self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
             loop.run_until_complete(self._runner.setup())
-            self.port = free_port()
-            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+            site = web.TCPSite(self._runner, self.host, 0)
             loop.run_until_complete(site.start())
+            self.port = int(self._runner.addresses[0][1])
             self._stopped = asyncio.Event()
             ready.set()
             loop.run_until_complete(self._stopped.wait())
@@ -180,20 +183,40 @@ def exporter_factory() -> Iterator[Callable[..., FakeExporter]]:
 class ScraperProcess:
     """A ``python -m scraper run`` child process with its own /metrics port and log."""
 
+    #: Starts tried when another process took the free port between free_port() and the
+    #: scraper's bind (seen under load: "address already in use", exit code 1).
+    PORT_TRIES = 3
+
     def __init__(self, kubeconfig: Path, args: list[str], log_path: Path,
                  env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
         self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        cmd = [sys.executable, "-m", "scraper", "run", f"--kubeconfig={kubeconfig}",
+        self._kubeconfig = kubeconfig
+        self._args = args
+        self._env = env
+        self._tries = 1
+        self._start()
+        self._http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=1, read=5),
+                                         retries=False)
+
+    def _start(self) -> None:
+        self.port = free_port()
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        cmd = [sys.executable, "-m", "scraper", "run", f"--kubeconfig={self._kubeconfig}",
                f"--listen-port={self.port}", "--listen-host=127.0.0.1", "--log-level=DEBUG",
                # loopback only; the /metrics authentication has its own tests
                # (tests/scraper/test_metrics_auth.py); a test may pass --metrics-auth
-               "--no-metrics-auth", *args]
+               "--no-metrics-auth", *self._args]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
-        self._http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=1, read=5),
-                                         retries=False)
+                                     env={**os.environ, **(self._env or {})})
+
+    def _lost_its_port(self) -> bool:
+        """The process ended because its listen port was taken: started again on another."""
+        if self._tries >= self.PORT_TRIES or "ddress already in use" not in self.log():
+            return False
+        self._log.close()
+        self._tries += 1
+        self._start()
+        return True
 
     def get(self, path: str) -> tuple[int, str]:
         resp = self._http.request("GET", f"http://127.0.0.1:{self.port}{path}")
@@ -201,7 +224,7 @@ class ScraperProcess:
 
     def wait_ready(self, timeout: float = 30) -> None:
         def ready() -> bool:
-            if self.proc.poll() is not None:
+            if self.proc.poll() is not None and not self._lost_its_port():
                 raise AssertionError(f"scraper exited with {self.proc.returncode}:\n{self.log()}")
             return self.get("/readyz")[0] == 200
 

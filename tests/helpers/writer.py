@@ -13,17 +13,24 @@ from kubernetes import client
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from scraper.annotation_target import StatusTarget
 from scraper.kube.informer import ListWatch
-from scraper.status_writer import StatusWriter
 from scraper.trainjobs import TrainJobStore, slim_trainjob
+from scraper.write.policy import PROGRESS_FLOOR_MIN, WritePolicy
+from scraper.write.writer import StatusWriter
+
+#: Every change written as soon as the budget allows (the smallest floor, no staleness).
+AT_ONCE = WritePolicy(progress_floor=PROGRESS_FLOOR_MIN, metrics_staleness=0.0)
 
 
 @contextlib.asynccontextmanager
 async def running_writer(api: client.ApiClient, namespace: str, *, qps: float = 50,
-                         burst: int = 50, metrics_interval: float = 0.0,
+                         burst: int = 50, policy: WritePolicy = AT_ONCE,
                          target: StatusTarget = StatusTarget.STATUS, **options: Any,
                          ) -> AsyncIterator[tuple[StatusWriter, ListWatch]]:
     """A :class:`StatusWriter` whose store watches TrainJobs of ``namespace`` (synced);
-    ``options`` go to :meth:`StatusWriter.for_client` (e.g. ``other_writer_grace``)."""
+    ``options`` go to :meth:`StatusWriter.for_client` (e.g. ``other_writer_grace``).
+
+    ``policy``: :data:`AT_ONCE` unless a test is about the write policy, so tests of
+    other rules see each change written as soon as the budget allows."""
     store = TrainJobStore([namespace])
     custom = client.CustomObjectsApi(api)
     watch = ListWatch(
@@ -33,7 +40,7 @@ async def running_writer(api: client.ApiClient, namespace: str, *, qps: float = 
         on_list=functools.partial(store.on_list, namespace), on_event=store.on_event,
         slim=slim_trainjob)
     writer = StatusWriter.for_client(api, identity="test", qps=qps, burst=burst, store=store,
-                                     metrics_interval=metrics_interval, target=target,
+                                     policy=policy, target=target,
                                      **options)
     watch.start()
     writer.start()

@@ -3,18 +3,23 @@
 Each training in ``tests/trainings`` runs as a child process with its stdout and
 stderr stored by the pod runner's own CRI writer (:mod:`localdev.cluster.crilog`, the
 runtime's split), then rendered as the kubelet renders a CRI file for
-``pods/log?timestamps=true`` (``k8s.io/cri-client/pkg/logs``: each entry's timestamp, a
-space, its content, a ``\\n`` after a full entry only).  Nothing here is typed by hand:
-the bytes are what tqdm, Keras, Lightning and Transformers printed.
+``pods/log?timestamps=true`` (``k8s.io/cri-client/pkg/logs``, which kwok serves too:
+an entry's content, a ``\\n`` after a full entry only, and the entry's timestamp and a
+space in front only where a line starts, i.e. for the first entry sent and after a
+full one; ``sinceTime`` skips older entries, but a skipped partial entry still means
+the next one continues its line).  Nothing here is typed by hand: the bytes are what
+tqdm, Keras, Lightning and Transformers printed.
 """
 
 from __future__ import annotations
 
+import calendar
 import os
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,25 +31,59 @@ REPO = Path(__file__).resolve().parents[2]
 TRAININGS = REPO / "tests" / "trainings"
 
 
+Entry = tuple[str, str, bool, bytes]
+
+
 @dataclass(frozen=True)
 class Captured:
     """One real run: its raw output, its CRI entries ``(time, stream, partial, content)``."""
 
     raw: bytes
-    entries: list[tuple[str, str, bool, bytes]]
+    entries: list[Entry]
 
     def pods_log(self, upto: int | None = None) -> bytes:
         """The kubelet's ``timestamps=true`` rendering of the first ``upto`` entries."""
         return render(self.entries[:upto])
 
 
-def render(entries: list[tuple[str, str, bool, bytes]]) -> bytes:
-    # The kubelet writes RFC3339Nano with a fixed 9-digit fraction (RFC3339NanoFixed).
+def render(entries: list[Entry], *, since: str | None = None, skip: int = 0,
+           every_entry: bool = False) -> bytes:
+    """The kubelet's ``timestamps=true`` answer for ``entries`` (the tail it starts at),
+    with ``sinceTime`` ``since`` (or the first ``skip`` entries skipped as it skips
+    them); ``every_entry``: a timestamp in front of every entry, as older kubelets
+    wrote."""
+    floor = None if since is None else since_floor(since)
     out = bytearray()
-    for stamp, _, partial, content in entries:
-        head, _, frac = stamp.removesuffix("Z").partition(".")
-        out += f"{head}.{frac.ljust(9, '0')}Z ".encode() + content + (b"" if partial else b"\n")
+    new_line = True
+    for index, (stamp, _, partial, content) in enumerate(entries):
+        if index >= skip and (floor is None or entry_time(stamp) >= floor):
+            if new_line or every_entry:
+                # The kubelet writes RFC3339Nano with a fixed 9-digit fraction.
+                head, _, frac = stamp.removesuffix("Z").partition(".")
+                out += f"{head}.{frac.ljust(9, '0')}Z ".encode()
+            out += content + (b"" if partial else b"\n")
+        new_line = not partial
     return bytes(out)
+
+
+def entry_time(stamp: str) -> int:
+    """A CRI entry's timestamp in nanoseconds since the epoch."""
+    head, _, frac = stamp.removesuffix("Z").partition(".")
+    seconds = calendar.timegm(time.strptime(head, "%Y-%m-%dT%H:%M:%S"))
+    return seconds * 1_000_000_000 + int(frac.ljust(9, "0") or 0)
+
+
+def since_floor(since: str) -> int:
+    """``sinceTime`` (RFC 3339, whole seconds: ``metav1.Time``) in nanoseconds."""
+    assert since.endswith("Z") and "." not in since, since
+    return entry_time(since)
+
+
+def serve(entries: list[Entry], *, since: str | None, tail: int, limit_bytes: int) -> bytes:
+    """What the kubelet answers ``pods/log?timestamps=true&tailLines=..&limitBytes=..
+    &sinceTime=..`` with when ``entries`` are stored: the last ``tail`` entries, those
+    before ``since`` skipped, the answer cut at ``limit_bytes`` from its start."""
+    return render(entries[-tail:] if tail else [], since=since)[:limit_bytes]
 
 
 def capture(script: str, tmp: Path, **env: str) -> Captured:
@@ -96,4 +135,8 @@ def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Captured]:
                                   LIGHTNING_BAR="tqdm"),
         "katib": capture("katib_lines.py", tmp, EPOCHS="4", SLEEP="0"),
         "tqdm_epochs": capture("tqdm_loop.py", tmp, STEPS="10", SLEEP="0.01", EPOCHS="3"),
+        # Issue 27's bar: update(1) and a postfix per step, redrawn only with \r, over
+        # several 16 KiB partial entries.
+        "tqdm_manual": capture("tqdm_loop.py", tmp, STEPS="900", SLEEP="0.002",
+                               MANUAL="1", MININTERVAL="0"),
     }

@@ -109,8 +109,8 @@ def test_overlapping_reads_give_what_one_read_gives(captures: dict[str, Captured
     for end in range(1, count + 1):
         # Up to three entries read again, as a read starting a second back would.
         start = max(0, end - 4)
-        progress.feed(split(render_slice(captured, start, end), ended=end == count,
-                            trust_first=start == 0))
+        progress.read(render_slice(captured, start, end), ended=end == count,
+                      from_start=start == 0)
         once = LogProgress()
         once.feed(split(captured.pods_log(end), ended=end == count, trust_first=True))
         assert progress.fraction == once.fraction, (end, progress, once)
@@ -125,12 +125,14 @@ def render_slice(captured: Captured, start: int, end: int) -> bytes:
 def test_per_epoch_bars_of_unknown_number_never_read_as_the_whole_run(
         captures: dict[str, Captured]) -> None:
     """A real tqdm run drawing one bar per epoch (3, same description, nothing saying how
-    many): a newcomer's run read 100 % after the first epoch.  While the container runs a
-    full plain bar reads at most 99 %, and once a bar starts again progress is unknown
-    (metrics only); the final reading (container ended) gives no invented 100 %."""
+    many): a newcomer's run read 100 % after the first epoch.  A full plain bar reads at
+    most 99 %; once a bar starts again from a lower count it gives no progress of its
+    own, and the highest given before is kept (issue 27: a field once written is never
+    left out while the run runs); the final reading gives no invented 100 %."""
     statuses = read_in_steps(captures["tqdm_epochs"])
     *running, final = statuses
     seen = [s.progress_percentage for s in running if s and s.progress_percentage is not None]
     assert seen and max(seen) <= 99, seen
-    assert final is not None and final.progress_percentage is None
+    assert seen == sorted(seen), seen
+    assert final is not None and final.progress_percentage == 99
     assert {"loss", "lr"} <= set(final.metrics_dict())

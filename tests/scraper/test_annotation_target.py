@@ -29,8 +29,8 @@ from scraper.annotation_target import (
     uid_precondition_failed,
 )
 from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
-from scraper.status_writer import FIELD_MANAGER, WriteOutcome
 from scraper.trainjobs import Held
+from scraper.write.outcome import FIELD_MANAGER, WriteOutcome
 from tests.helpers.scraper import (
     ANNOTATION_RULES,
     ScraperProcess,

@@ -43,9 +43,9 @@ from scraper.scraping import (
     NotModified,
     ScrapeLimits,
 )
-from scraper.status_writer import WriteOutcome
 from scraper.targets import Target
 from scraper.telemetry import JobView
+from scraper.write.outcome import WriteOutcome
 
 MAX_BODY = 64 * 1024
 TIMEOUT = 1.0

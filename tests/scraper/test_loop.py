@@ -1,10 +1,14 @@
 """The scrape-loop stage in-process: every rule it owns, with fakes for its neighbours.
 
-The neighbours (the exporter scraper, the status writer, the Event recorder, the
-scheduler) are in-process fakes of their Protocols in :mod:`scraper.loop` and
-:mod:`scraper.manager`; the real ones are exercised against real exporters and the
-real API server by the other tests of this folder.  The clock is a fake too, so
-backoff and Event dedupe are checked without sleeping.  No cluster needed.
+The neighbours (the exporter scraper, the Event recorder, the scheduler) are in-process
+fakes of their Protocols in :mod:`scraper.loop` and :mod:`scraper.manager`; the real
+ones are exercised against real exporters and the real API server by the other tests of
+this folder.  The status writer is the real :class:`~scraper.write.queue.WriteQueue`
+behind a stand-in for the API server (:class:`QueueWriter`: what each TrainJob holds,
+in memory), so a final waits in the queue as it does in production and leadership
+changes clear it as ``ScraperApp`` does; tests of the loop's reaction to one writer
+outcome script that outcome instead.  The clock is a fake too, so backoff and Event
+dedupe are checked without sleeping.  No cluster needed.
 """
 
 from __future__ import annotations
@@ -40,9 +44,11 @@ from scraper.scraping import (
     NotModified,
     ScrapeResult,
 )
-from scraper.status_writer import TrainJobGone, WriteOutcome
 from scraper.targets import Target
 from scraper.telemetry import JobView
+from scraper.trainjobs import TrainJobGone
+from scraper.write.outcome import WriteOutcome
+from scraper.write.queue import Priority, WriteQueue
 
 NS, TJ, POD = "ns", "tj", "tj-node-0-0"
 
@@ -89,21 +95,52 @@ class FakeScraper:
 
 
 @dataclass
-class FakeWriter:
-    """Answers each apply with the next queued outcome, or raises it if it is an exception."""
+class QueueWriter:
+    """The write side as the loop sees it, over the real write queue.
 
-    outcomes: list[WriteOutcome | BaseException] = field(
-        default_factory=lambda: [WriteOutcome.WRITTEN])
+    ``apply`` decides as :meth:`scraper.write.writer.StatusWriter.apply` does against
+    what the TrainJob holds (``held``, standing in for the API server, shared by the
+    replicas of a test): the same content and nothing queued is UNCHANGED, anything
+    else is queued (QUEUED).  :meth:`flush` plays the writer tasks: each due item is
+    decided again and written (``writes``).  :meth:`stop_leading` clears the queue, as
+    ``ScraperApp`` does when leadership ends.  ``outcomes``, when set, answer the
+    applies instead, in order (the last repeats; an exception is raised): for the rules
+    of the loop's reaction to one outcome.
+    """
+
+    held: dict[tuple[str, str], TrainerStatus] = field(default_factory=dict)
+    queue: WriteQueue = field(default_factory=WriteQueue)
+    outcomes: list[WriteOutcome | BaseException] = field(default_factory=list)
     applied: list[tuple[str, str, TrainerStatus]] = field(default_factory=list)
+    writes: list[tuple[str, str, TrainerStatus, bool]] = field(default_factory=list)
 
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
                     final: bool = False, uid: str = "", seen: float | None = None,
                     finished_at: float | None = None) -> WriteOutcome:
         self.applied.append((namespace, name, status))
-        outcome = self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
+        if self.outcomes:
+            outcome = self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+        key = (namespace, name)
+        if self.held.get(key) == status and self.queue.pending(key) is None:
+            return WriteOutcome.UNCHANGED
+        self.queue.put(key, status, Priority.FINAL if final else Priority.PROGRESS, uid=uid)
+        return WriteOutcome.QUEUED
+
+    def flush(self) -> int:
+        """Write every due item (decided again against ``held``); returns the writes."""
+        before = len(self.writes)
+        while (item := self.queue.take()) is not None:
+            if self.held.get(item.key) != item.status:
+                self.held[item.key] = item.status
+                self.writes.append((*item.key, item.status, item.priority is Priority.FINAL))
+            self.queue.done(item)
+        return len(self.writes) - before
+
+    def stop_leading(self) -> None:
+        self.queue.clear()
 
 
 @dataclass
@@ -133,7 +170,7 @@ class Rig:
     """A loop and a manager wired to fakes, as ScraperApp wires the real parts."""
 
     scraper: FakeScraper
-    writer: FakeWriter
+    writer: QueueWriter
     events: FakeEvents
     clock: Clock
     loop: ScrapeLoop
@@ -144,11 +181,24 @@ class Rig:
     busy: list[str]
     scrapes: list[str]
     failed_writes: list[WriteOutcome]
+    retries: list[tuple[str, float]]
 
     async def settle(self) -> None:
-        """Let every spawned final status write finish."""
+        """Let every spawned final status run finish (their statuses are then queued)."""
         while pending := [t for t in self.spawned if not t.done()]:
             await asyncio.gather(*pending)
+
+    def lose(self) -> None:
+        """Leadership ends, as ``ScraperApp._on_leadership(False)`` handles it."""
+        self.writer.stop_leading()
+        self.manager.set_leading(False)
+
+    def gain(self) -> None:
+        self.manager.set_leading(True)
+
+    def finals(self) -> list[int | None]:
+        """Progress of every final written so far."""
+        return [s.progress_percentage for _ns, _n, s, final in self.writer.writes if final]
 
     def state(self, target: Target | None = None) -> TargetState:
         target = target or _target()
@@ -159,13 +209,18 @@ class Rig:
 
 @pytest.fixture
 def rig() -> Iterator[Rig]:
-    scraper, writer, events, clock = FakeScraper(), FakeWriter(), FakeEvents(), Clock()
+    yield _make_rig()
+
+
+def _make_rig() -> Rig:
+    scraper, writer, events, clock = FakeScraper(), QueueWriter(), FakeEvents(), Clock()
     scheduler = FakeScheduler()
     spawned: list[asyncio.Task[Any]] = []
     gone: list[tuple[str, str]] = []
     busy: list[str] = []
     scrapes: list[str] = []
     failed: list[WriteOutcome] = []
+    retries: list[tuple[str, float]] = []
     holder: dict[str, TargetManager] = {}
 
     def on_gone(namespace: str, trainjob: str) -> None:
@@ -175,14 +230,22 @@ def rig() -> Iterator[Rig]:
     loop = ScrapeLoop(scraper, writer, events, backoff_max=35.0,
                       leading=lambda: holder["manager"].leading, on_gone=on_gone,
                       on_busy=busy.append, count_scrape=scrapes.append,
-                      count_write=failed.append, clock=clock)
+                      count_write=failed.append, clock=clock,
+                      on_retry=lambda key, seconds: retries.append((key, seconds)))
     manager = TargetManager(loop, scheduler,
                             spawn=lambda coro: spawned.append(asyncio.ensure_future(coro)),
                             default_port=28080, default_path="/metrics",
                             default_interval=10.0, leading=True)
     holder["manager"] = manager
-    yield Rig(scraper, writer, events, clock, loop, manager, scheduler, spawned, gone, busy,
-              scrapes, failed)
+    return Rig(scraper, writer, events, clock, loop, manager, scheduler, spawned, gone, busy,
+              scrapes, failed, retries)
+
+
+def _replica(held: dict[tuple[str, str], TrainerStatus]) -> Rig:
+    """A second rig (another replica) whose writer writes to the same ``held``."""
+    replica = _make_rig()
+    replica.writer.held = held
+    return replica
 
 
 def _pod(phase: str = "Running", *, uid: str = "uid-1", ip: str | None = "10.0.0.7",
@@ -270,6 +333,7 @@ async def test_not_instrumented_backs_off_exponentially_capped_and_logs_once(
 ) -> None:
     caplog.set_level(logging.INFO, logger="scraper.loop")
     state = rig.state(_target(interval=10.0))
+    state.answered_ever = True  # an exporter that answered before (a starting one: below)
     rig.scraper.results = [Failure(kind, "connection refused")]
     waits = []
     for _ in range(4):
@@ -279,6 +343,7 @@ async def test_not_instrumented_backs_off_exponentially_capped_and_logs_once(
         await rig.loop.run(state)  # still backing off: no scrape
         rig.clock.now = state.retry_at
     assert waits == [10.0, 20.0, 35.0, 35.0]  # interval * 2**(n-1), capped at backoff_max
+    assert rig.retries == []  # the schedule's own runs retry it
     assert len(rig.scraper.calls) == 4
     assert rig.events.recorded == []  # no exporter is no news for the TrainJob's owner
     assert state.view.up is False and state.etag is None
@@ -290,6 +355,30 @@ async def test_not_instrumented_backs_off_exponentially_capped_and_logs_once(
     assert "answers again" in caplog.text
     await rig.loop.run(state)
     assert len(rig.scraper.calls) == 6
+
+
+async def test_a_target_that_never_answered_is_retried_soon_until_its_exporter_starts(
+    rig: Rig,
+) -> None:
+    # A new training's exporter listens a few seconds after its pod runs: its first
+    # answer opens the waiting scrape, so it is retried after 1, 2, 4 ... s (capped by
+    # the interval's own backoff), each time asking the scheduler for that early run.
+    state = rig.state(_target(interval=10.0))
+    rig.scraper.results = [Failure(FailureKind.REFUSED, "connection refused")]
+    waits = []
+    for _ in range(5):
+        await rig.loop.run(state)
+        waits.append(state.retry_at - rig.clock.now)
+        rig.clock.now = state.retry_at
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0]
+    assert rig.retries == [(f"{NS}/{POD}", w) for w in waits]
+    rig.scraper.results = [NothingYet()]
+    await rig.loop.run(state)
+    assert state.answered_ever and state.refusals == 0
+    # Once it has answered, a refusal waits for the interval again.
+    rig.scraper.results = [Failure(FailureKind.REFUSED, "connection refused")]
+    await rig.loop.run(state)
+    assert state.retry_at - rig.clock.now == 10.0 and len(rig.retries) == 5
 
 
 async def test_busy_is_neither_up_nor_down(rig: Rig) -> None:
@@ -386,13 +475,15 @@ async def test_final_status_applied_once(rig: Rig) -> None:
     rig.manager.on_pod(ended, deleted=False)
     rig.manager.on_pod(ended, deleted=False)  # a repeated MODIFIED event
     await rig.settle()
+    assert rig.writer.flush() == 1
     rig.manager.set_leading(False)
-    rig.manager.set_leading(True)  # leadership comes back: already claimed
+    rig.manager.set_leading(True)  # leadership comes back: the TrainJob holds it
     rig.manager.on_pod(ended, deleted=True)  # deleted after its final status was written
     await rig.settle()
-    assert [(ns, n, s.progress_percentage) for ns, n, s in rig.writer.applied] == \
-        [(NS, TJ, 100)]
+    rig.writer.flush()
+    assert rig.finals() == [100]
     assert rig.scheduler.scheduled == {}
+    assert rig.manager.states == {} and rig.manager.owed == {}
 
 
 async def test_final_status_waits_for_leadership_then_is_applied_once(rig: Rig) -> None:
@@ -404,15 +495,135 @@ async def test_final_status_waits_for_leadership_then_is_applied_once(rig: Rig) 
     rig.manager.set_leading(True)
     await rig.settle()
     assert len(rig.writer.applied) == 1
+    rig.writer.flush()
+    assert rig.finals() == [100]
     view = next(iter(rig.manager.views()))
     assert view.status is not None and view.status.progress_percentage == 100
+
+
+# ---------------------------------------------------------------- finals and leader changes
+# (issue 27 point 1: the same replica losing and winning back the Lease lost every final
+# still queued; docs/scraper.md, "Leader changes")
+
+
+async def test_final_queued_when_leadership_is_lost_is_written_once_when_it_comes_back(
+        rig: Rig) -> None:
+    rig.manager.on_pod(_pod(), deleted=False)
+    ended = _pod("Succeeded", message=FINAL)
+    rig.manager.on_pod(ended, deleted=False)  # ends while leading: queued, not written
+    await rig.settle()
+    assert len(rig.writer.queue) == 1
+    rig.lose()  # the queue goes with the term
+    assert len(rig.writer.queue) == 0
+    rig.manager.on_pod(ended, deleted=False)  # delivered again while standing by
+    await rig.settle()
+    assert rig.writer.queue.pending((NS, TJ)) is None
+    rig.gain()
+    await rig.settle()
+    rig.manager.on_pod(ended, deleted=False)  # and again (a relist): coalesced
+    await rig.settle()
+    assert rig.writer.flush() == 1
+    assert rig.finals() == [100]
+    rig.manager.on_pod(ended, deleted=False)  # the TrainJob holds it: settled, no write
+    await rig.settle()
+    rig.lose()
+    rig.gain()
+    await rig.settle()
+    assert rig.writer.flush() == 0 and rig.finals() == [100]
+
+
+async def test_flapping_leadership_writes_every_final_once(rig: Rig) -> None:
+    pods = [dict(_pod("Succeeded", uid=f"uid-{i}", message={**FINAL, "progressPercentage": i}),
+                 metadata={"namespace": NS, "name": f"{TJ}{i}-node-0-0", "uid": f"uid-{i}",
+                           "labels": {"jobset.sigs.k8s.io/jobset-name": f"{TJ}{i}"}})
+            for i in range(20)]
+    for pod in pods[:10]:
+        rig.manager.on_pod(pod, deleted=False)
+    await rig.settle()
+    out = rig.writer.queue.take()  # one write is out when the term ends: it lands later
+    assert out is not None
+    rig.lose()
+    for pod in pods[10:]:  # ten more end while standing by
+        rig.manager.on_pod(pod, deleted=False)
+    rig.gain()
+    await rig.settle()
+    rig.lose()
+    rig.gain()
+    await rig.settle()
+    rig.writer.held[out.key] = out.status  # the write that was out lands now
+    rig.writer.writes.append((*out.key, out.status, True))
+    rig.writer.queue.done(out)
+    written = 1 + rig.writer.flush()
+    rig.lose()
+    rig.gain()
+    await rig.settle()
+    written += rig.writer.flush()
+    assert written == 20
+    assert sorted(rig.finals()) == list(range(20))
+
+
+async def test_the_standby_writes_what_the_leader_lost_and_nothing_twice(rig: Rig) -> None:
+    standby = _replica(rig.writer.held)  # the same TrainJobs (one API server)
+    standby.manager.set_leading(False)
+    ended = _pod("Succeeded", message=FINAL)
+    for replica in (rig, standby):  # both watch the pod
+        replica.manager.on_pod(_pod(), deleted=False)
+        replica.manager.on_pod(ended, deleted=False)
+    await rig.settle()
+    rig.lose()  # the queued final is gone with the leader's term
+    standby.gain()
+    await standby.settle()
+    assert standby.writer.flush() == 1
+    rig.gain()  # the old leader wins back later: the TrainJob holds the final
+    await rig.settle()
+    assert rig.writer.flush() == 0
+    assert [s.progress_percentage for *_k, s, final in standby.writer.writes if final] == [100]
+
+
+async def test_a_deleted_pods_owed_final_survives_a_leader_change(rig: Rig) -> None:
+    rig.manager.on_pod(_pod(), deleted=False)
+    ended = _pod("Succeeded", message=FINAL)
+    rig.manager.on_pod(ended, deleted=False)
+    rig.manager.on_pod(ended, deleted=True)
+    await rig.settle()
+    rig.lose()
+    assert rig.manager.states == {} and list(rig.manager.owed) == [(NS, TJ)]
+    rig.gain()
+    await rig.settle()
+    assert rig.writer.flush() == 1
+    rig.manager.trainjob_seen((NS, TJ))  # the watch shows it on the TrainJob: let go
+    await rig.settle()
+    assert rig.manager.owed == {} and rig.finals() == [100]
+
+
+async def test_a_pod_deleted_while_standing_by_is_owed_to_the_next_leader(rig: Rig) -> None:
+    rig.manager.set_leading(False)
+    rig.manager.on_pod(_pod(), deleted=False)
+    rig.manager.on_pod(_pod("Succeeded", message=FINAL), deleted=True)
+    await rig.settle()
+    assert rig.writer.applied == []
+    rig.gain()
+    await rig.settle()
+    assert rig.writer.flush() == 1
+
+
+async def test_owed_finals_of_a_trainjob_that_is_gone_are_let_go(rig: Rig) -> None:
+    rig.manager.set_leading(False)
+    rig.manager.on_pod(_pod("Succeeded", message=FINAL), deleted=False)
+    rig.manager.on_pod(_pod("Succeeded", message=FINAL), deleted=True)
+    assert rig.manager.owed
+    rig.manager.drop_trainjob(NS, TJ)
+    assert rig.manager.owed == {}
+    rig.gain()
+    await rig.settle()
+    assert rig.writer.applied == []
 
 
 async def test_deleted_pod_with_a_message_delivers_its_final_status(rig: Rig) -> None:
     rig.manager.on_pod(_pod(), deleted=False)
     rig.manager.on_pod(_pod("Succeeded", message=FINAL), deleted=True)
     await rig.settle()
-    assert len(rig.writer.applied) == 1 and rig.manager.states == {}
+    assert rig.writer.flush() == 1 and rig.manager.states == {}
 
 
 async def test_a_scrape_that_returns_after_the_pod_ended_does_not_write(rig: Rig) -> None:
@@ -449,6 +660,7 @@ async def test_final_of_a_recreated_pod_is_its_own(rig: Rig) -> None:
 def test_final_dataclass_is_the_discovery_decision() -> None:
     # The loop consumes discovery's Final as is (no copy of its fields).
     final = Final(NS, TJ, POD, "uid-1", (("node", json.dumps(FINAL)),))
-    state = TargetState(JobView(NS, TJ, POD), ended=final)
-    assert state.claim_final() and not state.claim_final()
+    state = TargetState(JobView(NS, TJ, POD))
+    state.end(final)
+    assert state.owes_final and state.start_final() and not state.start_final()
     assert state.trainjob_key == (NS, TJ)

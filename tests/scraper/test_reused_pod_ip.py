@@ -11,7 +11,11 @@ Both cases of the issue, hand-made objects on the real API server, the real scra
 
 * A's pod object still shown Running at the reused address;
 * the pod watch behind: the fault proxy cuts the scraper's pod watch and holds its
-  reconnection while A's pod is deleted and B's pod comes up at A's address.
+  reconnection while A's pod is deleted and B's pod comes up at A's address;
+* an exporter that states no pod (a plain HTTP server serving the documented JSON,
+  no ``Trainjob-Exporter-Pod``) at an address where A's stale pod object and B's pod
+  both show Running (issue 27, point 3): neither TrainJob is written while both are
+  known there; once A's pod object goes, B's target works as before.
 """
 
 from __future__ import annotations
@@ -28,13 +32,16 @@ import pytest
 from kubernetes import client
 
 from exporter_lib.pod import kubelet_hostname
+from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from localdev.cluster import objects
 from tests.helpers.fault_proxy import FaultProxy, write_kubeconfig
 from tests.helpers.scraper import (
+    FakeExporter,
     ScraperProcess,
     events,
     progress_of,
     scraper_service_account,
+    status_json,
     wait_for,
 )
 
@@ -172,3 +179,64 @@ def test_pod_watch_behind_while_the_ip_moves_to_another_trainjob(
         # Once the watch catches up, B's pod is B's target and gets its status.
         wait_for(lambda: progress_of(kube_api, namespace, "b") == 77, 40, "B's status on B")
         assert progress_of(kube_api, namespace, "a") == 10
+
+
+def _shared_address_events(kube_api: client.ApiClient, namespace: str,
+                           name: str) -> list[Any]:
+    return [e for e in events(kube_api, namespace, name)
+            if e.reason == "TrainerStatusFromSharedAddress"]
+
+
+def _scraper_managers(kube_api: client.ApiClient, namespace: str, name: str) -> set[str]:
+    """The scraper's field managers (status, stall conditions) on TrainJob ``name``: any
+    write of the scraper to it leaves one."""
+    obj = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
+        API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, name)
+    return {m["manager"] for m in obj["metadata"].get("managedFields") or []
+            if m["manager"].startswith("trainjob-scraper")}
+
+
+def test_exporter_stating_no_pod_at_an_address_two_live_pods_share(
+    kube_api: client.ApiClient, namespace: str,
+    exporter_factory: Callable[..., FakeExporter],
+    scraper_factory: Callable[..., ScraperProcess],
+) -> None:
+    ip = "127.0.0.9"
+    objects.create_trainjob(kube_api, namespace, "a")
+    objects.create_trainjob(kube_api, namespace, "b")
+    # B's exporter: plain HTTP, the documented JSON, no Trainjob-Exporter-Pod header.
+    plain = exporter_factory(host=ip, body=status_json(90))
+    address = f"{ip}:{plain.port}"
+    # A's pod object still shows Running at the address B's pod now has.
+    pod_a = objects.create_trainer_pod(kube_api, namespace, "a", port=plain.port, ip=ip)
+    objects.create_trainer_pod(kube_api, namespace, "b", port=plain.port, ip=ip)
+    scraper = scraper_factory("--interval=1s", f"--namespaces={namespace}")
+
+    wait_for(lambda: plain.requests >= 6, 20, "three answers per target")
+    plain.body = status_json(96)
+    answered = plain.requests
+    wait_for(lambda: plain.requests >= answered + 6, 20,
+             "three more answers per target after the exporter moved to 96")
+    time.sleep(1)  # the last answers are handled (a write would land within this)
+    assert progress_of(kube_api, namespace, "a") is None, "B's status landed on A"
+    assert progress_of(kube_api, namespace, "b") is None, "an unidentified answer written"
+    assert _scraper_managers(kube_api, namespace, "a") == set()
+    assert scraper.value("trainjob_scraper_scrapes_total", result="ok") == 0
+    wait_for(lambda: scraper.value("trainjob_scraper_scrapes_total",
+                                   result="shared_address") >= 12, 10,
+             "every answer counted as shared_address")
+    for name in ("a", "b"):
+        # One Event per set of pods at the address, not one per scrape.
+        [event] = _shared_address_events(kube_api, namespace, name)
+        assert event.type == "Warning" and event.count == 1, event
+        assert address in event.message and pod_a.metadata.name in event.message
+
+    # A's stale pod object goes: B alone at the address, its answers are B's again.
+    objects.delete_pod(kube_api, namespace, pod_a.metadata.name)
+    wait_for(lambda: progress_of(kube_api, namespace, "b") == 96, 20, "B's status on B")
+    ok = scraper.value("trainjob_scraper_scrapes_total", result="ok")
+    plain.body = status_json(97)
+    wait_for(lambda: progress_of(kube_api, namespace, "b") == 97, 20, "B follows its exporter")
+    assert scraper.value("trainjob_scraper_scrapes_total", result="ok") > ok
+    assert progress_of(kube_api, namespace, "a") is None, "B's status landed on A"
+    assert _scraper_managers(kube_api, namespace, "a") == set()

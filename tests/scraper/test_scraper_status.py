@@ -182,12 +182,14 @@ def test_final_status_from_a_native_sidecar(
     scraper_factory: Callable[..., ScraperProcess],
 ) -> None:
     """The zero-code sidecar ends after the trainer: its message wins, unless annotated."""
-    exporter = exporter_factory(body=status_json(50))
+    # One exporter per pod: two live pods at one address whose exporter states no pod
+    # are refused (SharedAddress, tests/scraper/test_shared_address.py).
+    exp_s, exp_n = exporter_factory(body=status_json(50)), exporter_factory(body=status_json(50))
     objects.create_trainjob(kube_api, namespace, "job-s")
     objects.create_trainjob(kube_api, namespace, "job-n")
-    pod_s = objects.create_trainer_pod(kube_api, namespace, "job-s", port=exporter.port,
+    pod_s = objects.create_trainer_pod(kube_api, namespace, "job-s", port=exp_s.port,
                                        sidecars=["trainjob-exporter"])
-    pod_n = objects.create_trainer_pod(kube_api, namespace, "job-n", port=exporter.port,
+    pod_n = objects.create_trainer_pod(kube_api, namespace, "job-n", port=exp_n.port,
                                        sidecars=["trainjob-exporter"], annotations={
                                            "trainjob-progress.dev/container": "node"})
     scraper_factory("--interval=1s", f"--namespaces={namespace}")

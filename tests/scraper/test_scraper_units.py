@@ -17,7 +17,14 @@ import pytest
 from scraper.cli import SUBCOMMANDS, build_parser
 from scraper.config import DEFAULT_SELECTOR, ConfigError, load_settings
 from scraper.discovery import Final, Ignore, Scrape, Wait, classify
-from scraper.scheduling import PHASES, TargetScheduler, first_run, offset_seconds
+from scraper.scheduling import (
+    PHASES,
+    SOON_PER_SECOND,
+    SOON_SECONDS,
+    TargetScheduler,
+    first_run,
+    offset_seconds,
+)
 from scraper.scraping import (
     Busy,
     ExporterScraper,
@@ -76,6 +83,24 @@ def test_bad_file_option(tmp_path: Path) -> None:
         load_settings({}, cfg)
 
 
+def test_a_removed_option_is_refused_with_its_replacement_wherever_it_is_set(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the config file (every bad key named at once) and in the environment, where
+    pydantic-settings would otherwise ignore it and run with the new defaults."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("metrics-write-interval: 5s\nintervall: 3s\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings({}, cfg)
+    assert len(err.value.problems) == 2, err.value.problems
+    assert "option 'metrics-write-interval' was removed: replaced by metrics-staleness" \
+        in err.value.problems[0]
+    assert "unknown option 'intervall'" in err.value.problems[1]
+    monkeypatch.setenv("TRAINJOB_SCRAPER_METRICS_WRITE_INTERVAL", "5s")
+    with pytest.raises(ConfigError, match="TRAINJOB_SCRAPER_METRICS_WRITE_INTERVAL: option "
+                       "was removed: replaced by metrics-staleness"):
+        load_settings({})
+
+
 def test_lease_timings_checked() -> None:
     with pytest.raises(ConfigError, match=r"retry_period .* < renew_deadline"):
         load_settings({"leader_election": True, "renew_deadline": "20s"})
@@ -92,6 +117,18 @@ def test_cli_help_and_errors() -> None:
                          timeout=60)
     assert bad.returncode == 2
     assert "interval='0s'" in bad.stderr and "default-port='http'" in bad.stderr
+    # Durations' defaults in the unit they are typed in (a newcomer read "30.0").
+    flat = " ".join(help_text.split())
+    assert "TRAINJOB_SCRAPER_INTERVAL; default: 30s]" in flat
+    assert "TRAINJOB_SCRAPER_PROGRESS_FLOOR; default: 1s]" in flat
+    assert "TRAINJOB_SCRAPER_STALL_AFTER; default: auto]" in flat  # None means auto
+    # A flag of an earlier release names what replaced it.
+    gone = subprocess.run([sys.executable, "-m", "scraper", "run",
+                           "--metrics-write-interval=5s"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert gone.returncode == 2
+    assert "--metrics-write-interval was removed" in gone.stderr
+    assert "metrics-staleness" in gone.stderr and "progress-floor" in gone.stderr
 
 
 def test_subcommands_are_pluggable() -> None:
@@ -235,12 +272,12 @@ async def test_scheduler_runs_each_target_once_per_interval_at_its_phase() -> No
         await asyncio.sleep(0.3)  # slower than a phase step: runs must still not overlap
 
     scheduler = TargetScheduler(scrape)
-    scheduler.start()
     targets = [Target("ns", f"job-{i}", f"pod-{i}", "uid", f"http://127.0.0.1:1/{i}", 1.0)
                for i in range(30)]
     try:
-        for target in targets:
+        for target in targets:  # the start-up list: scheduled before the scheduler runs
             scheduler.schedule(target)
+        scheduler.start()
         await asyncio.sleep(3.2)
         scheduler.unschedule(targets[0].key)
         before = len(runs.get(targets[0].key, []))
@@ -257,6 +294,53 @@ async def test_scheduler_runs_each_target_once_per_interval_at_its_phase() -> No
         # Each run starts at the target's phase (within the lateness of a loaded CI machine).
         phase = offset_seconds(target.key, 1.0)
         assert all(abs((s - phase + 0.5) % 1.0 - 0.5) < 0.25 for s in stamps), (phase, stamps)
+
+
+async def test_new_targets_are_scraped_within_a_second_a_surge_takes_turns() -> None:
+    # A new training's pod, and the lists at start-up or at a Lease gain: each first
+    # scrape (which opens the waiting scrape) comes within SOON_SECONDS of its turn, at
+    # most SOON_PER_SECOND early runs a second, never later than its phase.  Before
+    # issue 26's fix the targets over the first SOON_PER_SECOND waited for their phase
+    # (up to an interval: 60 s here), polled until then.
+    runs: dict[str, list[float]] = {}
+
+    async def scrape(key: str) -> None:
+        runs.setdefault(key, []).append(time.monotonic())
+
+    scheduler = TargetScheduler(scrape)
+    scheduler.start()
+    interval = 60.0
+    surge = 4 * int(SOON_PER_SECOND)
+    over = (surge - SOON_PER_SECOND) / SOON_PER_SECOND  # seconds of turns beyond the burst
+    targets = [Target("ns", f"job-{i}", f"pod-{i}", "uid", f"http://127.0.0.1:1/{i}",
+                      interval) for i in range(surge)]
+    try:
+        began = time.monotonic()
+        began_wall = time.time()
+        for target in targets:
+            scheduler.schedule(target)
+        scheduled = time.monotonic() - began
+        # The ones whose phase falls in the observed window may run then (wall clock).
+        at_phase = sum(1 for t in targets
+                       if first_run(t.key, interval, began_wall).timestamp() - began_wall
+                       <= SOON_SECONDS + over + 1.0)
+        await asyncio.sleep(SOON_SECONDS + over + 1.0)
+        # A retry asked for sooner than the next run happens then.
+        last = targets[-1]
+        before = len(runs[last.key]) if last.key in runs else 0
+        scheduler.run_within(last.key, 0.2)  # its next run is an interval away
+        await asyncio.sleep(0.8)
+    finally:
+        scheduler.shutdown()
+    # Every target ran once, within its turn (plus a loaded machine's lateness).
+    assert len(runs) == surge, (len(runs), surge)
+    firsts = sorted(stamps[0] - began for stamps in runs.values())
+    assert firsts[-1] <= SOON_SECONDS + over + scheduled + 0.8, firsts[-5:]
+    # Turns: by any moment t no more than the burst plus t's refill ran early.
+    for t in (0.5, 1.0, 2.0):
+        ran = sum(1 for f in firsts if f <= t)
+        assert ran <= SOON_PER_SECOND * (1 + t + scheduled) + at_phase + 1, (t, ran)
+    assert len(runs[last.key]) > before
 
 
 async def test_skipped_runs_are_counted_and_warned_once_a_minute(

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from scraper.config import ConfigError, load_settings
 from scraper.syntax import (
     INTERVAL_MAX_SECONDS,
     INTERVAL_MIN_SECONDS,
@@ -53,3 +54,29 @@ def test_negative_and_bool_refused() -> None:
     for value in ("-3s", -1, True):
         with pytest.raises(ValueError, match="not a duration"):
             parse_duration(value)
+
+
+@given(st.sampled_from(["interval", "progress_floor", "metrics_staleness"]),
+       st.one_of(st.text(alphabet="xyz -+!(),", min_size=1),
+                 st.sampled_from(["nan", "inf", "-1s", "-0.5", "-2m"])))
+def test_a_bounded_duration_option_refused_names_option_value_and_limit(
+        option: str, text: str) -> None:
+    # A newcomer typed "abc" and "-1s" and was told neither what is accepted nor the range.
+    with pytest.raises(ConfigError) as err:
+        load_settings({option: text})
+    (problem,) = err.value.problems
+    assert problem.startswith(f"{option.replace('_', '-')}={text!r}: not a duration")
+    # The limit in the same words as a well-formed value out of range gets.
+    out_of_range = {"interval": "2h", "progress_floor": "2h", "metrics_staleness": "2h"}
+    with pytest.raises(ConfigError) as far:
+        load_settings({option: out_of_range[option]})
+    limit = far.value.problems[0].split(": ", 1)[1]
+    assert limit.startswith("must be between ") and problem.endswith("; " + limit)
+
+
+def test_a_negative_or_non_finite_duration_says_why() -> None:
+    with pytest.raises(ValueError, match=r"must be >= 0"):
+        parse_duration("-1s")
+    for text in ("nan", "inf", "-inf"):
+        with pytest.raises(ValueError, match=r"not a finite number"):
+            parse_duration(text)

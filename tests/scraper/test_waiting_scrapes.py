@@ -25,9 +25,9 @@ from exporter_lib.state import State
 from exporter_lib.status import TrainerStatus
 from scraper.loop import ScrapeLoop, TargetState
 from scraper.scraping import ExporterScraper, ScrapeLimits
-from scraper.status_writer import WriteOutcome
 from scraper.targets import Target
 from scraper.telemetry import JobView
+from scraper.write.outcome import WriteOutcome
 
 INTERVAL = 1.0
 BODY = '{"progressPercentage": 3, "lastUpdatedTime": "2025-01-01T00:00:00Z"}'
@@ -226,4 +226,42 @@ async def test_polled_connection_kept_without_waiting(exporter: tuple[State, int
         await asyncio.sleep(0.1)
         assert _established_to(port) == 1
     finally:
+        await scraper.close()
+
+
+async def test_contract_3_new_percentage_within_the_floor_metrics_held(
+        exporter: tuple[State, int]) -> None:
+    """Contract 3 (issue 26.1): one scheduled run at a 30 s interval is all it takes;
+    then every new percentage reaches the writer within about the progress floor (1 s),
+    while changes of metrics and remaining time alone are not answered at all before
+    the metrics staleness (30 s)."""
+    state, port = exporter
+    scraper = ExporterScraper(ScrapeLimits(timeout=0.5, concurrency=4), waiting=True)
+    writer, counted = Writer(), []
+    loop = ScrapeLoop(scraper, writer, Events(), backoff_max=1.0, count_scrape=counted.append)
+    target = Target("ns", "tj", "tj-node-0-0", "uid", f"http://127.0.0.1:{port}/metrics", 30.0)
+    st = TargetState(JobView("ns", "tj", "tj-node-0-0"), target=target, uid="uid")
+    try:
+        await loop.run(st)  # the only scheduled run: it polls, then holds at once
+        assert st.by_policy and st.held is not None
+        assert [p for _, p in writer.applied] == [1]
+        latencies = []
+        for progress in range(2, 6):
+            for step in range(10):  # metrics and remaining time every 0.1 s
+                state.update(estimated_remaining_seconds=100 - step,
+                             metrics={"loss": 1 / (progress * 10 + step)})
+                await asyncio.sleep(0.1)
+            writer.arrived.clear()
+            changed = time.monotonic()
+            state.update(progress_percentage=progress)
+            await asyncio.wait_for(writer.arrived.wait(), 5)
+            latencies.append(writer.applied[-1][0] - changed)
+        print(f"update() to writer: {[f'{v:.2f}' for v in latencies]} s")
+        assert [p for _, p in writer.applied] == [1, 2, 3, 4, 5]  # no metric-only answer
+        # The first change waits out the floor after the first answer; later ones came
+        # more than a floor after the previous answer: at once (0.1 s look + a request).
+        assert max(latencies[1:]) < 0.6, latencies
+        assert counted.count("ok") == 5
+    finally:
+        st.stop_holding()
         await scraper.close()

@@ -1,4 +1,4 @@
-"""The write queue's rules (scraper/write_queue.py), in-process with a fake clock."""
+"""The write queue's rules (scraper/write/queue.py), in-process with a fake clock."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter_lib.status import TrainerStatus
-from scraper.status_writer import priority_of
-from scraper.write_queue import AGE_SECONDS, Priority, WriteQueue
+from scraper.write.queue import AGE_SECONDS, Priority, WriteQueue
+from scraper.write.writer import priority_of
 
 
 class Clock:
@@ -239,7 +239,7 @@ def test_a_saturated_queue_is_round_robin_by_last_write(delays: list[int]) -> No
 def test_writers_scale_with_the_budget() -> None:
     """Enough writers that the budget caps the rate while a request takes 0.5 s, within
     bounds (a benchmark's budget of 10**6/s once started 500000 writer tasks)."""
-    from scraper.status_writer import WRITERS, WRITERS_MAX, writers_for
+    from scraper.write.worker import WRITERS, WRITERS_MAX, writers_for
 
     assert writers_for(1) == WRITERS
     assert writers_for(20) == 10

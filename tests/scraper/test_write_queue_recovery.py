@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter_lib.status import TrainerStatus
-from scraper.status_writer import QUEUE_BACKOFF
-from scraper.write_queue import Priority, WriteQueue
+from scraper.write.queue import Priority, WriteQueue
+from scraper.write.worker import QUEUE_BACKOFF
 
 KEY = ("ns", "job")
 

@@ -1,7 +1,9 @@
 """The rule for other writers and time (docs/scraper.md, "Other writers and time"), in
-process: hypothesis over the decisions of :mod:`scraper.writer_rules` and over whole
-runs of the real scrape loop (:class:`scraper.loop.ScrapeLoop`) feeding a writer that
-decides with the real rule.
+process: named input -> verdict cases at each clause's boundary and hypothesis
+properties (each rule's consequence on the inputs it speaks of, how a verdict moves when
+an input moves) over the decisions of :mod:`scraper.write.rules`; the exporter's
+sequence (:mod:`scraper.sequence`); and whole runs of the real scrape loop
+(:class:`scraper.loop.ScrapeLoop`) feeding a writer that decides with the real rule.
 
 The exporter and the TrainJob are fakes here (orders of answers, sequences, clock
 offsets and foreign writes are what is generated); the same rule against the real API
@@ -14,29 +16,26 @@ import asyncio
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from exporter_lib.status import TrainerStatus
 from scraper.loop import ScrapeLoop, TargetState
 from scraper.scraping import Fresh, NotModified, ScrapeResult
-from scraper.status_writer import WriteOutcome
+from scraper.sequence import Sequence, is_late, sequence_of
 from scraper.targets import Target
 from scraper.telemetry import JobView
 from scraper.trainjobs import OUR_FIELD_MANAGER, Writer
-from scraper.writer_rules import (
-    FINAL_DELIVERED_MARGIN_SECONDS as FINAL_MARGIN,
-)
-from scraper.writer_rules import (
+from scraper.write.outcome import WriteOutcome
+from scraper.write.rules import FINAL_DELIVERED_MARGIN_SECONDS as FINAL_MARGIN
+from scraper.write.rules import (
     FUTURE_LIMIT_SECONDS,
     Report,
-    Sequence,
     Skew,
-    Verdict,
+    WriteVerdict,
     decide,
-    is_late,
     same_content,
-    sequence_of,
     settle_time,
 )
 
@@ -105,46 +104,186 @@ def test_a_push_in_the_second_the_container_ended_does_not_stand_for_its_final()
     ended = 1_800_000_000.0
     pushed_90 = Writer(manager="trainer-status", time=ended, seen=5.0)
     final = Report(_status(100), seen=6.0, final=True, finished_at=ended)
-    assert decide(_status(90), pushed_90, final, now=6.0, grace=GRACE) is Verdict.WRITE
+    assert decide(_status(90), pushed_90, final, now=6.0, grace=GRACE) is WriteVerdict.WRITE
     # A write of another writer well after the end (another process, an operator) is
     # that writer's final word.
     later = Writer(manager="kubectl-edit", time=ended + FINAL_MARGIN + 1, seen=5.0)
-    assert decide(_status(90), later, final, now=6.0, grace=GRACE) is Verdict.DELIVERED
+    assert decide(_status(90), later, final, now=6.0, grace=GRACE) is WriteVerdict.DELIVERED
 
 
-writers = st.builds(Writer, manager=st.sampled_from([OUR_FIELD_MANAGER, "trainer-status",
-                                                     "kubectl-edit"]),
-                    time=st.floats(0, 2e9), seen=st.floats(-1e6, 1e6))
+# Concrete cases, one per clause of rules 2-4 and at each boundary: (held progress or
+# None, writer or None, report, now, the verdict).  ``PUSH`` changed the field at
+# monotonic 100 (API server time ``ENDED``); the grace is 60 s.
+ENDED = 1_800_000_000.0
+PUSH = Writer(manager="trainer-status", time=ENDED, seen=100.0)
+OURS = Writer(manager=OUR_FIELD_MANAGER, time=ENDED, seen=100.0)
+DECISIONS = [
+    ("nothing held", None, None, Report(_status(10), 1.0), 200.0, WriteVerdict.WRITE),
+    ("held, its writer unknown", 5, None, Report(_status(10), 1.0), 101.0,
+     WriteVerdict.WRITE),
+    ("ours held, another value", 5, OURS, Report(_status(10), 50.0), 101.0,
+     WriteVerdict.WRITE),
+    ("same content, ours", 10, OURS, Report(_status(10, BASE + timedelta(hours=1)), 150.0),
+     101.0, WriteVerdict.UNCHANGED),
+    ("same content, a live writer", 10, PUSH, Report(_status(10), 150.0), 101.0,
+     WriteVerdict.UNCHANGED),
+    ("same content, a final", 10, PUSH,
+     Report(_status(10), 150.0, final=True, finished_at=ENDED - 3600), 101.0,
+     WriteVerdict.UNCHANGED),
+    ("rule 2: changed just now", 5, PUSH, Report(_status(10), 150.0), 100.0,
+     WriteVerdict.OTHER_WRITER),
+    ("rule 2: 59.9 s ago", 5, PUSH, Report(_status(10), 150.0), 159.9,
+     WriteVerdict.OTHER_WRITER),
+    ("rule 3: quiet at exactly the grace, news", 5, PUSH, Report(_status(10), 100.5), 160.0,
+     WriteVerdict.WRITE),
+    ("rule 3: quiet, content seen in the same instant", 5, PUSH, Report(_status(10), 100.0),
+     160.0, WriteVerdict.NOT_NEWS),
+    ("rule 3: quiet, content older than its write", 5, PUSH, Report(_status(10), 99.0),
+     500.0, WriteVerdict.NOT_NEWS),
+    ("rule 3: quiet, a first answer (seen unknown)", 5, PUSH,
+     Report(_status(10), float("-inf")), 500.0, WriteVerdict.NOT_NEWS),
+    ("rule 4: a final over a live writer", 5, PUSH,
+     Report(_status(100), 0.0, final=True, finished_at=ENDED), 100.0, WriteVerdict.WRITE),
+    ("rule 4: its write exactly the margin after the end", 5, PUSH,
+     Report(_status(100), 0.0, final=True, finished_at=ENDED - FINAL_MARGIN), 100.0,
+     WriteVerdict.WRITE),
+    ("rule 4: its write past the margin", 5, PUSH,
+     Report(_status(100), 0.0, final=True, finished_at=ENDED - FINAL_MARGIN - 1), 100.0,
+     WriteVerdict.DELIVERED),
+    ("rule 4: the end unknown", 5, PUSH, Report(_status(100), 0.0, final=True), 500.0,
+     WriteVerdict.WRITE),
+]
 
 
-@given(writer=st.none() | writers, held=st.none() | st.integers(0, 100),
-       new=st.integers(0, 100), seen=st.floats(-1e6, 1e6) | st.just(float("-inf")),
-       final=st.booleans(), finished=st.none() | st.floats(0, 2e9),
-       now=st.floats(-1e6, 2e6))
-def test_decide_follows_the_rule(writer: Writer | None, held: int | None, new: int,
-                                 seen: float, final: bool, finished: float | None,
-                                 now: float) -> None:
+@pytest.mark.parametrize(("held", "writer", "report", "now", "expected"),
+                         [case[1:] for case in DECISIONS], ids=[case[0] for case in DECISIONS])
+def test_decide_named_cases(held: int | None, writer: Writer | None, report: Report,
+                            now: float, expected: WriteVerdict) -> None:
     there = None if held is None else _status(held)
-    report = Report(_status(new), seen, final, finished if final else None)
-    verdict = decide(there, writer, report, now=now, grace=GRACE)
-    if there is not None and same_content(there, report.status):
-        assert verdict is Verdict.UNCHANGED
-        return
-    foreign = there is not None and writer is not None and not writer.ours
-    if not foreign:
-        assert verdict is Verdict.WRITE  # nobody else's status is there
-        return
-    assert writer is not None
-    if final:
-        # Rule 4: a final is never deferred by a live writer; only a write of the other
-        # writer well after the container ended (the margin) counts as its delivery.
-        delivered = finished is not None and writer.time > finished + FINAL_MARGIN
-        assert verdict is (Verdict.DELIVERED if delivered else Verdict.WRITE)
-    elif now - writer.seen < GRACE:
-        assert verdict is Verdict.OTHER_WRITER  # rule 2: a live writer keeps the field
-    else:
-        # Rule 3: only a report whose content changed after that write is news.
-        assert verdict is (Verdict.WRITE if seen > writer.seen else Verdict.NOT_NEWS)
+    assert decide(there, writer, report, now=now, grace=GRACE) is expected
+
+
+def test_grace_zero_turns_rule_2_off() -> None:
+    """``--other-writer-grace 0``: no writer is live, rule 3 still applies."""
+    assert decide(_status(5), PUSH, Report(_status(10), 100.5), now=100.0,
+                  grace=0.0) is WriteVerdict.WRITE
+    assert decide(_status(5), PUSH, Report(_status(10), 99.0), now=100.0,
+                  grace=0.0) is WriteVerdict.NOT_NEWS
+
+
+# Properties over generated inputs: each rule's consequence on the inputs it speaks
+# of, and how a verdict moves when one input moves (never the rule's steps restated).
+
+progress = st.integers(0, 100)
+moments = st.floats(-1e6, 1e6)
+foreign_writers = st.builds(Writer, manager=st.sampled_from(["trainer-status",
+                                                             "kubectl-edit"]),
+                            time=st.floats(0, 2e9), seen=moments)
+any_writer = st.none() | foreign_writers | st.builds(
+    Writer, manager=st.just(OUR_FIELD_MANAGER), time=st.floats(0, 2e9), seen=moments)
+finishes = st.none() | st.floats(0, 2e9)
+reports = st.builds(Report, status=st.builds(_status, progress),
+                    seen=moments | st.just(float("-inf")), final=st.booleans(),
+                    finished_at=finishes)
+graces = st.floats(0.0, 3600.0)
+
+
+@given(held=progress, writer=any_writer, report=reports, now=moments, grace=graces,
+       stamp=seconds)
+def test_same_content_is_unchanged_whoever_wrote_it(held: int, writer: Writer | None,
+                                                    report: Report, now: float,
+                                                    grace: float, stamp: int) -> None:
+    """The held content again (its own ``lastUpdatedTime`` whatever) is never written."""
+    there = _status(held, BASE + timedelta(seconds=stamp))
+    again = Report(_status(held), report.seen, report.final, report.finished_at)
+    assert decide(there, writer, again, now=now, grace=grace) is WriteVerdict.UNCHANGED
+
+
+@given(held=st.none() | progress, new=progress, writer=any_writer, report=reports,
+       now=moments, grace=graces)
+def test_nobody_elses_status_is_replaced_by_any_change(held: int | None, new: int,
+                                                       writer: Writer | None,
+                                                       report: Report, now: float,
+                                                       grace: float) -> None:
+    """Nothing held, no writer known, or our own write: a different report is written."""
+    assume(held != new)
+    assume(held is None or writer is None or writer.ours)
+    there = None if held is None else _status(held)
+    changed = Report(_status(new), report.seen, report.final, report.finished_at)
+    assert decide(there, writer, changed, now=now, grace=grace) is WriteVerdict.WRITE
+
+
+@given(held=progress, new=progress, writer=foreign_writers,
+       seen=moments | st.just(float("-inf")), age=st.floats(-1e6, 3600.0),
+       grace=st.floats(0.001, 3600.0))
+def test_rule_2_a_live_writer_keeps_the_field(held: int, new: int, writer: Writer,
+                                              seen: float, age: float,
+                                              grace: float) -> None:
+    """A non-final change while the other writer's change is younger than the grace
+    (a negative age included: seen ahead of this clock) is not written, however new the
+    report."""
+    assume(held != new and age < grace)
+    verdict = decide(_status(held), writer, Report(_status(new), seen),
+                     now=writer.seen + age, grace=grace)
+    assert verdict is WriteVerdict.OTHER_WRITER
+
+
+@given(held=progress, new=progress, writer=foreign_writers,
+       seen=moments | st.just(float("-inf")), extra=st.floats(0.0, 1e6), grace=graces)
+def test_rule_3_a_quiet_writers_status_is_replaced_only_by_news(
+        held: int, new: int, writer: Writer, seen: float, extra: float,
+        grace: float) -> None:
+    """Once the grace has passed: written exactly when the report's content was first
+    seen after the other writer's write."""
+    assume(held != new)
+    now = writer.seen + grace + extra
+    assume(now - writer.seen >= grace)  # float rounding of the sum
+    verdict = decide(_status(held), writer, Report(_status(new), seen), now=now, grace=grace)
+    assert verdict is (WriteVerdict.WRITE if seen > writer.seen else WriteVerdict.NOT_NEWS)
+
+
+@given(held=progress, new=progress, writer=foreign_writers, report=reports,
+       now=moments, later=st.floats(0.0, 1e6), grace=graces)
+def test_a_live_writer_only_ever_goes_quiet(held: int, new: int, writer: Writer,
+                                           report: Report, now: float, later: float,
+                                           grace: float) -> None:
+    """Time passing never makes a writer live again: no OTHER_WRITER after a verdict
+    that was not."""
+    assume(held != new)
+    changed = Report(_status(new), report.seen, report.final, report.finished_at)
+    first = decide(_status(held), writer, changed, now=now, grace=grace)
+    then = decide(_status(held), writer, changed, now=now + later, grace=grace)
+    assert first is WriteVerdict.OTHER_WRITER or then is not WriteVerdict.OTHER_WRITER
+
+
+@given(held=progress, new=progress, writer=foreign_writers, finished=finishes,
+       now=moments, seen=moments | st.just(float("-inf")), grace=graces)
+def test_rule_4_a_final_is_delivered_unless_the_other_writer_wrote_after_the_end(
+        held: int, new: int, writer: Writer, finished: float | None, now: float,
+        seen: float, grace: float) -> None:
+    """A final over another writer's different status: DELIVERED when that writer wrote
+    more than the margin after the container ended, else written; never kept out by a
+    live writer or for want of news."""
+    assume(held != new)
+    final = Report(_status(new), seen, final=True, finished_at=finished)
+    verdict = decide(_status(held), writer, final, now=now, grace=grace)
+    delivered = finished is not None and writer.time > finished + FINAL_MARGIN
+    assert verdict is (WriteVerdict.DELIVERED if delivered else WriteVerdict.WRITE)
+
+
+@given(held=progress, writer=any_writer, report=reports, now=moments, grace=graces)
+def test_each_reason_to_keep_a_report_out_belongs_to_one_kind_of_report(
+        held: int, writer: Writer | None, report: Report, now: float,
+        grace: float) -> None:
+    """DELIVERED only for a final; OTHER_WRITER and NOT_NEWS only for a non-final; all
+    three only over another writer's status."""
+    verdict = decide(_status(held), writer, report, now=now, grace=grace)
+    if verdict is WriteVerdict.DELIVERED:
+        assert report.final
+    if verdict in (WriteVerdict.OTHER_WRITER, WriteVerdict.NOT_NEWS):
+        assert not report.final
+    if verdict not in (WriteVerdict.WRITE, WriteVerdict.UNCHANGED):
+        assert writer is not None and not writer.ours
 
 
 # ---------------------------------------------------------------- sequences
@@ -208,9 +347,9 @@ class RuleWriter:
         now = self.clock[0]
         report = Report(status, now if seen is None else seen, final, finished_at)
         verdict = decide(self.held, self.writer, report, now=now, grace=GRACE)
-        if verdict is Verdict.UNCHANGED:
+        if verdict is WriteVerdict.UNCHANGED:
             return WriteOutcome.UNCHANGED
-        if verdict is not Verdict.WRITE:
+        if verdict is not WriteVerdict.WRITE:
             return WriteOutcome.DEFERRED
         self.written.append((now, status, report.seen))
         self.held, self.writer = status, Writer(OUR_FIELD_MANAGER, now, now)

@@ -29,8 +29,9 @@ from exporter_lib.status import (
     format_time,
 )
 from localdev.cluster import objects
-from scraper.status_writer import REASON_CLOCK_SKEW, WriteOutcome
 from scraper.trainjobs import Held
+from scraper.write.notices import REASON_CLOCK_SKEW
+from scraper.write.outcome import WriteOutcome
 from tests.helpers.fault_proxy import FaultProxy
 from tests.helpers.scraper import (
     FakeExporter,

@@ -6,6 +6,9 @@ Environment: ``STEPS`` (default 20), ``SLEEP`` seconds per step (default 0.05),
 ``{"t": unix time, "progress": percent}`` per step (the freshness benchmark's reference).
 ``EPOCHS`` (default 1): that many bars one after the other, each over ``STEPS`` with the
 same description, as a loop that draws a bar per epoch and says nothing of their number.
+``MANUAL=1`` (issue 27's bar): ``tqdm(total=STEPS, desc="train")``, then per step
+``update(1)`` and ``set_postfix(loss=f"{1/(i+1):.4f}", refresh=False)``, then
+``close()`` (one redraw per step, the postfix shown from the next redraw on).
 """
 
 import json
@@ -23,7 +26,15 @@ pause = float(os.environ.get("SLEEP", "0.05"))
 eval_every = int(os.environ.get("EVAL_EVERY", "0"))
 kwargs = {"mininterval": float(os.environ["MININTERVAL"])} if "MININTERVAL" in os.environ else {}
 print_log = open(os.environ["PRINT_LOG"], "a") if "PRINT_LOG" in os.environ else None  # noqa: SIM115
-for _epoch in range(int(os.environ.get("EPOCHS", "1"))):
+manual = os.environ.get("MANUAL") == "1"
+if manual:
+    hand = tqdm(total=steps, desc="train", **kwargs)
+    for i in range(steps):
+        time.sleep(pause)
+        hand.update(1)
+        hand.set_postfix(loss=f"{1 / (i + 1):.4f}", refresh=False)
+    hand.close()
+for _epoch in range(0 if manual else int(os.environ.get("EPOCHS", "1"))):
     bar = tqdm(range(steps), desc="train", **kwargs)
     for step in bar:
         time.sleep(pause)

@@ -74,9 +74,12 @@ would print 1048576 as 1.048576e+06.
   "write_qps" $c.writeQps
   "write_burst" (int $c.writeBurst)
   "resync_interval" $c.resyncInterval
-  "metrics_write_interval" $c.metricsWriteInterval
+  "progress_floor" $c.progressFloor
+  "metrics_staleness" $c.metricsStaleness
   "other_writer_grace" $c.otherWriterGrace
   "status_target" $c.statusTarget
+  "stall_after" (toString $c.stall.after)
+  "stall_annotate" $c.stall.annotate
   "log_source" $c.logSource.enabled
   "log_qps" $c.logSource.qps
   "log_burst" (int $c.logSource.burst)
@@ -145,7 +148,7 @@ also used by the scraper's own RBAC test); the chart scopes them by resource:
 {{- $out = append $out . }}
 {{- end }}
 {{- end }}
-{{- if include "trainjob-scraper.writesAnnotation" . }}
+{{- if or (include "trainjob-scraper.writesAnnotation" .) .Values.config.stall.annotate }}
 {{- range (.Files.Get "files/annotation-rules.yaml" | fromYamlArray) }}
 {{- $out = append $out . }}
 {{- end }}
@@ -176,6 +179,17 @@ also used by the scraper's own RBAC test); the chart scopes them by resource:
 {{- end }}
 {{- end }}
 {{- if $out }}{{ toYaml $out }}{{ end }}
+{{- end }}
+
+{{/*
+Non-empty when the PrometheusRule is rendered: prometheusRule.enabled true, or auto (the
+default) and the cluster serves monitoring.coreos.com/v1 PrometheusRule.
+*/}}
+{{- define "trainjob-scraper.prometheusRule" -}}
+{{- $on := .Values.prometheusRule.enabled -}}
+{{- if eq (toString $on) "auto" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PrometheusRule" }}true{{ end -}}
+{{- else if $on }}true{{ end -}}
 {{- end }}
 
 {{/* Non-empty when config.statusTarget may write the TrainJob annotation (annotation, auto). */}}
@@ -235,6 +249,20 @@ start (scraper/config.py), so `helm install` refuses instead of a crash-looping 
 {{- if or (lt $interval 1.0) (gt $interval 3600.0) -}}
 {{- fail (printf "config.interval=%v (%vs): must be between 1s and 1h" .Values.config.interval $interval) -}}
 {{- end -}}
+{{- $floor := include "trainjob-scraper.seconds" .Values.config.progressFloor | float64 -}}
+{{- if or (lt $floor 0.1) (gt $floor 60.0) -}}
+{{- fail (printf "config.progressFloor=%v (%vs): must be between 0.1s and 60s" .Values.config.progressFloor $floor) -}}
+{{- end -}}
+{{- $stale := include "trainjob-scraper.seconds" .Values.config.metricsStaleness | float64 -}}
+{{- if or (lt $stale 0.0) (gt $stale 3600.0) -}}
+{{- fail (printf "config.metricsStaleness=%v (%vs): must be between 0s and 3600s" .Values.config.metricsStaleness $stale) -}}
+{{- end -}}
+{{- if ne (toString .Values.config.stall.after) "auto" -}}
+{{- $after := include "trainjob-scraper.seconds" .Values.config.stall.after | float64 -}}
+{{- if and (ne $after 0.0) (or (lt $after 5.0) (gt $after 2592000.0)) -}}
+{{- fail (printf "config.stall.after=%v (%vs): must be 0 (off), auto, or between 5s and 720h (30 days)" .Values.config.stall.after $after) -}}
+{{- end -}}
+{{- end -}}
 {{- range $key, $value := dict "config.scrapeTimeout" .Values.config.scrapeTimeout "metrics.auth.cacheTTL" .Values.metrics.auth.cacheTTL -}}
 {{- if le (include "trainjob-scraper.seconds" $value | float64) 0.0 -}}
 {{- fail (printf "%s=%v: must be > 0" $key $value) -}}
@@ -255,4 +283,41 @@ start (scraper/config.py), so `helm install` refuses instead of a crash-looping 
 {{- fail (printf "leaderElection: must satisfy retryPeriod < renewDeadline < leaseDuration, got retryPeriod=%v renewDeadline=%v leaseDuration=%v" $le.retryPeriod $le.renewDeadline $le.leaseDuration) -}}
 {{- end -}}
 {{- end -}}
+{{- end }}
+
+{{/*
+The stall alert rules (templates/prometheusrule.yaml; docs/operator-guide.md, "When
+TrainJobStalled fires").  The scraper already waited each training's threshold, so
+TrainJobStalled needs only a short `for`.  TrainJobExporterDown: an exporter that
+answered before (the TrainJob has a last update) is down while its pod runs; an
+uninstrumented training, which never answered, raises nothing.
+*/}}
+{{- define "trainjob-scraper.ruleGroups" -}}
+{{- $r := .Values.prometheusRule -}}
+- name: trainjob-progress.rules
+  rules:
+    - alert: TrainJobStalled
+      expr: max by (namespace, trainjob) (trainjob_progress_stalled) == 1
+      for: {{ $r.stalledFor }}
+      labels:
+        severity: {{ $r.severity }}
+      annotations:
+        summary: TrainJob {{ "{{ $labels.namespace }}/{{ $labels.trainjob }}" }} stalled
+        description: >-
+          The training's status (progress, remaining time, metrics) has not changed for
+          longer than its threshold while its pod runs and its exporter answers.
+          See the TrainingStalled Event on the TrainJob and docs/operator-guide.md.
+    - alert: TrainJobExporterDown
+      expr: >-
+        max by (namespace, trainjob) (trainjob_scraper_target_up) == 0
+        and on (namespace, trainjob)
+        max by (namespace, trainjob) (trainjob_last_update_timestamp_seconds)
+      for: {{ $r.exporterDownFor }}
+      labels:
+        severity: {{ $r.severity }}
+      annotations:
+        summary: TrainJob {{ "{{ $labels.namespace }}/{{ $labels.trainjob }}" }} exporter down
+        description: >-
+          The exporter of the TrainJob's target pod answered before and no longer
+          answers while the pod runs: its progress is not tracked (not a stall).
 {{- end }}

@@ -1,7 +1,8 @@
 """The rule for other writers, time and stale writes, as pure decisions (no I/O).
 
 The whole rule, and why, is docs/scraper.md, "Other writers and time"; this module is
-its decision part, used by :class:`scraper.status_writer.StatusWriter` for every status
+its decision part, used by :class:`scraper.write.writer.StatusWriter` and
+:class:`scraper.write.worker.WriteWorker` for every status
 source (exporter JSON, Prometheus text, termination messages, push-compat) and tested
 with hypothesis (``tests/scraper/test_writer_rules.py``):
 
@@ -10,22 +11,22 @@ with hypothesis (``tests/scraper/test_writer_rules.py``):
   clock and the store's monotonic clock order writes, never a writer's own
   ``lastUpdatedTime``);
 * :func:`settle_time`: the ``lastUpdatedTime`` that is written (time never moves
-  backwards silently);
-* :func:`is_late`: the exporter's own sequence orders the answers of one target.
+  backwards silently).
+
+The exporter's own sequence, which orders the answers of one target before any of this,
+is :mod:`scraper.sequence`.
 """
 
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from exporter_lib.server import SEQUENCE_HEADER as EXPORTER_SEQUENCE_HEADER
 from exporter_lib.status import TrainerStatus
 
-if TYPE_CHECKING:  # no import at run time: scraping.py uses this module without Kubernetes
+if TYPE_CHECKING:  # no import at run time: this module stays free of Kubernetes
     from scraper.trainjobs import Writer
 
 #: Default of ``--other-writer-grace``: another writer whose last change is younger
@@ -41,12 +42,8 @@ FUTURE_LIMIT_SECONDS = 60.0
 #: second, and the termination message written at exit is newer than it.
 FINAL_DELIVERED_MARGIN_SECONDS = 10.0
 
-#: The exporter's sequence header, ``<n>; start=<id>`` (defined with the exporter).
-SEQUENCE_HEADER = EXPORTER_SEQUENCE_HEADER
-_SEQUENCE = re.compile(r"^\s*(\d{1,19})\s*;\s*start\s*=\s*([0-9A-Za-z_-]{1,64})\s*$")
 
-
-class Verdict(enum.Enum):
+class WriteVerdict(enum.Enum):
     """What :func:`decide` says of a report; ``value`` is a metrics label where one is
     counted (``status_writes_deferred_total{reason}``)."""
 
@@ -92,14 +89,8 @@ def same_content(held: TrainerStatus | None, new: TrainerStatus) -> bool:
     )
 
 
-def other_writer_live(writer: Writer | None, now: float, grace: float) -> bool:
-    """True while another writer's last change (``writer.seen``) is younger than
-    ``grace`` seconds at monotonic ``now``."""
-    return writer is not None and not writer.ours and now - writer.seen < grace
-
-
 def decide(there: TrainerStatus | None, writer: Writer | None, report: Report, *,
-           now: float, grace: float = OTHER_WRITER_GRACE_SECONDS) -> Verdict:
+           now: float, grace: float = OTHER_WRITER_GRACE_SECONDS) -> WriteVerdict:
     """Whether ``report`` is written where the TrainJob holds ``there``, written by
     ``writer`` (docs/scraper.md, "Other writers and time", rules 2 to 4).
 
@@ -108,17 +99,17 @@ def decide(there: TrainerStatus | None, writer: Writer | None, report: Report, *
         grace: ``--other-writer-grace`` (seconds).
     """
     if same_content(there, report.status):
-        return Verdict.UNCHANGED
+        return WriteVerdict.UNCHANGED
     if there is None or writer is None or writer.ours:
-        return Verdict.WRITE
+        return WriteVerdict.WRITE
     if report.final:
         if (report.finished_at is not None
                 and writer.time > report.finished_at + FINAL_DELIVERED_MARGIN_SECONDS):
-            return Verdict.DELIVERED
-        return Verdict.WRITE
+            return WriteVerdict.DELIVERED
+        return WriteVerdict.WRITE
     if now - writer.seen < grace:
-        return Verdict.OTHER_WRITER
-    return Verdict.WRITE if report.seen > writer.seen else Verdict.NOT_NEWS
+        return WriteVerdict.OTHER_WRITER
+    return WriteVerdict.WRITE if report.seen > writer.seen else WriteVerdict.NOT_NEWS
 
 
 class Skew(enum.Enum):
@@ -143,28 +134,3 @@ def settle_time(reported: datetime, held: datetime | None, arrival: datetime,
     if held is not None and reported < held:
         return arrival, Skew.BACK
     return reported, None
-
-
-@dataclass(frozen=True)
-class Sequence:
-    """An exporter answer's place in its process's order: ``start`` names the process
-    start, ``n`` counts its status changes."""
-
-    start: str
-    n: int
-
-
-def sequence_of(header: str | None) -> Sequence | None:
-    """The :data:`SEQUENCE_HEADER` value ``<n>; start=<id>``; None when absent or
-    malformed (the answer is then not ordered by sequence)."""
-    match = _SEQUENCE.match(header or "")
-    if match is None:
-        return None
-    return Sequence(match.group(2), int(match.group(1)))
-
-
-def is_late(last: Sequence | None, new: Sequence | None) -> bool:
-    """True when ``new`` is an answer of the same exporter process older than ``last``
-    (a late answer must not replace a newer one, whatever the clocks say)."""
-    return (last is not None and new is not None and new.start == last.start
-            and new.n < last.n)

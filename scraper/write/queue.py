@@ -3,17 +3,22 @@
 Like client-go's workqueue: a key is queued once; a newer status for a queued key
 replaces the pending one (coalesced) and keeps its place; a key being written is not
 handed out twice, and a status that arrives meanwhile is queued when that write is
-:meth:`WriteQueue.done`.  No Kubernetes here; :class:`scraper.status_writer.StatusWriter`
-feeds and drains it.
+:meth:`WriteQueue.done`.  No Kubernetes here: :class:`scraper.write.writer.StatusWriter`
+feeds it, :class:`scraper.write.worker.WriteWorker` drains it.
 
 Order of :meth:`WriteQueue.get` (the rule, tested in ``tests/scraper/test_write_queue.py``):
 
-1. only items that are due (a retry's backoff and a metrics-only hold have passed);
+1. only items that are due: a retry's backoff has passed, and the write policy's hold
+   (:mod:`scraper.write.policy`): a progress or metrics-only change no sooner than its
+   ``gap`` (the progress floor) after the key's last write ended, a metrics-only change
+   not before its ``hold_until`` (the staleness bound);
 2. final statuses first, oldest first (in the order the pods ended);
 3. then by class, first statuses (the TrainJob holds none of ours yet), progress
-   changes, metrics-only changes, where each :data:`AGE_SECONDS` of waiting moves an
-   item up one class: a metrics-only change that waited 20 s ranks with a fresh progress
-   change, so under a saturated budget no TrainJob starves;
+   changes, metrics-only changes (metrics or the remaining time), where each
+   :data:`AGE_SECONDS` of waiting moves an item up one class: a metrics-only change
+   that waited 20 s ranks with a fresh progress change, so under a saturated budget no
+   TrainJob starves (a metrics-only change waits from the end of its hold: a held one
+   that falls due does not jump ahead of fresh progress changes);
 4. ties: the TrainJob whose last write through this queue ended longest ago (a key
    never written: from when it was queued), then the key queued first, then the key
    itself (deterministic).  Under a saturated budget every waiting item has aged
@@ -21,12 +26,18 @@ Order of :meth:`WriteQueue.get` (the rule, tested in ``tests/scraper/test_write_
    about N / QPS seconds after its last one, whenever the scrape that found its
    change ran (``benchmarks/cluster_scale.py``, steady state).
 
+The next item is found through indexes (:mod:`scraper.write.order`: heaps with lazy
+deletion), never by a scan: :meth:`WriteQueue.take`, :meth:`WriteQueue.put` and
+:meth:`WriteQueue.next_due` cost O(log n) in the items pending
+(``benchmarks/event_cost.py``).
+
 Coalescing: a pending final status is never replaced by a non-final one (the final
 status wins); otherwise the newest status wins and the item takes the more urgent
 class of the two.  A retry's backoff stays, except that a final status joining a
 non-final item starts afresh, due at once (issue 21, input 6: a final inherited the
 backoff of its TrainJob's failed progress writes, up to 30 s); a metrics-only hold ends
-when a more urgent change joins.  :meth:`WriteQueue.resume` (the API server answers
+when a more urgent change joins (a progress change then carries the newest metrics), and
+a first or final status has no gap.  :meth:`WriteQueue.resume` (the API server answers
 again after an outage) makes every retry due at once, its backoff started over.
 """
 
@@ -41,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from exporter_lib.status import TrainerStatus
+from scraper.write.order import WriteOrder
 
 #: Seconds of waiting that move a non-final item up one class.
 AGE_SECONDS = 10.0
@@ -69,10 +81,13 @@ class Pending:
         queued_at: when the key entered the queue (kept across coalescing).
         not_before: monotonic time before which a retry is not due.
         hold_until: monotonic time before which a metrics-only change is not due.
+        gap: seconds after the key's last write (``since``) before which a progress or
+            metrics-only change is not due (the progress floor; 0 for first and final).
+        fresh_at: monotonic time this status was put (the newest of a coalesced item).
         attempts: failed tries so far.
         since: monotonic time the key's last write ended (its queued time if none): the
             tie-break that makes a saturated queue round robin.
-        seen: when the status's content was first seen (:class:`scraper.writer_rules.Report`).
+        seen: when the status's content was first seen (:class:`scraper.write.rules.Report`).
         finished_at: a final's container end, epoch seconds (None: unknown or not final).
         arrived: epoch seconds the status arrived (the time written instead of a skewed one).
     """
@@ -89,10 +104,16 @@ class Pending:
     seen: float = float("-inf")
     finished_at: float | None = None
     arrived: float = 0.0
+    gap: float = 0.0
+    fresh_at: float = 0.0
 
     def due(self) -> float:
         """Monotonic time from which the item may be handed out."""
-        return max(self.not_before, self.hold_until)
+        return max(self.not_before, self.hold_until, self.since + self.gap)
+
+    def ages_from(self) -> float:
+        """Monotonic time from which a non-final item's waiting counts (module doc, 3)."""
+        return max(self.queued_at, self.hold_until)
 
 
 def _coalesce(old: Pending, new: Pending) -> Pending:
@@ -103,9 +124,10 @@ def _coalesce(old: Pending, new: Pending) -> Pending:
         return replace(new, queued_at=old.queued_at, since=old.since)
     priority = min(old.priority, new.priority)
     hold = new.hold_until if priority is Priority.METRICS else 0.0
+    gap = new.gap if priority > Priority.FIRST else 0.0
     return replace(new, priority=priority, queued_at=old.queued_at,
                    not_before=old.not_before, hold_until=hold, attempts=old.attempts,
-                   since=old.since)
+                   since=old.since, gap=gap)
 
 
 class WriteQueue:
@@ -119,12 +141,14 @@ class WriteQueue:
     def __init__(self, *, clock: Callable[[], float] = time.monotonic,
                  age_seconds: float = AGE_SECONDS) -> None:
         self._clock = clock
-        self._age = age_seconds
         self._pending: dict[TrainJobKey, Pending] = {}
+        self._order = WriteOrder(self._pending, age_seconds)  # indexes _pending
         self._processing: set[TrainJobKey] = set()
         self._dirty: dict[TrainJobKey, Pending] = {}  # arrived while its key was being written
         self._written: dict[TrainJobKey, float] = {}  # when each key's last write ended
         self._resumed: set[TrainJobKey] = set()  # being written when the API came back
+        # Forgotten (TrainJob gone) while being written: its write's end records nothing.
+        self._forgotten: set[TrainJobKey] = set()
         # One future per writer task waiting in get(); an added item wakes one of them.
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._idle = asyncio.Event()
@@ -133,11 +157,19 @@ class WriteQueue:
     def __len__(self) -> int:
         return len(self._pending) + len(self._dirty)
 
+    def sizes(self) -> dict[str, int]:
+        """Entries of each map kept per TrainJob (and of the order's index)."""
+        return {"pending": len(self._pending), "processing": len(self._processing),
+                "dirty": len(self._dirty), "written": len(self._written),
+                "resumed": len(self._resumed), "forgotten": len(self._forgotten),
+                **{f"order.{k}": v for k, v in self._order.sizes().items()}}
+
     def unapplied(self) -> int:
         """TrainJobs with a status not applied yet: queued, or taken by a writer that is
         waiting on the budget or on the API (the pending-writes gauge; a key being
         written with a newer status queued behind it counts once)."""
-        return len(self._pending.keys() | self._processing)
+        # Disjoint: a status for a key being written waits in _dirty, not in _pending.
+        return len(self._pending) + len(self._processing)
 
     def resume(self) -> int:
         """Make every queued retry due now, its backoff started over (the API server
@@ -152,6 +184,8 @@ class WriteQueue:
             for key, item in table.items():
                 if item.attempts or item.not_before > now:
                     table[key] = replace(item, attempts=0, not_before=0.0)
+                    if table is self._pending:
+                        self._order.add(key, now)
                     resumed += 1
         for _ in range(resumed):
             self._wake_one()
@@ -174,13 +208,19 @@ class WriteQueue:
 
     def put(self, key: TrainJobKey, status: TrainerStatus, priority: Priority, *,
             uid: str = "", hold_until: float = 0.0, seen: float = float("-inf"),
-            finished_at: float | None = None, arrived: float = 0.0) -> None:
-        """Queue ``status`` for ``key``, coalesced with what is pending (module doc)."""
+            finished_at: float | None = None, arrived: float = 0.0,
+            gap: float = 0.0) -> None:
+        """Queue ``status`` for ``key``, coalesced with what is pending (module doc).
+
+        ``hold_until`` counts for a metrics-only change, ``gap`` (seconds after the key's
+        last write) for a progress or metrics-only change; both are ignored otherwise.
+        """
         now = self._clock()
         item = Pending(key, status, priority, uid, queued_at=now,
                        hold_until=hold_until if priority is Priority.METRICS else 0.0,
                        since=self._written.get(key, now), seen=seen,
-                       finished_at=finished_at, arrived=arrived)
+                       finished_at=finished_at, arrived=arrived,
+                       gap=gap if priority > Priority.FIRST else 0.0, fresh_at=now)
         self._add(item)
 
     def _add(self, item: Pending) -> None:
@@ -188,46 +228,43 @@ class WriteQueue:
         table = self._dirty if key in self._processing else self._pending
         old = table.get(key)
         table[key] = item if old is None else _coalesce(old, item)
+        if table is self._pending:
+            self._order.add(key, self._clock())
         self._idle.clear()
         self._wake_one()
 
     def forget(self, key: TrainJobKey) -> None:
         """Drop what is pending for ``key`` (the TrainJob is gone)."""
         self._pending.pop(key, None)
+        self._order.remove(key)
         self._dirty.pop(key, None)
         self._written.pop(key, None)
         self._resumed.discard(key)
+        if key in self._processing:
+            self._forgotten.add(key)
         self._check_idle()
 
     def clear(self) -> None:
         """Drop everything pending (leadership lost: the next leader re-derives it)."""
         self._pending.clear()
+        self._order.clear()
         self._dirty.clear()
         self._written.clear()
         self._resumed.clear()
         self._check_idle()
 
-    def _rank(self, item: Pending,
-              now: float) -> tuple[int, float, float, float, TrainJobKey]:
-        if item.priority is Priority.FINAL:
-            return (0, 0.0, 0.0, item.queued_at, item.key)
-        aged = item.priority - (now - item.queued_at) / self._age
-        return (1, max(aged, float(Priority.FIRST)), item.since, item.queued_at, item.key)
-
     def take(self) -> Pending | None:
         """The next due item (module doc), now marked in progress; None if none is due."""
-        now = self._clock()
-        ready = [p for p in self._pending.values() if p.due() <= now]
-        if not ready:
+        key = self._order.pop(self._clock())
+        if key is None:
             return None
-        item = min(ready, key=lambda p: self._rank(p, now))
-        del self._pending[item.key]
-        self._processing.add(item.key)
+        item = self._pending.pop(key)
+        self._processing.add(key)
         return item
 
     def next_due(self) -> float | None:
         """Monotonic time the next queued item is due (None: nothing queued)."""
-        return min((p.due() for p in self._pending.values()), default=None)
+        return self._order.next_due()
 
     def _wake_one(self) -> None:
         while self._waiters:
@@ -273,13 +310,17 @@ class WriteQueue:
         self._processing.discard(item.key)
         resumed = item.key in self._resumed
         self._resumed.discard(item.key)
-        if retry_in is None:
+        # Forgotten while written (its TrainJob gone): nothing is kept of this write, not
+        # its end nor its retry; a status put for a new TrainJob of that name meanwhile is.
+        forgotten = item.key in self._forgotten
+        self._forgotten.discard(item.key)
+        if retry_in is None and not forgotten:
             self._written[item.key] = self._clock()
         newer = self._dirty.pop(item.key, None)
-        if newer is not None and retry_in is None:
+        if newer is not None and retry_in is None and not forgotten:
             newer = replace(newer, since=self._written[item.key])
         retry = None
-        if retry_in is not None:
+        if retry_in is not None and not forgotten:
             # The API came back while this try was out: the retry is the first after it.
             retry = (replace(item, attempts=0, not_before=0.0) if resumed else
                      replace(item, attempts=item.attempts + 1,

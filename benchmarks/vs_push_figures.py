@@ -1,0 +1,192 @@
+"""The figures of ``benchmarks.vs_push`` from what a run recorded: the API server's
+audit log, the trainings' records (:meth:`benchmarks.vs_push_training.Training.record`)
+and a watch of the TrainJobs (:class:`StatusWatch`).
+
+Freshness is measured from the training's own wall time to the first watch event that
+shows the value (or a newer one):
+
+* progress: the first report of each new integer percentage -> the TrainJob's
+  ``progressPercentage`` at least that;
+* metrics: every report's ``stamp`` metric -> the TrainJob's ``stamp`` at least that.
+
+Only changes inside ``[a, b - lookahead]`` of a window ``[a, b]`` are counted; one
+never shown by ``b`` counts as ``b - t`` (a lower bound, counted in ``*_censored``), so
+a design that falls behind is not flattered by leaving its slowest changes out.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from kubernetes import client
+
+from benchmarks.status_watch import TrainJobWatch
+from benchmarks.vs_push_training import LOST
+from localdev.cluster.controlplane import trainjob_status_writes
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (nearest rank) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# ------------------------------------------------------------------ audit log
+
+
+@dataclass
+class AuditWrites:
+    """Writes to ``trainjobs/status`` read from an audit log, by writer."""
+
+    count: Counter[str] = field(default_factory=Counter)
+    bytes: Counter[str] = field(default_factory=Counter)
+
+    def writer(self, field_manager: str) -> tuple[int, int]:
+        """(writes, request bytes) whose writer key starts with ``field_manager``."""
+        keys = [k for k in self.count if k.split(" ", 1)[0] == field_manager]
+        return sum(self.count[k] for k in keys), sum(self.bytes[k] for k in keys)
+
+
+def _stamp(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def read_audit(path: Path, namespace: str, start: float, end: float,
+               offset: int = 0) -> AuditWrites:
+    """Count the successful (2xx) writes to ``trainjobs/status`` in ``namespace`` received
+    in ``[start, end]`` (epoch seconds) in audit log ``path`` (JSON lines, read from byte
+    ``offset``), keyed by ``"<fieldManager> <user> <userAgent product>"``; bytes from
+    ``requestObject`` when the policy logged it at Request level (compact JSON), else 0."""
+    out = AuditWrites()
+    for event in trainjob_status_writes(path, offset, namespace):
+        code = (event.get("responseStatus") or {}).get("code", 0)
+        if not 200 <= code < 300:
+            continue
+        if not start <= _stamp(event["requestReceivedTimestamp"]) <= end:
+            continue
+        query = parse_qs(urlsplit(event.get("requestURI", "")).query)
+        manager = (query.get("fieldManager") or ["(none)"])[0]
+        agent = (event.get("userAgent") or "").split(" ", 1)[0].split("/", 1)[0]
+        key = f"{manager} {(event.get('user') or {}).get('username', '?')} {agent}"
+        out.count[key] += 1
+        body = event.get("requestObject")
+        if body is not None:
+            out.bytes[key] += len(json.dumps(body, separators=(",", ":")))
+    return out
+
+
+# ------------------------------------------------------------------ the watch
+
+
+class StatusWatch(TrainJobWatch):
+    """Records ``(seen at, progressPercentage, stamp metric)`` per TrainJob of every
+    status write in ``namespace`` (:class:`benchmarks.status_watch.TrainJobWatch`)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.seen: dict[str, list[tuple[float, int, float]]] = {}
+        super().__init__(api, namespace, self._record)
+
+    def _record(self, now: float, name: str, ts: Mapping[str, Any]) -> None:
+        self.seen.setdefault(name, []).append(
+            (now, int(ts.get("progressPercentage") or 0), stamp_of(ts) or 0.0))
+
+
+def stamp_of(status: Mapping[str, Any]) -> float | None:
+    """The ``stamp`` metric of a trainerStatus, or None."""
+    for m in status.get("metrics") or []:
+        if m.get("name") == "stamp":
+            with contextlib.suppress(ValueError, TypeError):
+                return float(m["value"])
+    return None
+
+
+# ------------------------------------------------------------------ figures
+
+
+def _first_at_least(views: list[tuple[float, float]], since: float, value: float) -> float | None:
+    """The first time >= ``since`` in ``views`` ((time, shown value), time-sorted) that
+    shows at least ``value``."""
+    i = bisect.bisect_left(views, (since, float("-inf")))
+    for at, shown in views[i:]:
+        if shown >= value - 1e-3:
+            return at
+    return None
+
+
+def freshness(records: Mapping[str, Mapping[str, Any]],
+              seen: Mapping[str, list[tuple[float, int, float]]],
+              a: float, b: float, lookahead: float) -> dict[str, Any]:
+    """Progress and metrics freshness over window ``[a, b]`` (module doc)."""
+    prog: list[float] = []
+    mets: list[float] = []
+    censored = {"progress": 0, "metrics": 0}
+    last = b - lookahead
+    for job, rec in records.items():
+        all_views = sorted(v for v in seen.get(job, []) if v[0] <= b)
+        pviews = [(t, float(p)) for t, p, _ in all_views]
+        sviews = [(t, s) for t, _, s in all_views]
+        stamps, percents = rec["stamps"][:-1], rec["percents"][:-1]  # the final: not here
+        for i, (stamp, pct) in enumerate(zip(stamps, percents, strict=True)):
+            if not a <= stamp <= last:
+                continue
+            at = _first_at_least(sviews, stamp, stamp)
+            if at is None:
+                censored["metrics"] += 1
+            mets.append((b if at is None else at) - stamp)
+            if i and pct != percents[i - 1]:
+                at = _first_at_least(pviews, stamp, pct)
+                if at is None:
+                    censored["progress"] += 1
+                prog.append((b if at is None else at) - stamp)
+    return {
+        "progress_changes": len(prog), "progress_censored": censored["progress"],
+        "progress_freshness_p50_s": percentile(prog, 0.5),
+        "progress_freshness_p99_s": percentile(prog, 0.99),
+        "progress_freshness_max_s": max(prog) if prog else None,
+        "metrics_reports": len(mets), "metrics_censored": censored["metrics"],
+        "metrics_freshness_p50_s": percentile(mets, 0.5),
+        "metrics_freshness_p99_s": percentile(mets, 0.99),
+    }
+
+
+def costs(records: Iterable[Mapping[str, Any]], a: float, b: float) -> dict[str, Any]:
+    """Training-side cost per report call (microseconds: p50, p99, max) of the calls in
+    ``[a, b]``, and the outcomes, per kind of training (``sdk``, ``sdk-farm``, ...)."""
+    by_kind: dict[str, list[float]] = {}
+    outcomes: dict[str, Counter[str]] = {}
+    for rec in records:
+        calls = by_kind.setdefault(rec["kind"], [])
+        seen = outcomes.setdefault(rec["kind"], Counter())
+        for stamp, ns, outcome in zip(rec["stamps"][:-1], rec["call_ns"][:-1],
+                                      rec["outcomes"][:-1], strict=True):
+            if a <= stamp <= b:
+                calls.append(ns / 1e3)
+                seen[outcome] += 1
+    out: dict[str, Any] = {}
+    for kind, calls in by_kind.items():
+        out[kind] = {"calls": len(calls), "p50_us": percentile(calls, 0.5),
+                     "p99_us": percentile(calls, 0.99), "max_us": max(calls) if calls else None,
+                     "outcomes": dict(outcomes[kind]),
+                     "lost": sum(outcomes[kind][o] for o in LOST)}
+    every = [c for calls in by_kind.values() for c in calls]
+    out["all"] = {"calls": len(every), "p50_us": percentile(every, 0.5),
+                  "p99_us": percentile(every, 0.99), "max_us": max(every) if every else None,
+                  "lost": sum(v["lost"] for v in out.values())}
+    return out
+
+
+def trainjob_hours(records: Iterable[Mapping[str, Any]], a: float, b: float) -> float:
+    """TrainJob-hours of training inside ``[a, b]`` (each training's own start and end)."""
+    return sum(max(0.0, min(b, float(rec["final"] or b)) - max(a, float(rec["started"])))
+               for rec in records) / 3600

@@ -1,0 +1,388 @@
+"""Writing ``TrainJob.status.trainerStatus``: a write queue under an API budget,
+server-side apply, only on change.  The queue side and the wiring of the write stage.
+
+* :meth:`StatusWriter.apply` never waits for the API: it decides at once whether the
+  status is news (:func:`already_holds`, against the TrainJob informer's store,
+  :mod:`scraper.trainjobs`) and queues it (:mod:`scraper.write.queue`: one pending
+  status per TrainJob, newest wins; finals, then first statuses, then progress, then
+  metrics-only changes; aging so none starves).  So a scrape never waits for a write.
+* Writing by significance (:mod:`scraper.write.policy`, per TrainJob through
+  ``policy_of``): a change of the integer percentage is due at once, but no sooner
+  than the progress floor after the TrainJob's last write; a change of metrics or the
+  remaining time alone is held until the staleness bound after the status the TrainJob
+  holds was taken (a progress change joining it ends the hold); finals and first
+  statuses are never held.
+* The writer tasks (:class:`scraper.write.worker.WriteWorker`) take items off the queue
+  and apply them: the write budget, server-side apply with the ``resourceVersion``
+  precondition, retries with backoff until applied, superseded, the TrainJob gone or
+  leadership lost (its module doc).  When an API outage ends every queued retry is due
+  at once (:meth:`scraper.write.queue.WriteQueue.resume`, on
+  :class:`scraper.kube.health.ApiHealth`'s recovery), so finals land within about a
+  second of the API server's return, not when a backoff grown during the outage ends.
+* Other writers and time (docs/scraper.md, "Other writers and time";
+  :mod:`scraper.write.rules` decides, :class:`scraper.write.deferral.Deferrals` counts
+  and logs): while another writer (e.g. upstream's push status server, field manager
+  ``trainer-status``) changed the field less than ``--other-writer-grace`` ago, no
+  progress write; after that, only a report whose content changed after that write
+  replaces it; a final is written unless the other writer wrote after the container
+  ended.  The written ``lastUpdatedTime`` never moves back silently
+  (:func:`scraper.write.rules.settle_time`: the arrival time instead, a log line,
+  ``clock_skew_total`` and a ``ClockSkew`` Event, :mod:`scraper.write.notices`).  The
+  decision is made here when a report arrives and again by the writer task right
+  before the request, against the informer's newest.
+* Drift: a status this scraper applied that somebody removed is applied again; one
+  another writer replaced is that writer's (the rule above).
+* A CRD without ``status.trainerStatus`` is detected from its schema
+  (:class:`scraper.kube.crd.CrdSupport`) or from the apply's answer; either way a
+  Warning Event per TrainJob.
+* ``--status-target annotation|auto`` writes the same status to the TrainJob's
+  annotation instead (:mod:`scraper.annotation_target`: the body, the path, where
+  the informer's value is read from, and the place of each write); everything
+  above holds for it unchanged.  Under ``auto`` a write the CRD prunes is tried again
+  at once in the annotation, with no Event (nothing is lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Self
+
+from aiolimiter import AsyncLimiter
+from kubernetes.client import ApiClient, ApiextensionsV1Api, CoreV1Api, CustomObjectsApi
+
+from exporter_lib.status import TrainerStatus
+from scraper.annotation_target import Place, StatusTarget, held_in, place_for, writer_in
+from scraper.kube.crd import CrdSupport
+from scraper.kube.events import EventRecorder
+from scraper.kube.health import ApiHealth
+from scraper.trainjobs import Held, TrainJobGone, TrainJobKey, TrainJobStore, older
+from scraper.write.deferral import Deferrals
+from scraper.write.notices import Notices
+from scraper.write.outcome import WriteOutcome
+from scraper.write.policy import DEFAULT_POLICY, WritePolicy, significant
+from scraper.write.queue import Priority, WriteQueue
+from scraper.write.rules import OTHER_WRITER_GRACE_SECONDS, Report, WriteVerdict, same_content
+from scraper.write.worker import OurWrite, StatusApply, StatusRequest, WriteWorker, writers_for
+
+__all__ = ["StatusWriter", "already_holds", "priority_of"]
+
+log = logging.getLogger(__name__)
+
+
+def priority_of(held: TrainerStatus | None, new: TrainerStatus, *, final: bool) -> Priority:
+    """The write class of ``new`` against what the TrainJob holds (:mod:`scraper.write.queue`):
+    a change of the integer percentage is :attr:`Priority.PROGRESS`
+    (:func:`scraper.write.policy.significant`); one of metrics or the remaining time
+    alone is :attr:`Priority.METRICS`."""
+    if final:
+        return Priority.FINAL
+    if held is None:
+        return Priority.FIRST
+    if significant(held, new):
+        return Priority.PROGRESS
+    return Priority.METRICS
+
+
+def already_holds(held: TrainerStatus | None, new: TrainerStatus) -> bool:
+    """True when applying ``new`` would not change what the TrainJob holds
+    (:func:`scraper.write.rules.same_content`; the exporter never unsets a field once
+    reported, so ignoring unset fields cannot hide a removal of our own)."""
+    return same_content(held, new)
+
+
+class StatusWriter:
+    """Queues statuses for TrainJobs and runs the writer tasks that apply them (module doc).
+
+    Args:
+        api_client: a configured Kubernetes client.
+        store: the TrainJob informer's store (what each TrainJob holds).
+        crd: what is known of the TrainJob CRD (shared with the CRD re-check).
+        events: where "unsupported CRD" and ``ClockSkew`` Events go.
+        limiter: the token bucket of the writes.
+        may_write: the leader fence, checked before every write.
+        on_write: called with each :class:`~scraper.write.outcome.WriteOutcome` of a
+            write (metrics).
+        on_request: called with the seconds each apply request took.
+        on_gone: called with ``(namespace, name)`` when a write finds the TrainJob gone.
+        policy: the default write policy (``--progress-floor``, ``--metrics-staleness``).
+        policy_of: a TrainJob's write policy by ``(namespace, name)`` (its annotations
+            over the default, :class:`scraper.write.policy.PolicyResolver`); None: the
+            default for every TrainJob.
+        target: where statuses go (``--status-target``, :mod:`scraper.annotation_target`).
+        clock: monotonic seconds.
+        health: told when a write finds the API server unreachable or gets an answer;
+            its recoveries make the queued retries due (module doc).
+        other_writer_grace: ``--other-writer-grace`` (seconds, :mod:`scraper.write.rules`).
+        on_deferred: called with the reason (a :class:`~scraper.write.rules.WriteVerdict`
+            value) of each report not written because of another writer.
+        on_skew: called with ``"back"`` or ``"future"`` for each write whose
+            ``lastUpdatedTime`` is the arrival time instead of the report's own.
+        wall: epoch seconds (the arrival time of a report).
+        request: the apply request (default :class:`scraper.write.worker.StatusApply`
+            over :attr:`writers` connections of its own).
+    """
+
+    def __init__(
+        self,
+        api_client: ApiClient,
+        *,
+        store: TrainJobStore,
+        crd: CrdSupport,
+        events: EventRecorder,
+        limiter: AsyncLimiter,
+        may_write: Callable[[], bool] = lambda: True,
+        on_write: Callable[[WriteOutcome], None] = lambda outcome: None,
+        on_request: Callable[[float], None] = lambda seconds: None,
+        on_gone: Callable[[str, str], None] = lambda namespace, name: None,
+        policy: WritePolicy = DEFAULT_POLICY,
+        policy_of: Callable[[str, str], WritePolicy] | None = None,
+        target: StatusTarget = StatusTarget.STATUS,
+        clock: Callable[[], float] = time.monotonic,
+        health: ApiHealth | None = None,
+        other_writer_grace: float = OTHER_WRITER_GRACE_SECONDS,
+        on_deferred: Callable[[str], None] = lambda reason: None,
+        on_skew: Callable[[str], None] = lambda direction: None,
+        wall: Callable[[], float] = time.time,
+        request: StatusRequest | None = None,
+    ) -> None:
+        self.store = store
+        self.crd = crd
+        self.events = events
+        self._may_write = may_write
+        self._on_write = on_write
+        self.on_gone = on_gone
+        self.policy = policy
+        self.policy_of = policy_of or (lambda namespace, name: self.policy)
+        self.target = target
+        self._clock = clock
+        self._wall = wall
+        self.queue = WriteQueue(clock=clock)
+        self._ours: dict[TrainJobKey, OurWrite] = {}
+        self._waiters: dict[TrainJobKey, list[asyncio.Future[WriteOutcome]]] = {}
+        self._deferrals = Deferrals(store.clock, grace=other_writer_grace,
+                                    on_deferred=on_deferred)
+        self._notices = Notices(events, on_skew=on_skew, wall=wall)
+        self.writers = writers_for(limiter.max_rate / limiter.time_period)
+        self._worker = WriteWorker(
+            self.queue, store=store, custom=CustomObjectsApi(api_client), crd=crd,
+            limiter=limiter,
+            request=request or StatusApply(api_client, connections=self.writers),
+            deferrals=self._deferrals, notices=self._notices, ours=self._ours,
+            place=self.place, target=target, may_write=may_write, on_write=on_write,
+            on_request=on_request, on_settled=self._settle, on_gone=self._dropped,
+            health=health, clock=clock, wall=wall)
+        store.on_change = self.on_trainjob_change
+        if health is not None:
+            health.on_recovered(self.queue.resume)
+
+    @classmethod
+    def for_client(
+        cls,
+        api_client: ApiClient,
+        *,
+        identity: str,
+        qps: float,
+        burst: int,
+        store: TrainJobStore,
+        may_write: Callable[[], bool] = lambda: True,
+        on_write: Callable[[WriteOutcome], None] = lambda outcome: None,
+        on_request: Callable[[float], None] = lambda seconds: None,
+        policy: WritePolicy = DEFAULT_POLICY,
+        policy_of: Callable[[str, str], WritePolicy] | None = None,
+        target: StatusTarget = StatusTarget.STATUS,
+        health: ApiHealth | None = None,
+        other_writer_grace: float = OTHER_WRITER_GRACE_SECONDS,
+        on_deferred: Callable[[str], None] = lambda reason: None,
+        on_skew: Callable[[str], None] = lambda direction: None,
+        request: StatusRequest | None = None,
+    ) -> Self:
+        """A writer with its own CRD knowledge and Event recorder; writes take tokens of a
+        bucket of ``qps`` sustained, ``burst`` at once (Events have a bucket of their own:
+        they never spend the writes' budget)."""
+        limiter = AsyncLimiter(burst, burst / qps)
+        events = EventRecorder(CoreV1Api(api_client), identity=identity, uid_of=store.uid_of)
+        fallback = ("" if target is StatusTarget.STATUS
+                    else f"{Place.ANNOTATION.value} (--status-target {target.value})")
+        crd = CrdSupport(ApiextensionsV1Api(api_client), fallback=fallback)
+        writer = cls(api_client, store=store, crd=crd, events=events, limiter=limiter,
+                     may_write=may_write, on_write=on_write, on_request=on_request,
+                     policy=policy, policy_of=policy_of,
+                     target=target, health=health, other_writer_grace=other_writer_grace,
+                     on_deferred=on_deferred, on_skew=on_skew, request=request)
+        crd.on_supported = writer.supported_again
+        return writer
+
+    def place(self) -> Place:
+        """Where the next write goes (:func:`scraper.annotation_target.place_for`)."""
+        return place_for(self.target, self.crd.supported)
+
+    def supported_again(self) -> None:
+        """The CRD stores trainerStatus again: announce a later loss anew."""
+        self._notices.supported_again()
+
+    def sizes(self) -> dict[str, int]:
+        """Entries of each map kept per TrainJob, the queue's included (``queue.*``)."""
+        return {"ours": len(self._ours), "waiters": len(self._waiters),
+                **self._deferrals.sizes(), **self._notices.sizes(), **self._worker.sizes(),
+                **{f"queue.{k}": v for k, v in self.queue.sizes().items()}}
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what is kept and queued for a TrainJob (it is gone)."""
+        key = (namespace, name)
+        self.queue.forget(key)
+        self._ours.pop(key, None)
+        self._notices.forget(key)
+        self._worker.forget(key)
+        self._deferrals.forget(key)
+
+    def stop_leading(self) -> None:
+        """Drop every queued write: the next leader re-derives them from the pods."""
+        self.queue.clear()
+        self._ours.clear()
+
+    # ------------------------------------------------------------ the queue side
+
+    async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
+                    final: bool = False, uid: str = "", seen: float | None = None,
+                    finished_at: float | None = None) -> WriteOutcome:
+        """Queue ``status`` for the TrainJob unless it already holds the same report or
+        the rule for other writers keeps what it holds (:mod:`scraper.write.rules`).
+
+        Returns at once: :attr:`WriteOutcome.UNCHANGED` (nothing to write),
+        :attr:`WriteOutcome.DEFERRED` (another writer's status is kept),
+        :attr:`WriteOutcome.QUEUED`, or :attr:`WriteOutcome.NOT_STORED`.
+
+        Args:
+            final: a final status (first in the queue, kept until applied).
+            uid: the TrainJob UID the status is meant for (``""``: the one that exists).
+            seen: when this content was first seen (the store's monotonic clock); None:
+                now for a final or a caller that knows no order (tools, push-compat),
+                ``-inf`` is "unknown, maybe old" (:class:`scraper.write.rules.Report`).
+            finished_at: a final's container end (``state.terminated.finishedAt``, epoch
+                seconds), None when unknown.
+
+        Raises:
+            TrainJobGone: the informer knows the TrainJob with another UID (re-created):
+                the caller drops the target.  A TrainJob the informer has not seen (yet:
+                the pod watch may be ahead of the TrainJob watch) is queued; the writer
+                reads it once and calls ``on_gone`` when it does not exist.
+        """
+        key = (namespace, name)
+        held = self.store.get(namespace, name)
+        if held is not None and uid and held.uid != uid:
+            raise TrainJobGone(f"{namespace}/{name} (UID {held.uid}, not {uid})")
+        pending = self.queue.pending(key)
+        place = self.place()
+        there = held_in(held, place)
+        report = Report(status, self.store.clock() if seen is None else seen, final,
+                        finished_at)
+        if held is not None:
+            verdict = self._deferrals.verdict(key, held, place, report)
+            if verdict is WriteVerdict.UNCHANGED and pending is None:
+                self._on_write(WriteOutcome.UNCHANGED)
+                return WriteOutcome.UNCHANGED
+            if verdict not in (WriteVerdict.WRITE, WriteVerdict.UNCHANGED):
+                self._on_write(WriteOutcome.DEFERRED)
+                return WriteOutcome.DEFERRED
+        if (place is Place.STATUS and self.crd.supported is False
+                and not self.crd.recheck_due()):
+            await self._notices.unsupported(namespace, name, held.uid if held else "")
+            self._on_write(WriteOutcome.NOT_STORED)
+            return WriteOutcome.NOT_STORED
+        priority = priority_of(there, status, final=final)
+        if key not in self._ours and priority > Priority.FIRST:
+            priority = Priority.FIRST  # nothing of ours there yet (e.g. after a restart)
+        hold = gap = 0.0
+        if priority > Priority.FIRST:
+            policy = self.policy_of(namespace, name)
+            gap = policy.progress_floor
+            last = self._ours.get(key)
+            if priority is Priority.METRICS and last is not None:
+                hold = last.fresh_at + policy.metrics_staleness
+        self.queue.put(key, status, priority, uid=uid or (held.uid if held else ""),
+                       hold_until=hold, seen=report.seen, finished_at=finished_at,
+                       arrived=self._wall(), gap=gap)
+        return WriteOutcome.QUEUED
+
+    async def apply_and_wait(self, namespace: str, name: str, status: TrainerStatus, *,
+                             final: bool = False) -> WriteOutcome:
+        """:meth:`apply`, then wait until the queue has settled that TrainJob's write.
+
+        For tools and tests; the scrape loop never waits.  Returns the outcome of the
+        write that took the status off the queue (never :attr:`WriteOutcome.RETRIED`).
+
+        Raises:
+            TrainJobGone: the TrainJob does not exist (or was re-created meanwhile).
+        """
+        outcome = await self.apply(namespace, name, status, final=final)
+        if outcome is not WriteOutcome.QUEUED:
+            return outcome
+        future: asyncio.Future[WriteOutcome] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault((namespace, name), []).append(future)
+        return await future
+
+    def _settle(self, key: TrainJobKey, outcome: WriteOutcome | BaseException) -> None:
+        if self.queue.pending(key) is not None and not isinstance(outcome, BaseException):
+            return  # a newer status is queued: its write settles the waiters
+        for future in self._waiters.pop(key, []):
+            if future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+    def _dropped(self, namespace: str, name: str) -> None:
+        """A write found the TrainJob gone: forget it, fail its waiters, tell ``on_gone``."""
+        self.forget(namespace, name)
+        self._settle((namespace, name), TrainJobGone(f"{namespace}/{name}"))
+        self.on_gone(namespace, name)
+
+    def on_trainjob_change(self, namespace: str, name: str, held: Held) -> None:
+        """The informer saw the TrainJob change: restore our status if another writer
+        replaced it with an older one or removed it (module doc, Drift)."""
+        key = (namespace, name)
+        ours = self._ours.get(key)
+        if ours is None or ours.uid != held.uid or not self._may_write():
+            return
+        if ours.place is not self.place():
+            return  # --status-target auto switched places: the old one is not ours to keep
+        there = held_in(held, ours.place)
+        if there is not None and already_holds(there, ours.status):
+            return
+        if older(held.resource_version, ours.resource_version):
+            return
+        if self.queue.pending(key) is not None or self.queue.in_progress(key):
+            # A status of ours is on its way (the watch may show a write's result before
+            # its answer is back): that write decides.
+            return
+        if there is not None:
+            # Another writer's status: the rule decides our next write (write.rules).
+            writer = writer_in(held, ours.place)
+            log.info("TrainJob %s/%s: %s changed by %s; the rule for other writers "
+                     "decides the next write", namespace, name, ours.place.value,
+                     f"field manager {writer.manager}" if writer else "another writer")
+            del self._ours[key]
+            return
+        log.info("TrainJob %s/%s: %s was removed by another writer; restoring ours",
+                 namespace, name, ours.place.value)
+        self.queue.put(key, ours.status, Priority.PROGRESS, uid=ours.uid,
+                       seen=self.store.clock(), arrived=self._wall())
+
+    # ------------------------------------------------------------ the writer tasks
+
+    def start(self, workers: int | None = None) -> None:
+        """Start ``workers`` writer tasks (default :attr:`writers`) on the running loop
+        (:meth:`scraper.write.worker.WriteWorker.start`)."""
+        self._worker.start(self.writers if workers is None else workers)
+
+    async def stop(self) -> None:
+        """Cancel the writer tasks and close their connections."""
+        await self._worker.stop()
+
+    async def drain(self, deadline: float) -> bool:
+        """Wait up to ``deadline`` seconds for queued and in-flight writes; True if done."""
+        return await self.queue.wait_idle(deadline)
