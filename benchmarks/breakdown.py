@@ -4,15 +4,15 @@
 microseconds (user+system of this process) per operation:
 
 * a bare asyncio timer wakeup, N timers a second spread over the interval;
-* one APScheduler job run through :class:`scraper.scheduling.TargetScheduler` for a
+* one APScheduler job run through :class:`scraper.scrape.scheduling.TargetScheduler` for a
   scrape that does nothing, N targets at a 1 s interval;
 * aiohttp's ``ClientSession`` GET answered by a 304 from nginx, alone, in the
   pattern the 20 phases give (N/20 requests at once, 20 times a second);
 * a changing scrape's pieces (:func:`changing_pieces`): aiohttp's GET -> 200 with the
-  JSON body read, alone; :meth:`scraper.scraping.ExporterScraper.scrape` of the same
+  JSON body read, alone; :meth:`scraper.scrape.exporter.ExporterScraper.scrape` of the same
   answer (slot, timeout, GET, body cap, decode and validate); the decode and validate
   of the body alone; and the scrape loop's handling of a fresh status
-  (:meth:`scraper.loop.ScrapeLoop._handle`: counts, compare, hand to the write queue,
+  (:meth:`scraper.scrape.loop.ScrapeLoop._handle`: counts, compare, hand to the write queue,
   no writer running);
 * ``asyncio.to_thread`` of a no-op, the hop every call into the synchronous
   Kubernetes client makes (status writes made it too before they moved to aiohttp);
@@ -42,9 +42,9 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from benchmarks.farm import NginxFarm
-from scraper.scheduling import PHASES, TargetScheduler
-from scraper.scraping import USER_AGENT, ScrapeLimits
-from scraper.targets import Target
+from scraper.discovery.targets import Target
+from scraper.scrape.exporter import USER_AGENT, ScrapeLimits
+from scraper.scrape.scheduling import PHASES, TargetScheduler
 
 WINDOW = 4.0  # default measured seconds per timed piece
 
@@ -142,10 +142,10 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
     JSON body (no ``If-None-Match``), ``len(urls)/PHASES`` at once, ``PHASES`` bursts a
     second, as :func:`aiohttp_304`; the pure-CPU pieces in a loop of their own."""
     from exporter_lib.status import TrainerStatus
-    from scraper.loop import ScrapeLoop, TargetState
-    from scraper.scraping import ExporterScraper, Fresh
+    from scraper.discovery.trainjobs import Held, TrainJobStore
+    from scraper.scrape.exporter import ExporterScraper, Fresh
+    from scraper.scrape.loop import ScrapeLoop, TargetState
     from scraper.telemetry import JobView, Telemetry
-    from scraper.trainjobs import Held, TrainJobStore
     from scraper.write.writer import StatusWriter
 
     targets = [Target("bench", f"job-{i}", f"pod-{i}", "uid", url, 1.0)
@@ -163,11 +163,11 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
                 raise RuntimeError(f"{target.url}: HTTP {resp.status}, expected 200")
             await resp.read()
 
-    # The scraper's own exchange (scraper/http_exchange.py), when the code measured has
+    # The scraper's own exchange (scraper/scrape/http_exchange.py), when the code measured has
     # it (an older commit under breakdown_compare does not: the row is left out).
     lean = None
-    if importlib.util.find_spec("scraper.http_exchange") is not None:
-        from scraper.http_exchange import ConnectionPool, endpoint
+    if importlib.util.find_spec("scraper.scrape.http_exchange") is not None:
+        from scraper.scrape.http_exchange import ConnectionPool, endpoint
         lean = ConnectionPool(ScrapeLimits().concurrency)
         ends = {t.url: endpoint(t.url, USER_AGENT) for t in targets}
 
@@ -261,7 +261,7 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
 CHANGING_PIECES = {
     "harness": "the measuring harness alone (a no-op per operation; in every row)",
     "aiohttp_200": "aiohttp ClientSession GET -> 200, JSON body read",
-    "lean_200": "scraper.http_exchange ConnectionPool GET -> 200, JSON body read",
+    "lean_200": "scraper.scrape.http_exchange ConnectionPool GET -> 200, JSON body read",
     "scrape_200": "ExporterScraper.scrape -> Fresh (slot, timeout, GET, body cap, decode, "
                   "validate)",
     "decode": "decode + validate of the JSON body alone",
@@ -299,11 +299,11 @@ async def status_writes(count: int) -> dict[str, float]:
     from localdev.cluster.controlplane import ControlPlane
     from localdev.cluster.crds import install_trainjob_crds
     from localdev.cluster.objects import create_trainjob
-    from scraper.annotation_target import Place, apply_request
+    from scraper.discovery.trainjobs import TrainJobStore
     from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
     from scraper.kube.calls import Retries, call
     from scraper.kube.client import REQUEST_TIMEOUT
-    from scraper.trainjobs import TrainJobStore
+    from scraper.write.annotation_target import Place, apply_request
     from scraper.write.outcome import FIELD_MANAGER, WriteOutcome
     from scraper.write.worker import StatusRequest
     from scraper.write.writer import StatusWriter

@@ -37,10 +37,10 @@ from typing import Any
 from benchmarks.procstat import rss_bytes
 from benchmarks.static_exporter import start_static_exporter
 from exporter_lib.status import TrainerStatus
-from scraper.loop import ScrapeLoop
-from scraper.manager import TargetManager
-from scraper.scheduling import TargetScheduler
-from scraper.scraping import ExporterScraper, ScrapeLimits
+from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
+from scraper.scrape.loop import ScrapeLoop
+from scraper.scrape.manager import TargetManager
+from scraper.scrape.scheduling import TargetScheduler
 from scraper.write.outcome import WriteOutcome
 
 NAMESPACE = "churn"

@@ -77,11 +77,11 @@ def _pymalloc() -> dict[str, int]:
 
 def _connectors(objects: list[object]) -> list[dict[str, int]]:
     """Idle (pooled) and acquired connections of every aiohttp connector and every
-    scrape pool (:class:`scraper.http_exchange.ConnectionPool`) alive (their private
+    scrape pool (:class:`scraper.scrape.http_exchange.ConnectionPool`) alive (their private
     tables: this is a probe, not product code)."""
     import aiohttp
 
-    from scraper.http_exchange import ConnectionPool
+    from scraper.scrape.http_exchange import ConnectionPool
     out = []
     for obj in objects:
         if isinstance(obj, ConnectionPool):

@@ -1,7 +1,7 @@
 """CPU per pod event, per relist pod and per write taken, at several numbers of targets.
 
 ``python -m benchmarks.event_cost [N ...]`` (default 1000 10000 50000) builds a
-:class:`scraper.manager.TargetManager` (stub scheduler and scrape loop: the manager's
+:class:`scraper.scrape.manager.TargetManager` (stub scheduler and scrape loop: the manager's
 own work only, as issue 27 measured it) and a :class:`scraper.write.queue.WriteQueue`,
 and prints the process CPU time of: the first list (and its longest slice between two
 returns to the event loop), one relist of N pods (total and per pod), one
@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from exporter_lib.status import TrainerStatus
-from scraper.discovery import Synced
-from scraper.manager import TargetManager
-from scraper.targets import Target
+from scraper.discovery.pods import Synced
+from scraper.discovery.targets import Target
+from scraper.scrape.manager import TargetManager
 from scraper.write.queue import Priority, WriteQueue
 
 

@@ -13,7 +13,7 @@ holds its connections for ``S`` seconds and reconnects every one the exporter cl
   sending 200 pipelined ``GET /metrics`` and never reading.
 
 Meanwhile this process scrapes the trainer from 127.0.0.1 every 0.1 s in two ways side
-by side: with the scraper's own client (``scraper.scraping.ExporterScraper``: a pooled
+by side: with the scraper's own client (``scraper.scrape.exporter.ExporterScraper``: a pooled
 keep-alive connection, as deployed) and with one fresh connection per scrape (10 s
 timeout each, the scraper's default), and reads the trainer's steps/s and its threads
 and descriptors from ``/proc``.  Each flood runs
@@ -84,7 +84,7 @@ PIPELINE_DEPTH = 200
 RCVBUF = 4096
 TRICKLE_HEAD = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 4000
 SCRAPE_PERIOD = 0.1
-#: The scraper's default ``--scrape-timeout`` (scraper.scraping.ScrapeLimits).
+#: The scraper's default ``--scrape-timeout`` (scraper.scrape.exporter.ScrapeLimits).
 SCRAPE_TIMEOUT = 10.0
 FLOODS = [("trickle", 3000), ("pipeline", 300), ("pipeline", 1000), ("pipeline", 3000)]
 
@@ -251,12 +251,12 @@ class Row:
 
 def scraper_probe(port: int, seconds: float, probe: Probe, scrapes: int | None = None) -> None:
     """Scrape as the scraper does, for ``seconds`` (or until ``scrapes`` are done, if
-    given, within ``seconds``): its own client (:class:`scraper.scraping.ExporterScraper`:
+    given, within ``seconds``): its own client (:class:`scraper.scrape.exporter.ExporterScraper`:
     pooled keep-alive connection, one retry on a stale one, the default 10 s timeout),
     one scrape per :data:`SCRAPE_PERIOD`."""
-    from scraper.scraping import ExporterScraper, Failure, Fresh, NothingYet, NotModified
-    from scraper.scraping import ScrapeLimits as Limits
-    from scraper.targets import Target
+    from scraper.discovery.targets import Target
+    from scraper.scrape.exporter import ExporterScraper, Failure, Fresh, NothingYet, NotModified
+    from scraper.scrape.exporter import ScrapeLimits as Limits
 
     async def run() -> None:
         scraper = ExporterScraper(Limits())

@@ -1,7 +1,7 @@
 """Hung exporters beside healthy ones: who gets the scrape slots (issue 13, input 12).
 
 ``python -m benchmarks.hung [--seconds 20]`` runs, in one process on loopback, the
-real scheduler (:class:`scraper.scheduling.TargetScheduler`), scrape loop and
+real scheduler (:class:`scraper.scrape.scheduling.TargetScheduler`), scrape loop and
 exporter scraper at the default ``--concurrency`` (32) and a 1 s interval (so a
 0.9 s scrape timeout) against:
 
@@ -28,10 +28,10 @@ from typing import Any
 
 from benchmarks.static_exporter import start_static_exporter
 from exporter_lib.status import TrainerStatus
-from scraper.loop import ScrapeLoop, TargetState
-from scraper.scheduling import TargetScheduler
-from scraper.scraping import ExporterScraper, ScrapeLimits, ScrapeResult
-from scraper.targets import Target
+from scraper.discovery.targets import Target
+from scraper.scrape.exporter import ExporterScraper, ScrapeLimits, ScrapeResult
+from scraper.scrape.loop import ScrapeLoop, TargetState
+from scraper.scrape.scheduling import TargetScheduler
 from scraper.telemetry import JobView
 from scraper.write.outcome import WriteOutcome
 

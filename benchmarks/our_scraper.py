@@ -34,13 +34,13 @@ from kubernetes import client as k8s
 
 from benchmarks.procstat import cpu_seconds, rss_bytes
 from exporter_lib.status import TrainerStatus
-from scraper.annotation_target import Place
 from scraper.app import ScraperApp
 from scraper.config import ScraperSettings
-from scraper.loop import TargetState
-from scraper.targets import Target
+from scraper.discovery.targets import Target
+from scraper.discovery.trainjobs import Held, TrainJobStore
+from scraper.scrape.loop import TargetState
 from scraper.telemetry import JobView
-from scraper.trainjobs import Held, TrainJobStore
+from scraper.write.annotation_target import Place
 from scraper.write.outcome import WriteOutcome
 from scraper.write.writer import StatusWriter, already_holds
 

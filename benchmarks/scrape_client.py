@@ -4,7 +4,7 @@
 [--targets 1000 10000] [--warmup 75] [--window 120] [--rounds 2]``
 
 Issue 28, deliverable 3: CPU of the scrape with the scraper's own HTTP/1.1 client
-(``scraper/http_exchange.py``) against aiohttp's client, at the defaults (interval 30 s,
+(``scraper/scrape/http_exchange.py``) against aiohttp's client, at the defaults (interval 30 s,
 waiting scrapes, write budget QPS 20 / burst 30), at N TrainJobs.  Each ``--tree`` is a
 checkout whose ``scraper`` package is measured: the child
 ``python -m benchmarks.our_scraper`` runs with ``PYTHONPATH`` and the working directory

@@ -6,7 +6,7 @@ the same status to one annotation of the TrainJob instead, and every reader (the
 kubectl plugin, the SDK helper, the notebook progress bar) looks in both places.
 
 This module is the one definition of that annotation, for the writer (the scraper,
-:mod:`scraper.annotation_target`) and the readers (:mod:`trainjob_client.annotation`
+:mod:`scraper.write.annotation_target`) and the readers (:mod:`trainjob_client.annotation`
 re-exports it).  It lives in ``exporter_lib`` because that is the one package both the
 scraper image and the client ship; it needs only :mod:`exporter_lib.status`.
 

@@ -9,7 +9,7 @@ Lifecycle of :meth:`ScraperApp.run`:
 3. campaign for the Lease (or lead at once without leader election); while
    leading, every Running pod with an IP has a scheduled scrape job and every
    terminated pod's final status that is not on its TrainJob is applied, once, by
-   whoever leads (also across leader changes: :mod:`scraper.manager`);
+   whoever leads (also across leader changes: :mod:`scraper.scrape.manager`);
 4. on stop (SIGTERM), or when a root task fails: stop scheduling, give in-flight
    writes ``shutdown_timeout`` seconds, release the Lease, close everything; a
    failed root task is then raised as :class:`~scraper.supervisor.RootTaskFailed`.
@@ -27,28 +27,28 @@ from typing import Any
 from kubernetes import client as k8s
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
-from scraper.annotation_target import StatusTarget
 from scraper.config import ScraperSettings
-from scraper.discovery import Final, PodEvent, PodWatcher, Synced, WatchItem, probe_selector
-from scraper.identity import LABEL_JOBSET_NAME, Identity, Link, OwnerIndex
+from scraper.discovery.identity import LABEL_JOBSET_NAME, Identity, Link, OwnerIndex
+from scraper.discovery.pods import Final, PodEvent, PodWatcher, Synced, WatchItem, probe_selector
+from scraper.discovery.targets import Target
+from scraper.discovery.trainjobs import TrainJobStore, slim_trainjob
 from scraper.kube.calls import Backoff
 from scraper.kube.client import load_client, without_retries
 from scraper.kube.health import ApiHealth
 from scraper.kube.informer import ListWatch, ScopesListed, slim
 from scraper.leader import LeaseElector
 from scraper.logsource.reader import LogLimits, LogScraper
-from scraper.loop import ScrapeLoop
-from scraper.manager import TargetManager
 from scraper.metrics_auth import MetricsAuth, metrics_auth_for
-from scraper.scheduling import TargetScheduler
-from scraper.scraping import ExporterScraper, ScrapeLimits
-from scraper.sources import SourceScraper
-from scraper.stall_marker import write_stall_marker
-from scraper.stall_watch import Observed, StallCollector, StallWatch
+from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
+from scraper.scrape.loop import ScrapeLoop
+from scraper.scrape.manager import TargetManager
+from scraper.scrape.scheduling import TargetScheduler
+from scraper.scrape.sources import SourceScraper
+from scraper.stall.marker import write_stall_marker
+from scraper.stall.watch import Observed, StallCollector, StallWatch
 from scraper.supervisor import Supervisor
-from scraper.targets import Target
 from scraper.telemetry import Telemetry
-from scraper.trainjobs import TrainJobStore, slim_trainjob
+from scraper.write.annotation_target import StatusTarget
 from scraper.write.policy import PolicyResolver, WritePolicy
 from scraper.write.writer import StatusWriter
 
@@ -174,7 +174,7 @@ class ScraperApp:
             trainjob_source=self._trainjob_source,
         )
         # Any change to a link of an owner chain, and every list, re-checks the pods
-        # waiting on it (scraper/identity.py, "Convergence").
+        # waiting on it (scraper/discovery/identity.py, "Convergence").
         self.jobs.on_change = self.jobsets.on_change = self._owners_changed
         self.trainjobs.on_seen = self._trainjob_seen
         self._pods_listed = ScopesListed(self.scopes)
@@ -354,7 +354,7 @@ class ScraperApp:
         self.telemetry.leader.set(1 if leading else 0)
         if not leading:
             # The queue is this term's: whoever leads next applies every final still owed
-            # (scraper.manager, "Leader changes"), this replica too when it wins back.
+            # (scraper.scrape.manager, "Leader changes"), this replica too when it wins back.
             self.writer.stop_leading()
         self.manager.set_leading(leading)
         self._targets_changed()

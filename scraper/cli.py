@@ -56,7 +56,7 @@ def add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         if name in DURATION_FIELDS and isinstance(shown, float):
             shown = f"{shown:g}s"
         elif name == "stall_after":
-            shown = "auto"  # None is the auto threshold (scraper.stall), not "off"
+            shown = "auto"  # None is the auto threshold (scraper.stall.rule), not "off"
         env = f"{ENV_PREFIX}{name.upper()}"
         # argparse formats help with %: a literal one is written %% there.
         help_text = f"{info.description} [env {env}; default: {shown}]".replace("%", "%%")

@@ -27,7 +27,7 @@ from pydantic_settings import (
 )
 
 from exporter_lib.pod import service_account_namespace
-from scraper.stall import StallSettingError, parse_stall_after
+from scraper.stall.rule import StallSettingError, parse_stall_after
 from scraper.syntax import (
     check_interval,
     parse_duration,

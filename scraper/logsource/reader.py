@@ -34,10 +34,10 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.status import StatusError, TrainerStatus
+from scraper.discovery.targets import Target
 from scraper.kube.calls import call
 from scraper.logsource.progress import LogProgress
-from scraper.scraping import Failure, FailureKind, Fresh, NothingYet, ScrapeResult
-from scraper.targets import Target
+from scraper.scrape.exporter import Failure, FailureKind, Fresh, NothingYet, ScrapeResult
 
 log = logging.getLogger(__name__)
 

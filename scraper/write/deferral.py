@@ -2,7 +2,7 @@
 
 :func:`scraper.write.rules.decide` is the pure decision; :class:`Deferrals` applies it to
 where the TrainJob's status is written (``status.trainerStatus`` or the annotation,
-:mod:`scraper.annotation_target`) as the informer holds it, counts each report kept out
+:mod:`scraper.write.annotation_target`) as the informer holds it, counts each report kept out
 (``status_writes_deferred_total{reason}``) and logs when deferring to another writer
 starts and when it ends, once each per TrainJob.  The queue side
 (:class:`scraper.write.writer.StatusWriter`) decides when a report arrives and the
@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from scraper.annotation_target import Place, held_in, writer_in
-from scraper.trainjobs import Held, TrainJobKey
+from scraper.discovery.trainjobs import Held, TrainJobKey
+from scraper.write.annotation_target import Place, held_in, writer_in
 from scraper.write.rules import OTHER_WRITER_GRACE_SECONDS, Report, WriteVerdict, decide
 
 log = logging.getLogger(__name__)

@@ -7,14 +7,14 @@ source (exporter JSON, Prometheus text, termination messages, push-compat) and t
 with hypothesis (``tests/scraper/test_writer_rules.py``):
 
 * :func:`decide`: whether a report is written where the TrainJob holds ``there``,
-  last written by ``writer`` (:class:`scraper.trainjobs.Writer`: the API server's
+  last written by ``writer`` (:class:`scraper.discovery.trainjobs.Writer`: the API server's
   clock and the store's monotonic clock order writes, never a writer's own
   ``lastUpdatedTime``);
 * :func:`settle_time`: the ``lastUpdatedTime`` that is written (time never moves
   backwards silently).
 
 The exporter's own sequence, which orders the answers of one target before any of this,
-is :mod:`scraper.sequence`.
+is :mod:`scraper.scrape.sequence`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from exporter_lib.status import TrainerStatus
 
 if TYPE_CHECKING:  # no import at run time: this module stays free of Kubernetes
-    from scraper.trainjobs import Writer
+    from scraper.discovery.trainjobs import Writer
 
 #: Default of ``--other-writer-grace``: another writer whose last change is younger
 #: than this keeps the field (seconds).

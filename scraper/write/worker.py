@@ -53,23 +53,7 @@ from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION
-from scraper.annotation_target import (
-    Place,
-    StatusTarget,
-    apply_request,
-    held_in,
-    holds_after_apply,
-    stored,
-    uid_precondition_failed,
-    written,
-)
-from scraper.kube.apply_body import encode_apply_body
-from scraper.kube.apply_request import ApplyClient
-from scraper.kube.calls import Backoff, call, deadline_of, is_transient, retry_after
-from scraper.kube.client import REQUEST_TIMEOUT
-from scraper.kube.crd import CrdSupport
-from scraper.kube.health import ApiHealth, answering, unreachable
-from scraper.trainjobs import (
+from scraper.discovery.trainjobs import (
     Held,
     TrainJobGone,
     TrainJobKey,
@@ -78,6 +62,22 @@ from scraper.trainjobs import (
     held_from_object,
     slim_trainjob,
     writers_of,
+)
+from scraper.kube.apply_body import encode_apply_body
+from scraper.kube.apply_request import ApplyClient
+from scraper.kube.calls import Backoff, call, deadline_of, is_transient, retry_after
+from scraper.kube.client import REQUEST_TIMEOUT
+from scraper.kube.crd import CrdSupport
+from scraper.kube.health import ApiHealth, answering, unreachable
+from scraper.write.annotation_target import (
+    Place,
+    StatusTarget,
+    apply_request,
+    held_in,
+    holds_after_apply,
+    stored,
+    uid_precondition_failed,
+    written,
 )
 from scraper.write.deferral import Deferrals
 from scraper.write.notices import Notices
@@ -161,7 +161,7 @@ class StatusApply:
     """The apply request on the loop, over ``connections`` connections of its own.
 
     Its path and body (with the ``metadata.resourceVersion`` precondition):
-    :func:`scraper.annotation_target.apply_request`; field manager
+    :func:`scraper.write.annotation_target.apply_request`; field manager
     :data:`~scraper.write.outcome.FIELD_MANAGER`, ``force=true``.
     """
 

@@ -3,7 +3,7 @@ server-side apply, only on change.  The queue side and the wiring of the write s
 
 * :meth:`StatusWriter.apply` never waits for the API: it decides at once whether the
   status is news (:func:`already_holds`, against the TrainJob informer's store,
-  :mod:`scraper.trainjobs`) and queues it (:mod:`scraper.write.queue`: one pending
+  :mod:`scraper.discovery.trainjobs`) and queues it (:mod:`scraper.write.queue`: one pending
   status per TrainJob, newest wins; finals, then first statuses, then progress, then
   metrics-only changes; aging so none starves).  So a scrape never waits for a write.
 * Writing by significance (:mod:`scraper.write.policy`, per TrainJob through
@@ -36,7 +36,7 @@ server-side apply, only on change.  The queue side and the wiring of the write s
   (:class:`scraper.kube.crd.CrdSupport`) or from the apply's answer; either way a
   Warning Event per TrainJob.
 * ``--status-target annotation|auto`` writes the same status to the TrainJob's
-  annotation instead (:mod:`scraper.annotation_target`: the body, the path, where
+  annotation instead (:mod:`scraper.write.annotation_target`: the body, the path, where
   the informer's value is read from, and the place of each write); everything
   above holds for it unchanged.  Under ``auto`` a write the CRD prunes is tried again
   at once in the annotation, with no Event (nothing is lost).
@@ -54,11 +54,11 @@ from aiolimiter import AsyncLimiter
 from kubernetes.client import ApiClient, ApiextensionsV1Api, CoreV1Api, CustomObjectsApi
 
 from exporter_lib.status import TrainerStatus
-from scraper.annotation_target import Place, StatusTarget, held_in, place_for, writer_in
+from scraper.discovery.trainjobs import Held, TrainJobGone, TrainJobKey, TrainJobStore, older
 from scraper.kube.crd import CrdSupport
 from scraper.kube.events import EventRecorder
 from scraper.kube.health import ApiHealth
-from scraper.trainjobs import Held, TrainJobGone, TrainJobKey, TrainJobStore, older
+from scraper.write.annotation_target import Place, StatusTarget, held_in, place_for, writer_in
 from scraper.write.deferral import Deferrals
 from scraper.write.notices import Notices
 from scraper.write.outcome import WriteOutcome
@@ -111,7 +111,7 @@ class StatusWriter:
         policy_of: a TrainJob's write policy by ``(namespace, name)`` (its annotations
             over the default, :class:`scraper.write.policy.PolicyResolver`); None: the
             default for every TrainJob.
-        target: where statuses go (``--status-target``, :mod:`scraper.annotation_target`).
+        target: where statuses go (``--status-target``, :mod:`scraper.write.annotation_target`).
         clock: monotonic seconds.
         health: told when a write finds the API server unreachable or gets an answer;
             its recoveries make the queued retries due (module doc).
@@ -216,7 +216,7 @@ class StatusWriter:
         return writer
 
     def place(self) -> Place:
-        """Where the next write goes (:func:`scraper.annotation_target.place_for`)."""
+        """Where the next write goes (:func:`scraper.write.annotation_target.place_for`)."""
         return place_for(self.target, self.crd.supported)
 
     def supported_again(self) -> None:

@@ -29,10 +29,10 @@ from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, Trainer
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION
 from localdev.cluster import objects
 from localdev.cluster.controlplane import ControlPlane
-from scraper.annotation_target import Place, apply_request
 from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
-from scraper.stall import STALLED_SINCE_ANNOTATION
-from scraper.stall_marker import write_stall_marker
+from scraper.stall.marker import write_stall_marker
+from scraper.stall.rule import STALLED_SINCE_ANNOTATION
+from scraper.write.annotation_target import Place, apply_request
 from scraper.write.outcome import FIELD_MANAGER
 from tests.helpers.chart import Helm
 
@@ -235,7 +235,8 @@ def test_policy_keeps_the_scrapers_events_to_trainjobs(
 
 def _apply_annotation(api: client.ApiClient, namespace: str, name: str, progress: int,
                       uid: str, **meta: Any) -> dict[str, Any]:
-    """The scraper's own annotation write (:mod:`scraper.annotation_target`), plus ``meta``."""
+    """The scraper's own annotation write (:mod:`scraper.write.annotation_target`),
+    plus ``meta``."""
     status = TrainerStatus.from_api({"progressPercentage": progress,
                                      "lastUpdatedTime": "2026-01-01T00:00:00Z"})
     path, params, body = apply_request(Place.ANNOTATION, namespace, name, status, uid)
@@ -318,7 +319,7 @@ def test_the_default_lets_the_scraper_mark_a_stall_and_nothing_else(
     namespace: str, release: Release,
 ) -> None:
     """config.stall.annotate is on by default: the chart's RBAC lets the scraper's
-    identity write the stalled-since annotation (its real write, scraper.stall_marker),
+    identity write the stalled-since annotation (its real write, scraper.stall.marker),
     the annotation policy keeps every other part of the TrainJob from it."""
     trainjob = "hung"
     uid = objects.create_trainjob(kube_api, namespace, trainjob)["metadata"]["uid"]

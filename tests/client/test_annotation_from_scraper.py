@@ -12,7 +12,7 @@ from kubernetes import client
 
 from exporter_lib.status import TrainerStatus, now
 from localdev.cluster import objects
-from scraper.annotation_target import StatusTarget
+from scraper.write.annotation_target import StatusTarget
 from scraper.write.outcome import WriteOutcome
 from tests.helpers.client import Kubectl
 from tests.helpers.writer import running_writer

@@ -34,7 +34,7 @@ from localdev.cluster.kueue import (
 )
 from localdev.cluster.stack import Cluster
 from scraper.kube.events import COMPONENT
-from scraper.stall_watch import REASON_STALLED
+from scraper.stall.watch import REASON_STALLED
 from tests.e2e.test_stack_scenarios import trainer_command
 from tests.helpers.stack import Observation, recording, scraper
 

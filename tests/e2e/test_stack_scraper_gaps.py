@@ -114,7 +114,7 @@ def test_jobset_restart_resumes_one_target_no_regression_no_flapping(
     target at a time, progress never goes back, no attempt-0 status after an attempt-1
     one.  A scraper that picked targets by labels alone kept the failed attempt's pod
     (or both) as targets; the scraper now picks one pod per TrainJob, the highest
-    restart attempt first (scraper/identity.py)."""
+    restart attempt first (scraper/discovery/identity.py)."""
     _ensure_restart_runtime(stack_api)
     ns = stack_namespace
     with scraper(kube_stack, ns, tmp_path) as child, recording(stack_api, ns, "rs") as rec:
@@ -150,7 +150,7 @@ def test_trainjob_recreated_with_same_name_never_gets_the_old_pods_status(
     behaviour: the old pod's status never lands on the new TrainJob (same name, other
     UID); the old target goes.  A scraper that checked identity by name (jobset-name
     label) wrote the old pod's status to the new TrainJob; the scraper now follows the
-    owner chain by UID (scraper/identity.py)."""
+    owner chain by UID (scraper/discovery/identity.py)."""
     ns = stack_namespace
     custom = client.CustomObjectsApi(stack_api)
     with scraper(kube_stack, ns, tmp_path) as child, recording(stack_api, ns, "same") as rec:

@@ -30,8 +30,8 @@ from localdev.cluster import trainjobs
 from localdev.cluster.assets import ensure_assets
 from localdev.cluster.prometheus import PrometheusServer, ScrapeTarget
 from localdev.cluster.stack import Cluster
-from scraper.stall import STALL_AFTER_ANNOTATION, STALLED_SINCE_ANNOTATION
-from scraper.stall_watch import CHECK_SECONDS, REASON_RESUMED, REASON_STALLED
+from scraper.stall.rule import STALL_AFTER_ANNOTATION, STALLED_SINCE_ANNOTATION
+from scraper.stall.watch import CHECK_SECONDS, REASON_RESUMED, REASON_STALLED
 from tests.helpers.chart import FULLNAME, Helm
 from tests.helpers.stack import scraper, scraper_metric
 from trainjob_client.progress import trainjob_progress

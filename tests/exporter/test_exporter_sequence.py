@@ -14,9 +14,9 @@ from typing import Any
 
 import exporter_lib
 from exporter_lib.server import SEQUENCE_HEADER
-from scraper.scraping import ExporterScraper, Fresh, ScrapeLimits
-from scraper.sequence import Sequence, is_late, sequence_of
-from scraper.targets import Target
+from scraper.discovery.targets import Target
+from scraper.scrape.exporter import ExporterScraper, Fresh, ScrapeLimits
+from scraper.scrape.sequence import Sequence, is_late, sequence_of
 
 Fetch = Callable[..., Any]
 JSON = {"Accept": "application/json"}

@@ -262,8 +262,8 @@ def scraper_series() -> set[str]:
     })
     telemetry = Telemetry(lambda: [JobView("ns", "job", "pod", status=status, up=True)])
     # The stall gauges come from their own collector (registered by scraper.app).
-    from scraper.stall import StallClock
-    from scraper.stall_watch import StallCollector, _Watched
+    from scraper.stall.rule import StallClock
+    from scraper.stall.watch import StallCollector, _Watched
 
     class _Clocks:
         clocks = {("ns", "job"): _Watched("uid", StallClock.start(status, 0.0, 0.0))}

@@ -11,9 +11,9 @@ from typing import Any
 from kubernetes import client
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
-from scraper.annotation_target import StatusTarget
+from scraper.discovery.trainjobs import TrainJobStore, slim_trainjob
 from scraper.kube.informer import ListWatch
-from scraper.trainjobs import TrainJobStore, slim_trainjob
+from scraper.write.annotation_target import StatusTarget
 from scraper.write.policy import PROGRESS_FLOOR_MIN, WritePolicy
 from scraper.write.writer import StatusWriter
 

@@ -1,4 +1,4 @@
-"""Which pods are read from their log, and which container (scraper/discovery.py)."""
+"""Which pods are read from their log, and which container (scraper/discovery/pods.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from scraper.discovery import Final, Ignore, Scrape, classify
-from scraper.trainjobs import held_from_object
+from scraper.discovery.pods import Final, Ignore, Scrape, classify
+from scraper.discovery.trainjobs import held_from_object
 
 
 def pod(annotations: dict[str, str], containers: list[str], phase: str = "Running"

@@ -21,15 +21,15 @@ from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, Trainer
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, decode_annotation
 from localdev.cluster import objects
 from localdev.cluster.crds import install_trainjob_crds
-from scraper.annotation_target import (
+from scraper.discovery.trainjobs import Held
+from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
+from scraper.write.annotation_target import (
     Place,
     StatusTarget,
     apply_request,
     place_for,
     uid_precondition_failed,
 )
-from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
-from scraper.trainjobs import Held
 from scraper.write.outcome import FIELD_MANAGER, WriteOutcome
 from tests.helpers.scraper import (
     ANNOTATION_RULES,

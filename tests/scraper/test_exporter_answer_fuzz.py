@@ -1,8 +1,8 @@
 """Fuzz of the exporter-answer boundary: every answer ends in a typed outcome.
 
-The real :class:`~scraper.scraping.ExporterScraper` scrapes a fake exporter on
+The real :class:`~scraper.scrape.exporter.ExporterScraper` scrapes a fake exporter on
 127.0.0.1 that writes whatever raw HTTP answer the test chose (status line,
-headers, body bytes, optionally trickled); the real :class:`~scraper.loop.ScrapeLoop`
+headers, body bytes, optionally trickled); the real :class:`~scraper.scrape.loop.ScrapeLoop`
 turns the result into counts and Events, with in-process fakes for the status
 writer and the Event recorder (their real ones talk to the API server and are
 tested elsewhere).  Rules checked (issue 13, inputs 5, 7 and 9):
@@ -33,8 +33,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter_lib.status import TrainerStatus
-from scraper.loop import DETAIL_MAX, ScrapeLoop, TargetState
-from scraper.scraping import (
+from scraper.discovery.targets import Target
+from scraper.scrape.exporter import (
     ExporterScraper,
     Failure,
     FailureKind,
@@ -43,7 +43,7 @@ from scraper.scraping import (
     NotModified,
     ScrapeLimits,
 )
-from scraper.targets import Target
+from scraper.scrape.loop import DETAIL_MAX, ScrapeLoop, TargetState
 from scraper.telemetry import JobView
 from scraper.write.outcome import WriteOutcome
 

@@ -1,8 +1,8 @@
-"""The scrape's own HTTP exchange (scraper/http_exchange.py) against answers of any shape.
+"""The scrape's own HTTP exchange (scraper/scrape/http_exchange.py) against answers of any shape.
 
 A raw asyncio server on 127.0.0.1 writes exactly the bytes the test chose (heads split
 anywhere, chunked bodies, bodies past the cap, garbage, a close before the end), and the
-real :class:`~scraper.http_exchange.ConnectionPool` reads them.  Rules checked: a
+real :class:`~scraper.scrape.http_exchange.ConnectionPool` reads them.  Rules checked: a
 well-formed answer gives its body whole whatever its framing and however it is split;
 a connection is pooled only when the answer ended cleanly and allows keep-alive; a
 malformed or cut-short answer raises :class:`BadAnswer` and is never pooled; a body past
@@ -28,7 +28,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scraper.http_exchange import (
+from scraper.discovery.targets import Target
+from scraper.scrape.exporter import (
+    ExporterScraper,
+    Failure,
+    FailureKind,
+    Fresh,
+    NotModified,
+    ScrapeLimits,
+)
+from scraper.scrape.http_exchange import (
     HEAD_MAX_BYTES,
     BadAnswer,
     BodyTooLarge,
@@ -37,15 +46,6 @@ from scraper.http_exchange import (
     StaleConnection,
     endpoint,
 )
-from scraper.scraping import (
-    ExporterScraper,
-    Failure,
-    FailureKind,
-    Fresh,
-    NotModified,
-    ScrapeLimits,
-)
-from scraper.targets import Target
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,8 +12,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scraper.deletions import DeletionRequests
-from scraper.discovery import (
+from scraper.discovery.deletions import DeletionRequests
+from scraper.discovery.pods import (
     LABEL_JOBSET_NAME,
     Final,
     Ignore,

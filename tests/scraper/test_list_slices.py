@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from scraper.discovery import Synced
-from scraper.manager import LIST_SLICE, PodsNotApplied, TargetManager
-from scraper.scheduling import TargetScheduler
+from scraper.discovery.pods import Synced
+from scraper.scrape.manager import LIST_SLICE, PodsNotApplied, TargetManager
+from scraper.scrape.scheduling import TargetScheduler
 
 
 async def _never(key: str) -> None:

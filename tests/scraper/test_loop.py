@@ -1,7 +1,7 @@
 """The scrape-loop stage in-process: every rule it owns, with fakes for its neighbours.
 
 The neighbours (the exporter scraper, the Event recorder, the scheduler) are in-process
-fakes of their Protocols in :mod:`scraper.loop` and :mod:`scraper.manager`; the real
+fakes of their Protocols in :mod:`scraper.scrape.loop` and :mod:`scraper.scrape.manager`; the real
 ones are exercised against real exporters and the real API server by the other tests of
 this folder.  The status writer is the real :class:`~scraper.write.queue.WriteQueue`
 behind a stand-in for the API server (:class:`QueueWriter`: what each TrainJob holds,
@@ -24,18 +24,10 @@ from typing import Any
 import pytest
 
 from exporter_lib.status import TrainerStatus
-from scraper.discovery import Final
-from scraper.loop import (
-    DETAIL_MAX,
-    EVENT_REPEAT_SECONDS,
-    REASON_FINAL_INVALID,
-    REASON_INVALID,
-    REASON_SCRAPE_FAILED,
-    ScrapeLoop,
-    TargetState,
-)
-from scraper.manager import TargetManager
-from scraper.scraping import (
+from scraper.discovery.pods import Final
+from scraper.discovery.targets import Target
+from scraper.discovery.trainjobs import TrainJobGone
+from scraper.scrape.exporter import (
     Busy,
     Failure,
     FailureKind,
@@ -44,9 +36,17 @@ from scraper.scraping import (
     NotModified,
     ScrapeResult,
 )
-from scraper.targets import Target
+from scraper.scrape.loop import (
+    DETAIL_MAX,
+    EVENT_REPEAT_SECONDS,
+    REASON_FINAL_INVALID,
+    REASON_INVALID,
+    REASON_SCRAPE_FAILED,
+    ScrapeLoop,
+    TargetState,
+)
+from scraper.scrape.manager import TargetManager
 from scraper.telemetry import JobView
-from scraper.trainjobs import TrainJobGone
 from scraper.write.outcome import WriteOutcome
 from scraper.write.queue import Priority, WriteQueue
 
@@ -331,7 +331,7 @@ async def test_trainjob_gone_drops_every_target_of_it(rig: Rig) -> None:
 async def test_not_instrumented_backs_off_exponentially_capped_and_logs_once(
     rig: Rig, kind: FailureKind, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="scraper.loop")
+    caplog.set_level(logging.INFO, logger="scraper.scrape.loop")
     state = rig.state(_target(interval=10.0))
     state.answered_ever = True  # an exporter that answered before (a starting one: below)
     rig.scraper.results = [Failure(kind, "connection refused")]

@@ -32,7 +32,7 @@ from kubernetes import client as k8s
 from exporter_lib.pod import POD_HEADER
 from scraper.app import ScraperApp
 from scraper.config import ScraperSettings
-from scraper.discovery import Synced
+from scraper.discovery.pods import Synced
 from scraper.supervisor import Supervisor
 
 pytestmark = pytest.mark.timeout(900)

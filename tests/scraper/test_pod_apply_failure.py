@@ -20,7 +20,7 @@ from kubernetes import client
 from localdev.cluster import objects
 from scraper.app import ScraperApp
 from scraper.config import ScraperSettings
-from scraper.discovery import PodWatcher, WatchItem
+from scraper.discovery.pods import PodWatcher, WatchItem
 
 pytestmark = pytest.mark.usefixtures("trainjob_crd")
 

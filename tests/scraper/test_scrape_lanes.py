@@ -1,6 +1,6 @@
 """Hung exporters take only the hung lane's slots (issue 13, input 12).
 
-The real :class:`~scraper.scraping.ExporterScraper` against loopback servers: a
+The real :class:`~scraper.scrape.exporter.ExporterScraper` against loopback servers: a
 listener that accepts and never answers (a hung exporter) and an aiohttp server
 answering at once (healthy).  Plus the hung lane's sharing rules alone.
 """
@@ -14,7 +14,8 @@ import pytest
 from aiohttp import web
 
 from benchmarks.static_exporter import serve_on_loopback
-from scraper.scraping import (
+from scraper.discovery.targets import Target
+from scraper.scrape.exporter import (
     Busy,
     ExporterScraper,
     Failure,
@@ -24,7 +25,6 @@ from scraper.scraping import (
     ScrapeLimits,
     hung_slots,
 )
-from scraper.targets import Target
 
 BODY = '{"progressPercentage": 5, "lastUpdatedTime": "2025-01-01T00:00:00Z"}'
 

@@ -11,7 +11,7 @@ from kubernetes import client
 
 from exporter_lib.status import TrainerStatus
 from localdev.cluster import objects
-from scraper.trainjobs import TrainJobGone
+from scraper.discovery.trainjobs import TrainJobGone
 from scraper.write.outcome import FIELD_MANAGER, WriteOutcome
 from tests.helpers.scraper import events, trainer_status
 from tests.helpers.writer import running_writer

@@ -16,16 +16,9 @@ import pytest
 
 from scraper.cli import SUBCOMMANDS, build_parser
 from scraper.config import DEFAULT_SELECTOR, ConfigError, load_settings
-from scraper.discovery import Final, Ignore, Scrape, Wait, classify
-from scraper.scheduling import (
-    PHASES,
-    SOON_PER_SECOND,
-    SOON_SECONDS,
-    TargetScheduler,
-    first_run,
-    offset_seconds,
-)
-from scraper.scraping import (
+from scraper.discovery.pods import Final, Ignore, Scrape, Wait, classify
+from scraper.discovery.targets import Target
+from scraper.scrape.exporter import (
     Busy,
     ExporterScraper,
     Failure,
@@ -35,8 +28,15 @@ from scraper.scraping import (
     ScrapeLimits,
     parse_text,
 )
+from scraper.scrape.scheduling import (
+    PHASES,
+    SOON_PER_SECOND,
+    SOON_SECONDS,
+    TargetScheduler,
+    first_run,
+    offset_seconds,
+)
 from scraper.syntax import parse_duration
-from scraper.targets import Target
 from scraper.telemetry import JobView, Telemetry
 from tests.helpers.scraper import REPO
 

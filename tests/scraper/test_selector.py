@@ -10,7 +10,7 @@ from kubernetes import client
 
 from localdev.cluster import ControlPlane, objects
 from scraper.config import ConfigError
-from scraper.discovery import probe_selector
+from scraper.discovery.pods import probe_selector
 from tests.helpers.scraper import (
     FakeExporter,
     ScraperProcess,

@@ -4,8 +4,9 @@
 Pod A (TrainJob ``a``) still shows Running at ``127.0.0.1:P`` (a stale pod object) while
 pod B (TrainJob ``b``) runs there.  The exporter at that address is a real HTTP server
 on loopback serving the documented JSON with or without ``Trainjob-Exporter-Pod``.
-The real :class:`~scraper.manager.TargetManager`, :class:`~scraper.loop.ScrapeLoop` and
-:class:`~scraper.scraping.ExporterScraper` run in process; the write side is the real
+The real :class:`~scraper.scrape.manager.TargetManager`,
+:class:`~scraper.scrape.loop.ScrapeLoop` and
+:class:`~scraper.scrape.exporter.ExporterScraper` run in process; the write side is the real
 write queue behind ``QueueWriter`` and Events are recorded by ``FakeEvents`` (the API
 server is not needed for the rule; tests/scraper/test_reused_pod_ip.py covers it there).
 """
@@ -24,11 +25,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter_lib.pod import POD_HEADER, PodIdentity
-from scraper.discovery import Synced
-from scraper.loop import REASON_SHARED_ADDRESS, ScrapeLoop
-from scraper.manager import TargetManager
-from scraper.scraping import ExporterScraper, ScrapeLimits
-from scraper.target_table import AddressIndex, address_of
+from scraper.discovery.pods import Synced
+from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
+from scraper.scrape.loop import REASON_SHARED_ADDRESS, ScrapeLoop
+from scraper.scrape.manager import TargetManager
+from scraper.scrape.target_table import AddressIndex, address_of
 from tests.scraper.test_loop import FakeEvents, FakeScheduler, QueueWriter
 
 NS = "ns"

@@ -1,4 +1,4 @@
-"""The stall rule (:mod:`scraper.stall`), in process: hypothesis over the threshold
+"""The stall rule (:mod:`scraper.stall.rule`), in process: hypothesis over the threshold
 settings, the ``auto`` threshold and whole timelines of one training's changes.
 
 Pure code with an injected clock: nothing to mock.  The rule against the real stack
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from exporter_lib.status import TrainerStatus
 from scraper.config import ConfigError, load_settings
-from scraper.stall import (
+from scraper.stall.rule import (
     STALL_AFTER_ANNOTATION,
     STALL_AFTER_MAX_SECONDS,
     STALL_AFTER_MIN_SECONDS,

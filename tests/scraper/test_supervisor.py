@@ -11,7 +11,7 @@ import pytest
 
 from localdev.cluster.controlplane import ControlPlane
 from scraper import cli
-from scraper.manager import TargetManager
+from scraper.scrape.manager import TargetManager
 from scraper.supervisor import RootTaskFailed, Supervisor
 
 

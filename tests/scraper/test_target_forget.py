@@ -3,8 +3,8 @@
 Under pod churn every deleted pod's keep-alive connection stayed pooled until aiohttp's
 keep-alive cleanup (up to 240 s): thousands of open sockets with their parsers and
 buffers, and RSS that grew round after round.  The real
-:class:`~scraper.scraping.ExporterScraper` against a real aiohttp server on loopback
-(which counts its open connections), and the real :class:`~scraper.manager.TargetManager`
+:class:`~scraper.scrape.exporter.ExporterScraper` against a real aiohttp server on loopback
+(which counts its open connections), and the real :class:`~scraper.scrape.manager.TargetManager`
 telling the scraper which targets are gone.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from scraper.manager import TargetManager
-from scraper.scraping import ExporterScraper, Fresh, ScrapeLimits
-from scraper.targets import Target
+from scraper.discovery.targets import Target
+from scraper.scrape.exporter import ExporterScraper, Fresh, ScrapeLimits
+from scraper.scrape.manager import TargetManager
 
 pytestmark = pytest.mark.timeout(30)
 

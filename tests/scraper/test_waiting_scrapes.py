@@ -1,6 +1,7 @@
 """Waiting scrapes (issue 14.1) against a real exporter_lib exporter on loopback.
 
-The real :class:`~scraper.scraping.ExporterScraper` and :class:`~scraper.loop.ScrapeLoop`
+The real :class:`~scraper.scrape.exporter.ExporterScraper` and
+:class:`~scraper.scrape.loop.ScrapeLoop`
 scrape a real :class:`exporter_lib.api.Exporter` (contract 2: ``Prefer: wait``);
 the status writer is an in-process fake recording when each status arrived (the
 real one talks to the API server and is tested elsewhere).  A plain aiohttp
@@ -23,9 +24,9 @@ from benchmarks.static_exporter import serve_on_loopback
 from exporter_lib.api import Exporter
 from exporter_lib.state import State
 from exporter_lib.status import TrainerStatus
-from scraper.loop import ScrapeLoop, TargetState
-from scraper.scraping import ExporterScraper, ScrapeLimits
-from scraper.targets import Target
+from scraper.discovery.targets import Target
+from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
+from scraper.scrape.loop import ScrapeLoop, TargetState
 from scraper.telemetry import JobView
 from scraper.write.outcome import WriteOutcome
 

@@ -2,8 +2,8 @@
 process: named input -> verdict cases at each clause's boundary and hypothesis
 properties (each rule's consequence on the inputs it speaks of, how a verdict moves when
 an input moves) over the decisions of :mod:`scraper.write.rules`; the exporter's
-sequence (:mod:`scraper.sequence`); and whole runs of the real scrape loop
-(:class:`scraper.loop.ScrapeLoop`) feeding a writer that decides with the real rule.
+sequence (:mod:`scraper.scrape.sequence`); and whole runs of the real scrape loop
+(:class:`scraper.scrape.loop.ScrapeLoop`) feeding a writer that decides with the real rule.
 
 The exporter and the TrainJob are fakes here (orders of answers, sequences, clock
 offsets and foreign writes are what is generated); the same rule against the real API
@@ -21,12 +21,12 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from exporter_lib.status import TrainerStatus
-from scraper.loop import ScrapeLoop, TargetState
-from scraper.scraping import Fresh, NotModified, ScrapeResult
-from scraper.sequence import Sequence, is_late, sequence_of
-from scraper.targets import Target
+from scraper.discovery.targets import Target
+from scraper.discovery.trainjobs import OUR_FIELD_MANAGER, Writer
+from scraper.scrape.exporter import Fresh, NotModified, ScrapeResult
+from scraper.scrape.loop import ScrapeLoop, TargetState
+from scraper.scrape.sequence import Sequence, is_late, sequence_of
 from scraper.telemetry import JobView
-from scraper.trainjobs import OUR_FIELD_MANAGER, Writer
 from scraper.write.outcome import WriteOutcome
 from scraper.write.rules import FINAL_DELIVERED_MARGIN_SECONDS as FINAL_MARGIN
 from scraper.write.rules import (

@@ -29,7 +29,7 @@ from exporter_lib.status import (
     format_time,
 )
 from localdev.cluster import objects
-from scraper.trainjobs import Held
+from scraper.discovery.trainjobs import Held
 from scraper.write.notices import REASON_CLOCK_SKEW
 from scraper.write.outcome import WriteOutcome
 from tests.helpers.fault_proxy import FaultProxy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Values of the ``trainjob-progress.dev/source`` annotation (scraper/sources.py).
+#: Values of the ``trainjob-progress.dev/source`` annotation (scraper/scrape/sources.py).
 SOURCE_EXPORTER, SOURCE_LOGS, SOURCE_AUTO = "exporter", "logs", "auto"
 SOURCES = (SOURCE_EXPORTER, SOURCE_LOGS, SOURCE_AUTO)
 
@@ -21,8 +21,8 @@ class Target:
         url: ``http://<pod IP>:<port><path>`` of the exporter.
         interval: scrape interval in seconds (1..3600).
         trainjob_uid: the UID of the TrainJob the pod's owner chain leads to
-            (:mod:`scraper.identity`); ``""`` before it is verified.
-        source: where the status comes from (:data:`SOURCES`, scraper/sources.py).
+            (:mod:`scraper.discovery.identity`); ``""`` before it is verified.
+        source: where the status comes from (:data:`SOURCES`, scraper/scrape/sources.py).
         log_container: the container whose log is read when the source is the log.
         hostname: the hostname the kubelet gives the pod's containers
             (:func:`exporter_lib.pod.kubelet_hostname`), compared with the one its

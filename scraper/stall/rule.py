@@ -4,7 +4,7 @@ A training is *stalled* when its status has not changed (neither progress, nor t
 remaining time, nor any metric; ``lastUpdatedTime`` alone is not a change) for longer
 than its threshold, while its target pod runs and its exporter answers.  This module is
 the pure part (no I/O, injectable clock), tested with hypothesis in
-``tests/scraper/test_stall_rule.py``; :mod:`scraper.stall_watch` applies it to every
+``tests/scraper/test_stall_rule.py``; :mod:`scraper.stall.watch` applies it to every
 TrainJob and records Events, the ``stalled-since`` annotation and the gauges.
 
 The threshold (docs/scraper.md, "Stall detection"):
@@ -34,14 +34,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from exporter_lib.status import TrainerStatus
-from scraper.syntax import parse_duration
 
 # The TrainJob annotations (defined with the store that reads them): the one that sets a
 # TrainJob's threshold (``auto``, ``0`` for off, or a duration such as ``10m``), and the
 # one the scraper writes while the training is stalled (the time of its last change, RFC
 # 3339 UTC; removed when it moves again or stops being watched).
-from scraper.trainjobs import STALL_AFTER_ANNOTATION as STALL_AFTER_ANNOTATION
-from scraper.trainjobs import STALLED_SINCE_ANNOTATION as STALLED_SINCE_ANNOTATION
+from scraper.discovery.trainjobs import STALL_AFTER_ANNOTATION as STALL_AFTER_ANNOTATION
+from scraper.discovery.trainjobs import STALLED_SINCE_ANNOTATION as STALLED_SINCE_ANNOTATION
+from scraper.syntax import parse_duration
 
 #: ``auto``: the threshold is never below this (seconds).
 STALL_FLOOR_SECONDS = 300.0

@@ -1,7 +1,7 @@
 """Scraping one exporter over HTTP: a target in, a validated status or a typed failure out.
 
 Knows the exporter's wire contract (docs/architecture.md) and nothing of the
-Kubernetes API.  One keep-alive pool (:class:`scraper.http_exchange.ConnectionPool`,
+Kubernetes API.  One keep-alive pool (:class:`scraper.scrape.http_exchange.ConnectionPool`,
 the scrape's own lean HTTP/1.1 client: aiohttp's cost as much CPU as Prometheus's whole
 scrape, benchmarks/reports/scrape-cost-2026-12-02.md) serves every target; each scrape
 has a timeout, a body-size cap, never follows redirects and waits for a slot under a
@@ -36,7 +36,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter_lib.hold_policy import WRITE_POLICY_HEADER
 from exporter_lib.pod import POD_HEADER, PodIdentity, hostname_label
 from exporter_lib.status import StatusError, TrainerStatus, metric_value_text
-from scraper.http_exchange import (
+from scraper.discovery.targets import Target
+from scraper.scrape.http_exchange import (
     BadAnswer,
     BodyTooLarge,
     ConnectFailed,
@@ -46,8 +47,7 @@ from scraper.http_exchange import (
     StaleConnection,
     endpoint,
 )
-from scraper.sequence import SEQUENCE_HEADER, Sequence, sequence_of
-from scraper.targets import Target
+from scraper.scrape.sequence import SEQUENCE_HEADER, Sequence, sequence_of
 
 #: JSON first; the Prometheus text format is the fallback any exporter can serve.
 ACCEPT = "application/json, text/plain;version=0.0.4;q=0.5, */*;q=0.1"
@@ -78,7 +78,7 @@ class Fresh:
     """A new status.  ``etag`` is the response's ETag (None when absent); ``max_wait`` the
     exporter's longest wait when it serves waiting scrapes (:func:`max_wait_of`);
     ``sequence`` the answer's place in its exporter's order
-    (:data:`scraper.sequence.SEQUENCE_HEADER`; None without the header);
+    (:data:`scraper.scrape.sequence.SEQUENCE_HEADER`; None without the header);
     ``by_policy``: the exporter holds waiting scrapes by the stated write policy
     (contract 3, :func:`holds_by_policy`); ``identified``: False when an exporter's
     answer stated no pod (no :data:`~exporter_lib.pod.POD_HEADER`), so that it may be
@@ -141,7 +141,7 @@ class WrongPod:
 class SharedAddress:
     """An answer that states no pod identity, while more than one live pod is known at
     the target's address (issue 27, point 3): it may be any of them, so nothing of it is
-    used.  Made by the loop (:class:`scraper.loop.ScrapeLoop`) from an unidentified
+    used.  Made by the loop (:class:`scraper.scrape.loop.ScrapeLoop`) from an unidentified
     :class:`Fresh`; ``pods`` are the keys (``namespace/pod``) known there."""
 
     pods: tuple[str, ...]

@@ -46,7 +46,7 @@ from exporter_lib.status import (
     TrainerStatus,
 )
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, encode_annotation
-from scraper.trainjobs import Held, Writer
+from scraper.discovery.trainjobs import Held, Writer
 
 __all__ = ["Place", "StatusTarget", "apply_request", "held_in", "holds_after_apply",
            "place_for", "stored",
@@ -120,7 +120,7 @@ def holds_after_apply(obj: dict[str, Any], place: Place, sent: TrainerStatus) ->
 
 
 def writer_in(held: Held | None, place: Place) -> Writer | None:
-    """Who wrote what ``held`` holds in ``place`` (:class:`scraper.trainjobs.Writer`)."""
+    """Who wrote what ``held`` holds in ``place`` (:class:`scraper.discovery.trainjobs.Writer`)."""
     if held is None:
         return None
     return held.annotated_by if place is Place.ANNOTATION else held.status_by

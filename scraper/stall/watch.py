@@ -1,4 +1,4 @@
-"""Stall detection, applied: one :class:`~scraper.stall.StallClock` per watched TrainJob,
+"""Stall detection, applied: one :class:`~scraper.stall.rule.StallClock` per watched TrainJob,
 checked every :data:`CHECK_SECONDS` on the leader.
 
 What it reads (no API call): the targets the manager scrapes (their last status, whether
@@ -39,7 +39,8 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporter_lib.status import TrainerStatus
-from scraper.stall import (
+from scraper.discovery.trainjobs import Held, TrainJobKey
+from scraper.stall.rule import (
     STALL_AFTER_ANNOTATION,
     STALL_FLOOR_SECONDS,
     STALL_GAP_FACTOR,
@@ -51,7 +52,6 @@ from scraper.stall import (
     parse_stall_after,
     rfc3339,
 )
-from scraper.trainjobs import Held, TrainJobKey
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The ``trainjob-progress.dev/stalled-since`` annotation write (:mod:`scraper.stall_watch`
+"""The ``trainjob-progress.dev/stalled-since`` annotation write (:mod:`scraper.stall.watch`
 decides when; this module is the one request).
 
 A JSON merge patch of that one key on the TrainJob (the main resource): RBAC ``patch`` on
@@ -14,7 +14,7 @@ from kubernetes import client as k8s
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from scraper.kube.calls import call
-from scraper.stall import STALLED_SINCE_ANNOTATION
+from scraper.stall.rule import STALLED_SINCE_ANNOTATION
 
 #: Field manager of the annotation writes (apart from the status writes' own).
 STALL_FIELD_MANAGER = "trainjob-scraper-stall"

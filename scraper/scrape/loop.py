@@ -15,7 +15,7 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
 * Events: another failure is recorded as a Warning Event on the TrainJob, at most
   once per :data:`EVENT_REPEAT_SECONDS` per target and reason, whatever the message
   says (an exporter answering a different page per request must not flood).  What
-  the pod sent appears only as a short sanitised prefix (:func:`scraper.scraping.excerpt`).
+  the pod sent appears only as a short sanitised prefix (:func:`scraper.scrape.exporter.excerpt`).
 * Waiting scrapes: an exporter whose answers carry ``Trainjob-Exporter-Contract: 2;
   max-wait=N`` gets one held request at a time (``Prefer: wait=N`` with the ETag),
   opened no sooner than one interval after its previous answer; any failure, or an
@@ -26,19 +26,19 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
   no sooner than the *progress floor* after its previous answer instead of the
   interval: a new percentage reaches the writer within about the floor.
 * Which pod answers: an answer whose exporter states another pod than the target's
-  (:class:`~scraper.scraping.WrongPod`: a reused pod IP) is never written; it drops
+  (:class:`~scraper.scrape.exporter.WrongPod`: a reused pod IP) is never written; it drops
   the ETag, is logged once per target, counted by reason and recorded as a Warning
   Event (as other failures, at most once per :data:`EVENT_REPEAT_SECONDS`).
 * Final status: a terminated pod's final status is owed (:class:`FinalDue`) until the
   writer finds it needs no write: the TrainJob holds it, another writer's newer status
   stands, the CRD cannot store it, or the TrainJob is gone (:meth:`ScrapeLoop.finalize`
-  says which).  The caller (:class:`scraper.manager.TargetManager`) starts one
+  says which).  The caller (:class:`scraper.scrape.manager.TargetManager`) starts one
   finalize at a time per pod and starts it again while it is owed (leadership gained,
   a pod event, a relist); a repeated apply is coalesced by the write queue or found
   unchanged, so an owed final is written once.  A scrape that returns after the pod
   ended writes nothing, so the final status wins.
 * Order and news (docs/scraper.md, "Other writers and time"): an answer whose
-  exporter sequence (:data:`scraper.sequence.SEQUENCE_HEADER`) is lower than the
+  exporter sequence (:data:`scraper.scrape.sequence.SEQUENCE_HEADER`) is lower than the
   last one of the same exporter process is late and dropped (``scrapes_total{result=
   "late"}``); each status goes to the writer with when its content (values, time,
   sequence) was first seen, so an exporter answering the same content again is no
@@ -46,7 +46,7 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
 
 The neighbours are :class:`Scraper`, :class:`StatusWriter` and
 :class:`EventRecorder` (Protocols); their production implementations are
-:class:`scraper.scraping.ExporterScraper`, :class:`scraper.write.writer.StatusWriter`
+:class:`scraper.scrape.exporter.ExporterScraper`, :class:`scraper.write.writer.StatusWriter`
 and :class:`scraper.kube.events.EventRecorder`.
 """
 
@@ -62,8 +62,10 @@ from typing import Protocol
 
 from exporter_lib.hold_policy import format_policy
 from exporter_lib.status import StatusError, TrainerStatus
-from scraper.discovery import Final
-from scraper.scraping import (
+from scraper.discovery.pods import Final
+from scraper.discovery.targets import Target
+from scraper.discovery.trainjobs import TrainJobGone
+from scraper.scrape.exporter import (
     Busy,
     Failure,
     FailureKind,
@@ -75,10 +77,8 @@ from scraper.scraping import (
     WrongPod,
     excerpt,
 )
-from scraper.sequence import Sequence, is_late
-from scraper.targets import Target
+from scraper.scrape.sequence import Sequence, is_late
 from scraper.telemetry import JobView
-from scraper.trainjobs import TrainJobGone
 from scraper.write.outcome import WriteOutcome
 from scraper.write.policy import DEFAULT_POLICY, WritePolicy
 
@@ -142,7 +142,7 @@ class Scraper(Protocol):
 class StatusWriter(Protocol):
     """Applies (or queues) a status for a TrainJob; ``final`` for a final status.
 
-    Raises :class:`~scraper.trainjobs.TrainJobGone` when the TrainJob does not
+    Raises :class:`~scraper.discovery.trainjobs.TrainJobGone` when the TrainJob does not
     exist; any other exception counts as a failed write.
     """
 
@@ -274,7 +274,7 @@ class ScrapeLoop:
         on_hold: called with ``(target key, True)`` when a target's waiting scrapes
             start and ``(key, False)`` when they end (the scheduler pauses its job meanwhile).
         final_from_log: reads the final status from a terminated pod's log, for pods
-            whose source is the log (scraper/sources.py), given whether its exporter
+            whose source is the log (scraper/scrape/sources.py), given whether its exporter
             ever answered (``auto``: then the exporter's last status stands); None: never.
         count_wrong_pod: called with :attr:`WrongPod.reason` for each answer from
             another pod.
@@ -283,7 +283,7 @@ class ScrapeLoop:
         on_retry: ``(target key, seconds)``: run the target again within that many
             seconds (a target still starting; :meth:`TargetScheduler.run_within`).
         pods_at: keys of the live pods known at a target URL's ``host:port``
-            (:meth:`scraper.target_table.AddressIndex.pods_at`); an answer that states
+            (:meth:`scraper.scrape.target_table.AddressIndex.pods_at`); an answer that states
             no pod is refused (:class:`SharedAddress`) while there is more than one.
     """
 

@@ -1,10 +1,10 @@
 """The target manager: discovery's pods in, one scheduled scrape loop per target out.
 
-Holds the table of :class:`~scraper.loop.TargetState` (one per trainer pod, keyed
+Holds the table of :class:`~scraper.scrape.loop.TargetState` (one per trainer pod, keyed
 ``namespace/pod``), turns each pod watch item into a state change through
-:func:`scraper.discovery.classify`, keeps the scheduler's jobs in step with the
+:func:`scraper.discovery.pods.classify`, keeps the scheduler's jobs in step with the
 table and with leadership, and keeps every ended pod's final status owed until it
-needs no write (:class:`~scraper.loop.FinalDue`).
+needs no write (:class:`~scraper.scrape.loop.FinalDue`).
 
 Leader changes (docs/scraper.md, "Leader changes"): a final is owed from the pod's end
 until an apply finds it on the TrainJob (or superseded, not storable, the TrainJob
@@ -23,8 +23,18 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, Protocol
 
-from scraper.deletions import DeletionRequests
-from scraper.discovery import (
+from scraper.discovery.deletions import DeletionRequests
+from scraper.discovery.identity import (
+    Belongs,
+    ChainWaits,
+    Foreign,
+    Link,
+    NotYet,
+    Verdict,
+    rank,
+    restart_attempt,
+)
+from scraper.discovery.pods import (
     ANNOTATION_SOURCE,
     Final,
     Ignore,
@@ -35,19 +45,9 @@ from scraper.discovery import (
     final_from_deleted,
     pod_key,
 )
-from scraper.identity import (
-    Belongs,
-    ChainWaits,
-    Foreign,
-    Link,
-    NotYet,
-    Verdict,
-    rank,
-    restart_attempt,
-)
-from scraper.loop import FinalDue, ScrapeLoop, TargetState
-from scraper.target_table import AddressIndex, TargetTable
-from scraper.targets import SOURCES, Target
+from scraper.discovery.targets import SOURCES, Target
+from scraper.scrape.loop import FinalDue, ScrapeLoop, TargetState
+from scraper.scrape.target_table import AddressIndex, TargetTable
 from scraper.telemetry import JobView
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class PodsNotApplied(Exception):
 
 
 class Scheduler(Protocol):
-    """When targets are scraped (:class:`scraper.scheduling.TargetScheduler`)."""
+    """When targets are scraped (:class:`scraper.scrape.scheduling.TargetScheduler`)."""
 
     def schedule(self, target: Target) -> None: ...
 
@@ -93,12 +93,12 @@ class TargetManager:
         forget: called with ``(namespace, trainjob)`` when a TrainJob is gone.
         default_port, default_path, default_interval: for pods without annotations.
         leading: whether this replica scrapes now (set through :meth:`set_leading`).
-        identify: the owner-chain check of a pod (:class:`scraper.identity.Identity`);
+        identify: the owner-chain check of a pod (:class:`scraper.discovery.identity.Identity`);
             a pod that fails it is not a target; one that is not verified (yet) is
             checked again by :meth:`recheck` when a link of its chain changes.
         on_dropped: called with a target no longer scraped (pod deleted or ended, URL
             changed), so the scraper lets go of what it keeps for it (its pooled
-            connections: :meth:`scraper.scraping.ExporterScraper.forget`).
+            connections: :meth:`scraper.scrape.exporter.ExporterScraper.forget`).
     """
 
     def __init__(
@@ -129,7 +129,7 @@ class TargetManager:
         #: touches one TrainJob's states, never a scan of the table.
         self.states = TargetTable()
         #: Pods by exporter address: an answer without identity is refused while two
-        #: share one (scraper/loop.py, SharedAddress).
+        #: share one (scraper/scrape/loop.py, SharedAddress).
         self.addresses = AddressIndex()
         #: Deleted pods whose final is still owed, by TrainJob and pod UID.
         self.owed: dict[tuple[str, str], dict[str, TargetState]] = {}
@@ -144,7 +144,7 @@ class TargetManager:
         self._unverified = ChainWaits()
         self._foreign: dict[str, str] = {}
         # The earliest deletion request of each pod being deleted: a kubelet's grace-0
-        # confirmation rewrites the pod's own (scraper/deletions.py).
+        # confirmation rewrites the pod's own (scraper/discovery/deletions.py).
         self.deletions = DeletionRequests()
         self._chosen: dict[tuple[str, str], str] = {}  # TrainJob -> key of its target
 

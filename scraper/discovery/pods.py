@@ -26,13 +26,13 @@ from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.pod import kubelet_hostname
 from scraper.config import ConfigError
-from scraper.deletions import requested_at
+from scraper.discovery.deletions import requested_at
+from scraper.discovery.targets import SOURCE_EXPORTER, SOURCES, Target
 from scraper.kube.calls import Backoff, call
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.health import ApiHealth
 from scraper.kube.informer import WATCH_BACKOFF, ListWatch
 from scraper.syntax import IntervalOutOfRange, parse_interval
-from scraper.targets import SOURCE_EXPORTER, SOURCES, Target
 from scraper.write.policy import overrides_of
 
 log = logging.getLogger(__name__)
@@ -219,7 +219,7 @@ def killed_by_deletion(pod: Mapping[str, Any], requested: float | None = None) -
     ended before it was deleted (a finished training cleaned up) is not.
 
     ``requested``: the earliest deletion request seen for this pod (epoch seconds,
-    :class:`scraper.deletions.DeletionRequests`); the pod's own fields lose it once the
+    :class:`scraper.discovery.deletions.DeletionRequests`); the pod's own fields lose it once the
     kubelet's grace-0 confirmation shortened them.
     """
     shown = requested_at(pod)

@@ -4,7 +4,7 @@
 An exporter numbers its status changes (``n`` only grows within one process, ``start``
 names the process's start), so a late answer of the same process is recognised whatever
 the clocks say (docs/scraper.md, "Other writers and time"; the scrape loop drops it,
-:mod:`scraper.loop`).  Pure parsing and comparison; no Kubernetes, no I/O.
+:mod:`scraper.scrape.loop`).  Pure parsing and comparison; no Kubernetes, no I/O.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ A pod's ``trainjob-progress.dev/source`` annotation picks (docs/scraper.md):
 * ``auto``: the exporter while one answers; when nothing listens (refused or
   unreachable: not instrumented), the log.
 
-Both sources give the same :data:`~scraper.scraping.ScrapeResult`, so the scrape loop's
+Both sources give the same :data:`~scraper.scrape.exporter.ScrapeResult`, so the scrape loop's
 rules, the write queue and its budget are the same for either.
 """
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from scraper.discovery.targets import SOURCE_AUTO, SOURCE_LOGS, Target
 from scraper.logsource.reader import LogScraper
-from scraper.scraping import ExporterScraper, Failure, ScrapeResult
-from scraper.targets import SOURCE_AUTO, SOURCE_LOGS, Target
+from scraper.scrape.exporter import ExporterScraper, Failure, ScrapeResult
 
 
 class SourceScraper:
@@ -28,7 +28,7 @@ class SourceScraper:
                  on_exporter_answer: Callable[[Target], None] = lambda target: None) -> None:
         """``on_exporter_answer``: called with an ``auto`` target whose exporter answered
         (its final status is then the exporter's, never the log's); the caller keeps
-        that per pod (:attr:`scraper.loop.TargetState.exporter_answered`), so nothing
+        that per pod (:attr:`scraper.scrape.loop.TargetState.exporter_answered`), so nothing
         here grows with the pods that come and go."""
         self.exporter = exporter
         self.logs = logs

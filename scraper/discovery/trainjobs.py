@@ -17,7 +17,7 @@ Callbacks (on the event loop):
 * ``on_seen(key)``: after every watch event of a TrainJob, whatever changed (a label is
   enough), with its ``(namespace, name)``, and after every list and relist with None, once
   the store holds what it brought: the owner-chain checks waiting on a TrainJob run again
-  (:class:`scraper.identity.ChainWaits`, issue 21 input 1: a TrainJob list answering after
+  (:class:`scraper.discovery.identity.ChainWaits`, issue 21 input 1: a TrainJob list answering after
   the pod list left pods waiting forever, because the checks that ran during the list
   still saw the store unlisted).
 
@@ -57,10 +57,10 @@ from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, decode_ann
 from scraper.kube.informer import ScopesListed
 from scraper.write.policy import overrides_of
 
-#: The stall annotations of a TrainJob (scraper/stall.py).
+#: The stall annotations of a TrainJob (scraper/stall/rule.py).
 STALL_AFTER_ANNOTATION = "trainjob-progress.dev/stall-after"
 STALLED_SINCE_ANNOTATION = "trainjob-progress.dev/stalled-since"
-#: The status source annotation (pods and TrainJobs; scraper/sources.py).
+#: The status source annotation (pods and TrainJobs; scraper/scrape/sources.py).
 SOURCE_ANNOTATION = "trainjob-progress.dev/source"
 
 #: ``(namespace, name)`` of a TrainJob.
@@ -113,15 +113,15 @@ class Held:
         resource_version: the resourceVersion it was read at.
         annotated: the trainer status in its annotation (None when absent or invalid).
         source: its ``trainjob-progress.dev/source`` annotation (None when absent): the
-            status source of its pods that do not name their own (scraper/sources.py).
+            status source of its pods that do not name their own (scraper/scrape/sources.py).
         status_by: who wrote ``status.trainerStatus`` (None: nobody owns it).
         annotated_by: who wrote the annotation (None: nobody owns it).
         policy: its write-policy annotations as found (:mod:`scraper.write.policy`).
         suspended: its ``spec.suspend`` is true (a queue such as Kueue holds it).
         stall_after: its ``trainjob-progress.dev/stall-after`` annotation as written
-            (None when absent; scraper/stall.py).
+            (None when absent; scraper/stall/rule.py).
         stalled_since: its ``trainjob-progress.dev/stalled-since`` annotation (None when
-            absent; written by this scraper, scraper/stall_watch.py).
+            absent; written by this scraper, scraper/stall/watch.py).
     """
 
     uid: str

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterator, MutableMapping
 from urllib.parse import urlsplit
 
-from scraper.loop import TargetState
+from scraper.scrape.loop import TargetState
 
 TrainJobKey = tuple[str, str]
 
 
 class TargetTable(MutableMapping[str, TargetState]):
-    """``namespace/pod`` -> :class:`~scraper.loop.TargetState`, with the keys of each
+    """``namespace/pod`` -> :class:`~scraper.scrape.loop.TargetState`, with the keys of each
     TrainJob (``state.trainjob_key``, fixed for a state's life) kept alongside."""
 
     def __init__(self) -> None:
