@@ -8,7 +8,7 @@ training loop died of ``EMFILE`` (issue 13, input 10); a held (waiting) scrape w
 pin a thread too.  Here a connection is a few objects on one loop, and everything is
 bounded (constants below, documented in ``docs/exporter.md``).
 
-Requests are parsed by h11 (:meth:`_Connection.head`, :func:`request_from`): h11 finds
+Requests are parsed by h11 (:meth:`_ScraperConnection.head`, :func:`request_from`): h11 finds
 where each head ends and checks its request line and every header field, to RFC 9112.
 The server keeps the bytes h11 has not used (pipelined requests, a push body) on each
 connection, reads a push body by its ``Content-Length`` itself, and bounds the head
@@ -278,7 +278,7 @@ def _malformed(block: bytes, exc: h11.RemoteProtocolError) -> Refused:
                    f"malformed request head: {str(exc)[:200]}", close=True)
 
 
-class _Connection:
+class _ScraperConnection:
     """One client connection: its stream, a read buffer, and whether it waits for a request."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -413,7 +413,7 @@ class _Server:
         self._renderer = renderer
         self._push = push
         self._refused = refused
-        self._connections: dict[_Connection, None] = {}  # the open ones
+        self._connections: dict[_ScraperConnection, None] = {}  # the open ones
         self.open_sockets = 0  # accepted and not yet closed (see _GuardedProtocol)
         self.closing = 0  # of those, evicted: closed at the next loop pass
         #: Called when a socket closes (ServerThread: accept again if it had paused).
@@ -432,7 +432,7 @@ class _Server:
     # -- connections -----------------------------------------------------------
 
     async def connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _Connection(reader, writer)
+        conn = _ScraperConnection(reader, writer)
         writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
         # Over the cap only when no connection could be evicted as this one was accepted:
         # evict one now if one has stalled since; else it is served over the cap, within
@@ -459,7 +459,7 @@ class _Server:
                 self._connections.pop(conn, None)
                 conn.abort()
 
-    async def _close(self, conn: _Connection) -> None:
+    async def _close(self, conn: _ScraperConnection) -> None:
         """Close gracefully, the answer's last bytes first, within
         :data:`WRITE_TIMEOUT_SECONDS`.  The connection stays listed (evictable while its
         client does not read) until it is closed: a socket that is no longer listed could
@@ -486,7 +486,7 @@ class _Server:
         """Close one stalled connection (module docstring); False when none is stalled.
 
         The victim: first of a peer holding more than its fair share (the slots over
-        the peers seen), then the worst :meth:`_Connection.standing`, then of the peer
+        the peers seen), then the worst :meth:`_ScraperConnection.standing`, then of the peer
         holding the most, then the one stalled longest.
         """
         held = collections.Counter(conn.peer for conn in self._connections)
@@ -507,7 +507,7 @@ class _Server:
         victim.abort()
         return True
 
-    async def _serve(self, conn: _Connection) -> None:
+    async def _serve(self, conn: _ScraperConnection) -> None:
         while not self._stopping:
             conn.idle = True
             conn.since = asyncio.get_running_loop().time()
@@ -538,7 +538,7 @@ class _Server:
             # One pipelined request per turn: the other connections' requests go between.
             await asyncio.sleep(0)
 
-    async def _refuse(self, conn: _Connection, err: Refused, head: bool = False,
+    async def _refuse(self, conn: _ScraperConnection, err: Refused, head: bool = False,
                       length: int = 0) -> None:
         self._count(err.reason)
         if err.unread_body and length:
@@ -552,7 +552,7 @@ class _Server:
 
     # -- routes ----------------------------------------------------------------
 
-    async def _dispatch(self, conn: _Connection, request: Request) -> bool:
+    async def _dispatch(self, conn: _ScraperConnection, request: Request) -> bool:
         """Answer one request; False when the connection must close."""
         head = request.method == "HEAD"
         length_header = request.headers.get("content-length")
@@ -584,7 +584,7 @@ class _Server:
                 f"no such path: {request.path[:200]!r}; try /metrics or /healthz"), head=head)
         return True
 
-    async def _post(self, conn: _Connection, request: Request) -> None:
+    async def _post(self, conn: _ScraperConnection, request: Request) -> None:
         headers = request.headers
         length_header = headers.get("content-length")
         try:
@@ -607,7 +607,7 @@ class _Server:
             return
         await self._send(conn, HTTPStatus.OK, answer, "application/json")
 
-    async def _metrics(self, conn: _Connection, request: Request, head: bool) -> None:
+    async def _metrics(self, conn: _ScraperConnection, request: Request, head: bool) -> None:
         accept = request.headers.get("accept")
         if_none_match = request.headers.get("if-none-match")
         # The generation is read before the body is rendered: the sequence sent is never
@@ -647,7 +647,7 @@ class _Server:
             return True
         return policy is not None and not policy.answers(self._renderer.status(), held_for)
 
-    async def _hold(self, conn: _Connection, accept: str | None, if_none_match: str | None,
+    async def _hold(self, conn: _ScraperConnection, accept: str | None, if_none_match: str | None,
                     seconds: int, policy: HoldPolicy | None = None) -> Rendered | None:
         """Wait until the answer is due (:meth:`_holds`), ``seconds`` pass, the peer leaves
         or we stop (stopping answers at once: the training is ending, its last status is
@@ -704,8 +704,9 @@ class _Server:
 
     # -- output ----------------------------------------------------------------
 
-    async def _send(self, conn: _Connection, code: int, body: bytes, content_type: str | None,
-                    head: bool = False, extra: list[tuple[str, str]] | None = None,
+    async def _send(self, conn: _ScraperConnection, code: int, body: bytes,
+                    content_type: str | None, head: bool = False,
+                    extra: list[tuple[str, str]] | None = None,
                     close: bool = False) -> None:
         lines = [f"HTTP/1.1 {code} {HTTPStatus(code).phrase}", "Server: trainjob-exporter",
                  f"Date: {self._http_date()}", "{}: {}".format(*CONTRACT_HEADER)]

@@ -104,7 +104,7 @@ def endpoint(url: str, user_agent: str) -> Endpoint:
     return Endpoint(parts.hostname, parts.port or 80, head.encode("latin-1"))
 
 
-class _Connection(asyncio.Protocol):
+class _ExporterConnection(asyncio.Protocol):
     """One TCP connection and its parser; serves one answer at a time."""
 
     def __init__(self) -> None:
@@ -309,7 +309,7 @@ class Response:
     :meth:`release` exactly once (also after an error or a cancellation)."""
 
     def __init__(self, pool: ConnectionPool, key: tuple[str, int],
-                 conn: _Connection) -> None:
+                 conn: _ExporterConnection) -> None:
         self._pool = pool
         self._key = key
         self._conn = conn
@@ -359,9 +359,9 @@ class ConnectionPool:
     limit).  Create and use inside one running loop; :meth:`close` at the end."""
 
     def __init__(self, limit: int = 0) -> None:
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._idle: dict[tuple[str, int], list[_ExporterConnection]] = {}
         self._slots = asyncio.Semaphore(limit) if limit > 0 else None
-        self._in_use: set[_Connection] = set()
+        self._in_use: set[_ExporterConnection] = set()
         self._swept = time.monotonic()
 
     def idle_count(self, host: str | None = None, port: int | None = None) -> int:
@@ -411,7 +411,8 @@ class ConnectionPool:
             raise
         return Response(self, key, conn)
 
-    async def _connection(self, key: tuple[str, int], fresh: bool) -> tuple[_Connection, bool]:
+    async def _connection(self, key: tuple[str, int],
+                          fresh: bool) -> tuple[_ExporterConnection, bool]:
         idle = self._idle.get(key)
         now = time.monotonic()
         while idle and not fresh:
@@ -424,12 +425,12 @@ class ConnectionPool:
             conn.close()
         loop = asyncio.get_running_loop()
         try:
-            _, proto = await loop.create_connection(_Connection, key[0], key[1])
+            _, proto = await loop.create_connection(_ExporterConnection, key[0], key[1])
         except OSError as exc:
             raise ConnectFailed(exc) from exc
         return proto, False
 
-    def _release(self, key: tuple[str, int], conn: _Connection, keep: bool) -> None:
+    def _release(self, key: tuple[str, int], conn: _ExporterConnection, keep: bool) -> None:
         conn.active = False
         if conn in self._in_use:
             self._in_use.discard(conn)

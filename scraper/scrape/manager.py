@@ -12,8 +12,9 @@ gone).  Whoever leads applies every owed final: at each gain of leadership, at e
 event of the pod and at each relist, one finalize at a time per pod.  Nothing about
 a final is remembered across terms but the pods themselves, so losing the write queue
 with leadership loses no final; a deleted pod whose final is still owed is kept (out
-of the table, in :attr:`TargetManager.owed`) until it settles or its TrainJob is gone.
-It makes no Kubernetes or HTTP call of its own.
+of the table, in :attr:`TargetManager.owed`) until it settles or its TrainJob is gone
+(:mod:`scraper.scrape.finals`); which pod of a TrainJob is scraped is
+:mod:`scraper.scrape.choice`'s.  It makes no Kubernetes or HTTP call of its own.
 """
 
 from __future__ import annotations
@@ -21,13 +22,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Coroutine, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 from scraper.discovery.deletions import DeletionRequests
 from scraper.discovery.identity import (
     Belongs,
-    ChainWaits,
-    Foreign,
     Link,
     NotYet,
     Verdict,
@@ -46,7 +45,10 @@ from scraper.discovery.pods import (
     pod_key,
 )
 from scraper.discovery.targets import SOURCES, Target
-from scraper.scrape.loop import FinalDue, ScrapeLoop, TargetState
+from scraper.scrape.choice import Scheduler, TargetChoice
+from scraper.scrape.finals import OwedFinals
+from scraper.scrape.loop import ScrapeLoop, TargetState
+from scraper.scrape.pod_checks import PodChecks
 from scraper.scrape.target_table import AddressIndex, TargetTable
 from scraper.telemetry import JobView
 
@@ -71,16 +73,6 @@ class PodsNotApplied(Exception):
         super().__init__(f"{len(failed)} pod(s) not applied, first {key}: "
                          f"{type(first).__name__}: {first}")
         self.__cause__ = first
-
-
-class Scheduler(Protocol):
-    """When targets are scraped (:class:`scraper.scrape.scheduling.TargetScheduler`)."""
-
-    def schedule(self, target: Target) -> None: ...
-
-    def unschedule(self, key: str) -> None: ...
-
-    def scheduled_keys(self) -> set[str]: ...
 
 
 class TargetManager:
@@ -119,7 +111,6 @@ class TargetManager:
         self._trainjob_source = trainjob_source
         self._loop = loop
         self._scheduler = scheduler
-        self._spawn = spawn
         self._forget = forget
         self._default_port = default_port
         self._default_path = default_path
@@ -131,22 +122,14 @@ class TargetManager:
         #: Pods by exporter address: an answer without identity is refused while two
         #: share one (scraper/scrape/loop.py, SharedAddress).
         self.addresses = AddressIndex()
-        #: Deleted pods whose final is still owed, by TrainJob and pod UID.
-        self.owed: dict[tuple[str, str], dict[str, TargetState]] = {}
-        # Pods logged once (misconfigured; failing the owner-chain check), by key -> UID:
-        # dropped with the pod's deletion or a relist without it (bounded by live pods).
-        self._warned_pods: dict[str, str] = {}
-        self._identify = identify
+        self.choice = TargetChoice(self.states, scheduler, lambda: self.leading)
+        self.finals = OwedFinals(loop, spawn=spawn, leading=lambda: self.leading,
+                                 superseded=self.choice.superseded_by_attempt)
+        self.checks = PodChecks(identify)
         self._on_dropped = on_dropped
-        self._ranks: dict[str, tuple[int, int, str, str]] = {}  # key -> rank of its pod
-        # Pods whose chain did not verify (yet), by the links they wait on; deleted pods
-        # with a final status under "deleted:<uid>" while the informers still list.
-        self._unverified = ChainWaits()
-        self._foreign: dict[str, str] = {}
         # The earliest deletion request of each pod being deleted: a kubelet's grace-0
         # confirmation rewrites the pod's own (scraper/discovery/deletions.py).
         self.deletions = DeletionRequests()
-        self._chosen: dict[tuple[str, str], str] = {}  # TrainJob -> key of its target
 
     async def run(self, key: str) -> None:
         """The scheduler's job for ``key``: one run of its scrape loop."""
@@ -163,13 +146,11 @@ class TargetManager:
         if leading:
             for key, state in list(self.states.items()):
                 if state.target is not None:
-                    if self._chosen.get(state.trainjob_key) == key:
+                    if self.choice.is_chosen(key, state.trainjob_key):
                         self._scheduler.schedule(state.target)
                 else:
-                    self._start_final(state)
-            for by_uid in list(self.owed.values()):
-                for state in list(by_uid.values()):
-                    self._start_final(state)
+                    self.finals.start(state)
+            self.finals.start_every_deleted()
         else:
             for key in self._scheduler.scheduled_keys():
                 self._scheduler.unschedule(key)
@@ -212,7 +193,7 @@ class TargetManager:
                 done += 1
                 if done % slice_size == 0:
                     yield done
-        self._forget_unlisted(item.scope, listed)
+        self.checks.forget_unlisted(item.scope, listed)
         failed: list[tuple[str, Exception]] = []
         for pod in item.pods:
             try:
@@ -225,21 +206,6 @@ class TargetManager:
         if failed:
             raise PodsNotApplied(failed)
 
-    def _forget_unlisted(self, scope: str | None, listed: set[str]) -> None:
-        """Let go of the pods of ``scope`` a list no longer holds that are not in the
-        table: one logged as misconfigured or foreign, or parked until its owner chain
-        verifies (their DELETED event was missed while the watch was down)."""
-        def gone(key: str) -> bool:
-            return (key not in listed and not key.startswith("deleted:")
-                    and (scope is None or key.split("/", 1)[0] == scope))
-
-        for logged in (self._warned_pods, self._foreign):
-            for key in [k for k in logged if gone(k)]:
-                del logged[key]
-        for key, _ in self._unverified.due(None):
-            if gone(key):
-                self._unverified.release(key)
-
     def on_pod(self, pod: dict[str, Any], *, deleted: bool) -> None:
         """One pod added, changed or deleted."""
         key = pod_key(pod)
@@ -250,44 +216,41 @@ class TargetManager:
             state = None
         requested = self.deletions.seen(pod)
         if deleted:
-            self._warned_pods.pop(key, None)
-            self._foreign.pop(key, None)
+            self.checks.deleted(key)
             self.deletions.forget(uid)
             final = final_from_deleted(pod, requested)
             if final is not None and (state is None or state.ended is None):
                 known = state.target.trainjob_uid if state and state.target else ""
                 # Verified while it ran (its Job may be gone with it), else check now.
-                verdict = Belongs(known) if known else self._verified(key, pod)
+                verdict = Belongs(known) if known else self.checks.verified(key, pod)
                 self.drop(key)
                 self._final_of_deleted(key, pod, verdict, state, requested)
                 return
             self.drop(key)  # an owed final stays owed (kept in self.owed)
             if state is not None:
-                self._start_final(state)
+                self.finals.start(state)
             return
         decision = classify(pod, default_port=self._default_port,
                             default_path=self._default_path,
                             default_interval=self._default_interval,
                             deletion_requested=requested)
         if isinstance(decision, Ignore | Wait):
-            self._unverified.release(key)  # a watch event brings it back when it changes
+            self.checks.release(key)  # a watch event brings it back when it changes
             if state is not None:
                 self.drop(key)
             if isinstance(decision, Ignore) and decision.misconfigured:
-                if self._warned_pods.get(key) != uid:  # once per pod, not per watch event
-                    self._warned_pods[key] = uid
-                    log.warning("pod %s not scraped: %s", key, decision.reason)
+                self.checks.misconfigured(key, uid, decision.reason)
             else:
                 log.debug("pod %s not scraped: %s", key, decision.reason)
             return
-        verdict = self._verified(key, pod)
+        verdict = self.checks.verified(key, pod)
         if not isinstance(verdict, Belongs):
             if state is not None:
                 self.drop(key)
             # Foreign too: a chain can become valid (the TrainJob watch behind a re-creation).
-            self._unverified.park(key, pod, verdict.links)
+            self.checks.park(key, pod, verdict.links)
             return
-        self._unverified.release(key)
+        self.checks.release(key)
         source = self._source(pod, decision)
         if isinstance(decision, Scrape):
             decision = Scrape(dataclasses.replace(decision.target, source=source,
@@ -307,8 +270,8 @@ class TargetManager:
             self.addresses.place(key, decision.target.url)
             if before is not None and before.url != decision.target.url:
                 self._on_dropped(before)
-            self._ranks[key] = rank(pod)
-            self._choose(state.trainjob_key)
+            self.choice.ranked(key, rank(pod))
+            self.choice.choose(state.trainjob_key)
         elif isinstance(decision, Final):
             if state.target is not None:
                 self._on_dropped(state.target)
@@ -318,10 +281,10 @@ class TargetManager:
             state.end(decision)
             state.attempt = restart_attempt(pod)
             state.view.up = False
-            self._ranks.pop(key, None)
+            self.choice.ranked(key, None)
             self._scheduler.unschedule(key)
-            self._choose(state.trainjob_key)
-            self._start_final(state)
+            self.choice.choose(state.trainjob_key)
+            self.finals.start(state)
 
     def _source(self, pod: dict[str, Any], decision: Scrape | Final) -> str:
         """The pod's own source annotation, else its TrainJob's (when valid), else the
@@ -336,27 +299,14 @@ class TargetManager:
         return inherited if inherited in SOURCES else current
 
 
-    def _verified(self, key: str, pod: dict[str, Any]) -> Verdict:
-        verdict = self._identify(pod)
-        uid = (pod.get("metadata") or {}).get("uid", "")
-        if isinstance(verdict, Foreign):
-            if key.startswith("deleted:"):  # checked once, then let go (recheck)
-                log.warning("pod %s is not a target: %s", pod_key(pod), verdict.reason)
-            elif self._foreign.get(key) != uid:  # one line per pod, not per watch event
-                self._foreign[key] = uid
-                log.warning("pod %s is not a target: %s", key, verdict.reason)
-        elif isinstance(verdict, NotYet):
-            log.debug("pod %s waits for its owner chain: %s", key, verdict.reason)
-        return verdict
-
     def recheck(self, link: Link | None = None) -> None:
         """Check again the pods whose owner chain did not verify and that wait on ``link``
         (a Job, JobSet or TrainJob added, changed or deleted); every such pod for None
         (after a list or relist of any kind)."""
-        for key, pod in self._unverified.due(link):
+        for key, pod in self.checks.waiting.due(link):
             if key.startswith("deleted:"):
-                self._unverified.release(key)
-                self._final_of_deleted(key, pod, self._verified(key, pod))
+                self.checks.release(key)
+                self._final_of_deleted(key, pod, self.checks.verified(key, pod))
             else:
                 self.on_pod(pod, deleted=False)
 
@@ -378,7 +328,7 @@ class TargetManager:
             return
         uid = (pod.get("metadata") or {}).get("uid", "")
         if isinstance(verdict, NotYet) and verdict.listing:
-            self._unverified.park(f"deleted:{uid}", pod, ())
+            self.checks.park(f"deleted:{uid}", pod, ())
         elif isinstance(verdict, NotYet):
             log.info("final status of deleted pod %s not written: %s (its owner chain "
                      "cannot be verified)", pod_key(pod), verdict.reason)
@@ -388,133 +338,56 @@ class TargetManager:
                                     uid=uid, dropped=True)
             state.attempt = restart_attempt(pod)
             state.end(dataclasses.replace(final, trainjob_uid=verdict.trainjob_uid))
-            self._owe(state)
-            self._start_final(state)
+            self.finals.keep(state)
+            self.finals.start(state)
 
 
-    def _start_final(self, state: TargetState) -> None:
-        """Apply ``state``'s final if it is owed, this replica leads and no finalize runs
-        for it; a final a newer restart attempt supersedes is settled instead."""
-        if not self.leading or not state.owes_final or state.ended is None:
-            return
-        if self._superseded_by_attempt(state):
-            log.info("final status of pod %s/%s not applied: a newer restart attempt of "
-                     "TrainJob %s/%s runs", state.view.namespace, state.view.pod,
-                     *state.trainjob_key)
-            self._settled(state)
-            return
-        if state.start_final():
-            self._spawn(self._apply_final(state, state.ended))
-
-    async def _apply_final(self, state: TargetState, final: Final) -> None:
-        """One finalize run; the final stays owed unless it settled.  A run's apply is
-        its last step, so a gain of leadership during its earlier steps (a log read)
-        still has it queue in the new term."""
-        settled = False
-        try:
-            settled = await self._loop.finalize(final, state)
-        finally:
-            if settled:
-                self._settled(state)
-            elif state.final is FinalDue.APPLYING:
-                state.final = FinalDue.OWED
+    @property
+    def owed(self) -> dict[tuple[str, str], dict[str, TargetState]]:
+        """Deleted pods whose final is still owed, by TrainJob and pod UID."""
+        return self.finals.owed
 
     def trainjob_seen(self, key: tuple[str, str] | None) -> None:
         """A watch event of TrainJob ``key`` (None: a list): the owed finals of its
         deleted pods are applied again, so one it now holds settles (and is let go)."""
-        groups = list(self.owed.values()) if key is None else [self.owed.get(key, {})]
-        for by_uid in groups:
-            for state in list(by_uid.values()):
-                self._start_final(state)
-
-    def _settled(self, state: TargetState) -> None:
-        state.final = FinalDue.SETTLED
-        if state.dropped:
-            self._unowe(state)
-
-    def _owe(self, state: TargetState) -> None:
-        """Keep a dropped state whose final is owed (its pod is gone from the table)."""
-        self.owed.setdefault(state.trainjob_key, {})[state.uid] = state
-
-    def _unowe(self, state: TargetState) -> None:
-        by_uid = self.owed.get(state.trainjob_key)
-        if by_uid is not None and by_uid.get(state.uid) is state:
-            del by_uid[state.uid]
-            if not by_uid:
-                del self.owed[state.trainjob_key]
-
-    def _choose(self, trainjob: tuple[str, str]) -> None:
-        """Schedule only the best-ranked live target of ``trainjob`` (identity.rank)."""
-        candidates = [k for k in self.states.of_trainjob(trainjob)
-                      if self.states[k].target is not None and k in self._ranks]
-        best = max(candidates, key=lambda k: self._ranks[k], default=None)
-        before = self._chosen.get(trainjob)
-        if best is None:
-            self._chosen.pop(trainjob, None)
-        else:
-            self._chosen[trainjob] = best
-        if before is not None and before != best and best is not None:
-            log.info("TrainJob %s/%s: target is now pod %s (was %s)", *trainjob,
-                     best.split("/", 1)[1], before.split("/", 1)[1])
-        for k in candidates:
-            target = self.states[k].target
-            if k == best and self.leading and target is not None:
-                self._scheduler.schedule(target)
-            elif k != best:
-                self._scheduler.unschedule(k)
-                self.states[k].stop_holding()  # a held scrape of a pod no longer chosen
-
-    def _superseded_by_attempt(self, state: TargetState) -> bool:
-        """True when another known live pod of the TrainJob runs a higher restart attempt."""
-        key = f"{state.view.namespace}/{state.view.pod}"
-        return any(self._ranks[k][1] > state.attempt
-                   for k in self.states.of_trainjob(state.trainjob_key)
-                   if k != key and k in self._ranks)
-
+        self.finals.start_every_deleted(key)
 
     def drop(self, key: str) -> None:
         """Forget one target (its state and its scheduled job); a final it still owes
         stays owed (:attr:`owed`)."""
         self._scheduler.unschedule(key)
         state = self.states.pop(key, None)
-        self._ranks.pop(key, None)
-        self._unverified.release(key)
+        self.choice.ranked(key, None)
+        self.checks.release(key)
         self.addresses.place(key, None)
         if state is not None:
             state.dropped = True
             state.stop_holding()
             if state.target is not None:
                 self._on_dropped(state.target)
-            self._choose(state.trainjob_key)  # another pod of the TrainJob may take over
+            self.choice.choose(state.trainjob_key)  # another pod may take over
             if state.owes_final:
-                self._owe(state)
+                self.finals.keep(state)
 
     def drop_trainjob(self, namespace: str, trainjob: str) -> None:
         """Forget every target of a TrainJob that is gone, and the finals it was owed."""
         for key in self.states.of_trainjob((namespace, trainjob)):
             self.drop(key)
-        for state in list(self.owed.get((namespace, trainjob), {}).values()):
-            state.final = FinalDue.SETTLED
-            self._unowe(state)
+        self.finals.trainjob_gone((namespace, trainjob))
         self._forget(namespace, trainjob)
 
     def target_of(self, namespace: str, trainjob: str) -> Target | None:
         """The live target chosen for a TrainJob (None: none runs)."""
-        key = self._chosen.get((namespace, trainjob))
-        state = self.states.get(key) if key is not None else None
-        return state.target if state is not None else None
+        return self.choice.target_of((namespace, trainjob))
     def chosen(self) -> dict[tuple[str, str], TargetState]:
         """The scraped target's state of every TrainJob, by ``(namespace, trainjob)``."""
-        return {tj: self.states[key] for tj, key in self._chosen.items() if key in self.states}
+        return self.choice.chosen()
 
     def sizes(self) -> dict[str, int]:
         """Entries of each map kept per pod or TrainJob (issue 27, deliverable 6: each is
         bounded by the live objects)."""
-        return {**self.states.sizes(), "owed": len(self.owed),
-                "owed_pods": sum(len(v) for v in self.owed.values()),
-                "warned_pods": len(self._warned_pods), "ranks": len(self._ranks),
-                **{f"unverified.{k}": v for k, v in self._unverified.sizes().items()},
-                "foreign": len(self._foreign), "chosen": len(self._chosen),
+        return {**self.states.sizes(), **self.finals.sizes(), **self.choice.sizes(),
+                **self.checks.sizes(),
                 "deletions": len(self.deletions)}
 
     def snapshot(self) -> list[TargetState]:
