@@ -95,6 +95,12 @@ from urllib.parse import urlsplit
 
 import h11
 
+try:  # POSIX: how many bytes a socket holds unread (the exporter runs on Linux pods)
+    import fcntl
+    import termios
+except ImportError:  # pragma: no cover - Windows: only what the loop has read counts
+    fcntl = termios = None  # type: ignore[assignment]
+
 from exporter_lib.exposition import Rendered, Renderer, etag_matches
 from exporter_lib.hold_policy import WRITE_POLICY_HEADER, HoldPolicy, parse_policy
 from exporter_lib.pod import POD_HEADER, pod_identity
@@ -278,6 +284,23 @@ def _malformed(block: bytes, exc: h11.RemoteProtocolError) -> Refused:
                    f"malformed request head: {str(exc)[:200]}", close=True)
 
 
+def _bytes_waiting(transport: asyncio.BaseTransport) -> bool:
+    """True when the kernel holds bytes from the client that the loop has not read yet
+    (``FIONREAD``).  On a loaded machine a fresh scrape's request can sit there for a
+    while after its connection was accepted; without this it looked silent, and a
+    flood could get it evicted (issue 27, deliverable 7)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or fcntl is None:
+        return False
+    count = bytearray(4)
+    try:
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, count)
+    except OSError:
+        return False
+    waiting: int = struct.unpack("i", count)[0]  # a C int, native byte order
+    return waiting > 0
+
+
 class _ScraperConnection:
     """One client connection: its stream, a read buffer, and whether it waits for a request."""
 
@@ -302,7 +325,8 @@ class _ScraperConnection:
         read within a loop pass or two, and judged by what it sent from then on."""
         protocol = self.writer.transport.get_protocol()
         return (not self.answered and not self.taken
-                and isinstance(protocol, _GuardedProtocol) and protocol.sent)
+                and isinstance(protocol, _GuardedProtocol)
+                and (protocol.sent or _bytes_waiting(self.writer.transport)))
 
     def standing(self, now: float) -> int:
         """How well the client behaves, for eviction (lowest goes first): 0 it does not

@@ -21,21 +21,22 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from kubernetes import client as k8s
 
-from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
+from exporter_lib.status import TrainerStatus
 from scraper.config import ScraperSettings
-from scraper.discovery.identity import LABEL_JOBSET_NAME, Identity, Link, OwnerIndex
-from scraper.discovery.pods import Final, PodEvent, PodWatcher, Synced, WatchItem, probe_selector
+from scraper.discovery.feed import PodFeed
+from scraper.discovery.identity import Identity, Link, OwnerIndex
+from scraper.discovery.owner_watches import owner_watches
+from scraper.discovery.pods import Final, PodWatcher, WatchItem, probe_selector
 from scraper.discovery.targets import Target
-from scraper.discovery.trainjobs import TrainJobStore, slim_trainjob
-from scraper.kube.calls import Backoff
+from scraper.discovery.trainjobs import TrainJobStore
 from scraper.kube.client import load_client, without_retries
 from scraper.kube.health import ApiHealth
-from scraper.kube.informer import ListWatch, ScopesListed, slim
+from scraper.kube.informer import ScopesListed
 from scraper.leader import LeaseElector
 from scraper.logsource.reader import LogLimits, LogScraper
 from scraper.metrics_auth import MetricsAuth, metrics_auth_for
@@ -55,13 +56,6 @@ from scraper.write.writer import StatusWriter
 log = logging.getLogger(__name__)
 
 CRD_RECHECK_SECONDS = 60.0
-#: JobSet API (the owner chain Pod -> Job -> JobSet -> TrainJob).
-JOBSET_GROUP = "jobset.x-k8s.io"
-JOBSET_VERSION = "v1alpha2"
-
-#: Between a failed pod watch item and the relist it asks for: 0.5 s doubling to 30 s
-#: while items keep failing (a pod that always fails must not relist in a loop).
-RELIST_BACKOFF = Backoff(initial=0.5, cap=30.0)
 
 ROOT_CONSUMER = "pod-watch-consumer"
 ROOT_LEADER = "leader-election"
@@ -177,13 +171,17 @@ class ScraperApp:
         # waiting on it (scraper/discovery/identity.py, "Convergence").
         self.jobs.on_change = self.jobsets.on_change = self._owners_changed
         self.trainjobs.on_seen = self._trainjob_seen
-        self._pods_listed = ScopesListed(self.scopes)
+        self.pod_feed = PodFeed(
+            self.manager, ScopesListed(self.scopes), on_ready=self.telemetry.ready.set,
+            on_failure=lambda kind: self.telemetry.pod_apply_failures.labels(kind).inc(),
+            on_applied=self._targets_changed)
         self.stalls = StallWatch(
             targets=self._stall_targets, store=self.trainjobs, events=self.events,
             write_marker=(functools.partial(write_stall_marker, self.api)
                           if s.stall_annotate else None),
             given=s.stall_after, leading=lambda: self.manager.leading,
-            ready=lambda: self._pods_listed.event.is_set() and self.trainjobs.synced.is_set(),
+            ready=lambda: (self.pod_feed.listed.event.is_set()
+                           and self.trainjobs.synced.is_set()),
             spawn=lambda coro: self._spawn_named("stall-record", coro))
         self.telemetry.registry.register(StallCollector(self.stalls))
 
@@ -232,14 +230,17 @@ class ScraperApp:
                        on_restart=self._watch_restarted, health=self.health)
             for ns in scopes
         ]
-        trainjob_watches = self._trainjob_watches(loop)  # write side
+        trainjob_watches = owner_watches(
+            self.api, self.scopes, trainjobs=self.trainjobs, jobsets=self.jobsets,
+            jobs=self.jobs, loop=loop, on_restart=self._watch_restarted,
+            relist_interval=s.resync_interval, health=self.health)
         for tw in trainjob_watches:
             tw.start()
         self.writer.start()
         self.scheduler.start()
         for w in watchers:
             w.start()
-        supervisor.root(ROOT_CONSUMER, self._consume(queue, watchers))
+        supervisor.root(ROOT_CONSUMER, self.pod_feed.run(queue, watchers))
         supervisor.root(ROOT_HEALTH, self.health.run())
         supervisor.root(ROOT_CRD, self._recheck_crd())
         supervisor.root(ROOT_STALL, self.stalls.run())
@@ -365,50 +366,6 @@ class ScraperApp:
 
     # ------------------------------------------------------------ root tasks
 
-    async def _consume(self, queue: asyncio.Queue[WatchItem],
-                       watchers: Sequence[PodWatcher] = ()) -> None:
-        """Feed every pod watch item to the target manager.
-
-        A failed item is never a silent gap: an exception while applying a list (the
-        other pods of it are applied) or an event is logged, counted
-        (``trainjob_scraper_pod_apply_failures_total``) and answered with a relist of
-        every pod watch, at most once per :data:`RELIST_BACKOFF` step while they keep
-        failing.
-        """
-        failures = 0  # in a row: a list applied whole starts the backoff over
-        relist_at = 0.0
-        loop = asyncio.get_running_loop()
-        while True:
-            item = await queue.get()
-            kind = "list" if isinstance(item, Synced) else "event"
-            try:
-                if isinstance(item, Synced):
-                    try:
-                        for _ in self.manager.synced_steps(item):
-                            await asyncio.sleep(0)  # the Lease renewal and scrapes run
-                    finally:  # the list was applied, up to the pods that failed
-                        self._pods_listed.listed(item.scope)
-                        if self._pods_listed.event.is_set():
-                            self.telemetry.ready.set()
-                    failures = 0
-                elif isinstance(item, PodEvent):
-                    self.manager.on_pod(item.pod, deleted=item.kind == "DELETED")
-            except Exception:
-                self.telemetry.pod_apply_failures.labels(kind).inc()
-                delay = RELIST_BACKOFF.delay(failures)
-                failures += 1
-                log.exception("applying a pod watch %s failed; relisting pods in %.1fs",
-                              kind, delay)
-                if loop.time() >= relist_at:  # one relist pending at a time
-                    relist_at = loop.time() + delay
-                    loop.call_later(delay, self._relist_pods, watchers)
-            self._targets_changed()
-
-    @staticmethod
-    def _relist_pods(watchers: Sequence[PodWatcher]) -> None:
-        for watcher in watchers:
-            watcher.relist()
-
     async def _recheck_crd(self) -> None:
         """Re-read a CRD that is unsupported or unread, every minute."""
         while True:
@@ -417,42 +374,7 @@ class ScraperApp:
                 with contextlib.suppress(Exception):  # check() logs what it learns
                     await self.crd.check()
 
-    # ------------------------------------------------------------ write side
-
-    def _trainjob_watches(self, loop: asyncio.AbstractEventLoop) -> list[ListWatch]:
-        """Per scope: list+watch of TrainJobs (:attr:`trainjobs`), JobSets and Jobs of
-        JobSets (:attr:`identity`)."""
-        custom = k8s.CustomObjectsApi(self.api)
-        batch = k8s.BatchV1Api(self.api)
-        watches = []
-        for ns in self.scopes:
-            kinds: list[tuple[str, Callable[..., Any], TrainJobStore | OwnerIndex]] = []
-            if ns is None:
-                kinds += [
-                    ("trainjobs", functools.partial(custom.list_cluster_custom_object, API_GROUP,
-                                                    API_VERSION, TRAINJOB_PLURAL), self.trainjobs),
-                    ("jobsets", functools.partial(custom.list_cluster_custom_object, JOBSET_GROUP,
-                                                  JOBSET_VERSION, "jobsets"), self.jobsets),
-                    ("jobs", functools.partial(batch.list_job_for_all_namespaces,
-                                               label_selector=LABEL_JOBSET_NAME), self.jobs)]
-            else:
-                kinds += [
-                    ("trainjobs", functools.partial(custom.list_namespaced_custom_object,
-                                                    API_GROUP, API_VERSION, ns, TRAINJOB_PLURAL),
-                     self.trainjobs),
-                    ("jobsets", functools.partial(custom.list_namespaced_custom_object,
-                                                  JOBSET_GROUP, JOBSET_VERSION, ns, "jobsets"),
-                     self.jobsets),
-                    ("jobs", functools.partial(batch.list_namespaced_job, ns,
-                                               label_selector=LABEL_JOBSET_NAME), self.jobs)]
-            for kind, lister, sink in kinds:
-                watches.append(ListWatch(
-                    lister, name=f"{kind}/{ns or 'all'}", loop=loop,
-                    on_list=functools.partial(sink.on_list, ns),
-                    on_event=sink.on_event, on_restart=self._watch_restarted,
-                    relist_interval=self.settings.resync_interval, health=self.health,
-                    slim=slim_trainjob if kind == "trainjobs" else slim))
-        return watches
+    # ------------------------------------------------------------ owner chain
 
     def _trainjob_seen(self, key: tuple[str, str] | None) -> None:
         self._owners_changed(None if key is None else ("TrainJob", f"{key[0]}/{key[1]}"))

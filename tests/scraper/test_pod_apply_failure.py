@@ -1,7 +1,7 @@
 """A failed pod watch item is never a silent gap (issue 27, deliverable 6).
 
 The real pod watch (``PodWatcher`` on the local kube-apiserver) feeds the real consumer
-(``ScraperApp._consume``).  A bug in applying one pod cannot be produced on purpose, so
+(``scraper.discovery.feed.PodFeed``).  A bug in applying one pod cannot be produced on purpose, so
 the manager's ``on_pod`` is wrapped to raise once for one pod (the only stand-in here);
 the consumer must count it, log it, apply the other pods of the list, and relist the
 pods at once (not after the watch's 30 s timeout), after which the pod is applied.
@@ -56,7 +56,7 @@ async def test_a_failed_pod_item_is_counted_logged_and_relisted(
     watcher = PodWatcher(client.CoreV1Api(app.api), namespace=namespace,
                          selector=app.settings.selector, queue=queue, loop=loop,
                          on_restart=app._watch_restarted)
-    consumer = asyncio.create_task(app._consume(queue, [watcher]))
+    consumer = asyncio.create_task(app.pod_feed.run(queue, [watcher]))
     started = time.monotonic()
     watcher.start()
     try:
