@@ -189,7 +189,7 @@ def measure(static_ports: list[int], interval: float, live: int, warmup: float,
         with pinned(pin.scraper if pin else None):
             scraper = _Scraper(plane.kubeconfig_path, plane.workdir, f"{STATIC_NS},{LIVE_NS}",
                                ["--interval", str(interval), "--write-qps", "500",
-                                "--write-burst", "500"])
+                                "--write-burst", "500", "--metrics-staleness", "0s"])
         out["cores"] = sorted(affinity(scraper.proc.pid))
         n = len(static_ports)
         # Every static TrainJob gets its one initial status, then nothing changes.
