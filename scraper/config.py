@@ -196,7 +196,7 @@ class ScraperSettings(BaseSettings):
         description="longest wait between attempts on a target that refuses connections",
     )
     write_qps: float = Field(
-        default=20.0, gt=0, le=1000,
+        default=20.0, gt=0, le=1000, allow_inf_nan=False,
         description="status writes per second (sustained; kube-controller-manager's "
         "client default; Events have a budget of their own)",
     )
@@ -296,7 +296,7 @@ class ScraperSettings(BaseSettings):
     log_source: bool = Field(
         default=False, description="read progress from the trainer container's log for pods "
         "annotated trainjob-progress.dev/source: logs or auto (needs get on pods/log)")
-    log_qps: float = Field(default=10.0, gt=0, le=10000,
+    log_qps: float = Field(default=10.0, gt=0, le=10000, allow_inf_nan=False,
                            description="log reads per second at most (own token bucket)")
     log_burst: int = Field(default=20, ge=1, le=10000, description="log reads in a burst")
     log_limit_bytes: int = Field(

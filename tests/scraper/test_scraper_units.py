@@ -68,6 +68,9 @@ def test_flags_env_file_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         ({"kubeconfig": "/nonexistent/kc"}, "kubeconfig='/nonexistent/kc': Path does not "
                                             "point to a file"),
         ({"kubeconfig": "/"}, "kubeconfig='/': Path does not point to a file"),
+        # Before: "write-qps='nan': Input should be less than or equal to 1000".
+        ({"write_qps": "nan"}, "write-qps='nan': Input should be a finite number"),
+        ({"log_qps": "inf"}, "log-qps='inf': Input should be a finite number"),
     ],
 )
 def test_bad_option_named_with_its_value(flags: dict[str, str], expected: str) -> None:
