@@ -196,9 +196,11 @@ class ScraperSettings(BaseSettings):
         description="longest wait between attempts on a target that refuses connections",
     )
     write_qps: float = Field(
-        default=20.0, gt=0, le=1000, allow_inf_nan=False,
-        description="status writes per second (sustained; kube-controller-manager's "
-        "client default; Events have a budget of their own)",
+        # 0.01 at least: the token bucket's period is burst / qps, and a qps that rounds
+        # to 0 there (5e-324) made it divide by zero after the first burst.
+        default=20.0, ge=0.01, le=1000, allow_inf_nan=False,
+        description="status writes per second (sustained; 0.01..1000; "
+        "kube-controller-manager's client default; Events have a budget of their own)",
     )
     write_burst: int = Field(default=30, ge=1, le=10000,
                              description="status writes in a burst")
@@ -296,8 +298,9 @@ class ScraperSettings(BaseSettings):
     log_source: bool = Field(
         default=False, description="read progress from the trainer container's log for pods "
         "annotated trainjob-progress.dev/source: logs or auto (needs get on pods/log)")
-    log_qps: float = Field(default=10.0, gt=0, le=10000, allow_inf_nan=False,
-                           description="log reads per second at most (own token bucket)")
+    log_qps: float = Field(default=10.0, ge=0.01, le=10000, allow_inf_nan=False,
+                           description="log reads per second at most (own token bucket; "
+                           "0.01..10000)")
     log_burst: int = Field(default=20, ge=1, le=10000, description="log reads in a burst")
     log_limit_bytes: int = Field(
         default=64 * 1024, ge=17 * 1024, le=16 * 1024 * 1024,
@@ -423,8 +426,10 @@ def load_settings(
         ConfigError: one ``option=value: reason`` line per invalid option.
     """
     given = {k: v for k, v in (flags or {}).items() if v is not None}
-    gone = [f"{ENV_PREFIX}{name.upper()}: option was removed: {hint}"
-            for name, hint in REMOVED_OPTIONS.items() if ENV_PREFIX + name.upper() in os.environ]
+    # Any case, as pydantic-settings reads the current options' variables.
+    given_env = {key.upper(): key for key in os.environ}
+    gone = [f"{given_env[ENV_PREFIX + name.upper()]}: option was removed: {hint}"
+            for name, hint in REMOVED_OPTIONS.items() if ENV_PREFIX + name.upper() in given_env]
     if gone:
         raise ConfigError(gone)
     token = _config_file.set(Path(config_file) if config_file else None)

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="TrainJobs of every namespace")
     _common(progress)
     follow = commands.add_parser(
-        "watch", help="follow one TrainJob live until it ends",
+        "watch", help="follow one TrainJob live until it ends or reports 100 percent",
         description="Follow one TrainJob until its Complete or Failed condition is True or "
                     "it reports 100 percent: a live bar on a terminal, one row (or JSON/YAML "
                     "document) per change otherwise.")

@@ -385,6 +385,9 @@ def test_dashboard_configmap_ships_the_repository_json(helm: Helm) -> None:
                      ["/image/pullPolicy", "must be one of"], id="enum"),
         pytest.param({"config": {"statusTarget": "annotations"}},
                      ["/config/statusTarget", "must be one of"], id="status-target"),
+        # The scraper's own bound (scraper/config.py): below it the budget broke.
+        pytest.param({"config": {"writeQps": 0.001}}, ["/config/writeQps", "minimum"],
+                     id="write-qps-floor"),
     ],
 )
 def test_bad_values_are_rejected_by_the_schema(

@@ -71,6 +71,10 @@ def test_flags_env_file_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         # Before: "write-qps='nan': Input should be less than or equal to 1000".
         ({"write_qps": "nan"}, "write-qps='nan': Input should be a finite number"),
         ({"log_qps": "inf"}, "log-qps='inf': Input should be a finite number"),
+        # Before: accepted, and the write budget divided by zero after its first burst.
+        ({"write_qps": "5e-324"}, "write-qps='5e-324': Input should be greater than or "
+                                  "equal to 0.01"),
+        ({"log_qps": "1e-9"}, "log-qps='1e-9': Input should be greater than or equal to 0.01"),
     ],
 )
 def test_bad_option_named_with_its_value(flags: dict[str, str], expected: str) -> None:
@@ -101,6 +105,12 @@ def test_a_removed_option_is_refused_with_its_replacement_wherever_it_is_set(
     monkeypatch.setenv("TRAINJOB_SCRAPER_METRICS_WRITE_INTERVAL", "5s")
     with pytest.raises(ConfigError, match="TRAINJOB_SCRAPER_METRICS_WRITE_INTERVAL: option "
                        "was removed: replaced by metrics-staleness"):
+        load_settings({})
+    # In any case, as the current options' variables are read (a newcomer's find).
+    monkeypatch.delenv("TRAINJOB_SCRAPER_METRICS_WRITE_INTERVAL")
+    monkeypatch.setenv("trainjob_scraper_metrics_write_interval", "5s")
+    with pytest.raises(ConfigError, match="trainjob_scraper_metrics_write_interval: option "
+                       "was removed"):
         load_settings({})
 
 
