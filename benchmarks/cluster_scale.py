@@ -57,11 +57,12 @@ from typing import Any
 
 from kubernetes import client
 
-from benchmarks.cp import _make_jobs, _Scraper, _Watcher, percentile
+from benchmarks.cp import _make_jobs, _metric_sum, _Scraper, _Watcher, percentile
 from benchmarks.farm import ExporterFarm, free_ports, wait_http
 from benchmarks.report import fmt, loadavg, verdict, write_report
 from benchmarks.waits import wait_until
 from localdev.cluster import ControlPlane, install_trainjob_crds
+from scraper.write.outcome import WriteOutcome
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The scraper's defaults this benchmark is about (scraper/config.py).
@@ -329,6 +330,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         w0, a = len(watcher.seen), time.time()
         skipped0 = scraper.metric("trainjob_scraper_skipped_runs_total")
         written0 = scraper.metric("trainjob_scraper_status_writes_total", 'result="written"')
+        outcomes0 = _outcomes(scraper)
         req0 = (scraper.metric("trainjob_scraper_status_write_duration_seconds_sum"),
                 scraper.metric("trainjob_scraper_status_write_duration_seconds_count"))
         scrapes0 = scraper.metric("trainjob_scraper_scrapes_total")
@@ -340,6 +342,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         written = scraper.metric("trainjob_scraper_status_writes_total",
                                  'result="written"') - written0
         skipped = scraper.metric("trainjob_scraper_skipped_runs_total") - skipped0
+        outcomes = {k: v - outcomes0.get(k, 0.0) for k, v in _outcomes(scraper).items()}
         req_s = scraper.metric("trainjob_scraper_status_write_duration_seconds_sum") - req0[0]
         req_n = scraper.metric("trainjob_scraper_status_write_duration_seconds_count") - req0[1]
         pending = scraper.metric("trainjob_scraper_status_writes_pending")
@@ -358,6 +361,9 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             "target_gap": max(interval, budget) + 1.0, "skipped_runs": skipped,
             # Mean request time: with W writers, W / mean caps the rate below the budget.
             "request_mean": req_s / req_n if req_n else None, "pending_end": pending,
+            # Every request spends a token: requests/s below the budget means the writers
+            # waited elsewhere; outcomes other than "written" are tokens not spent on news.
+            "requests_per_s": req_n / (b - a), "outcomes": outcomes,
             "loadavg": loadavg(),
             "cpu_per_s": (cpu1 - cpu0) / (b - a) if cpu0 is not None and cpu1 is not None
             else None,
@@ -376,6 +382,19 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             scraper.stop()
         exporters.stop()
     return out
+
+
+def _nonzero(counts: dict[str, float] | None) -> str:
+    """``"written 9700, retried 12"``: the counts above zero, or ``"-"``."""
+    shown = [f"{k} {v:.0f}" for k, v in (counts or {}).items() if v > 0]
+    return ", ".join(shown) or "-"
+
+
+def _outcomes(scraper: Any) -> dict[str, float]:
+    """``trainjob_scraper_status_writes_total`` by result, as the scraper counts it."""
+    text = scraper.metrics()
+    return {o.value: _metric_sum(text, "trainjob_scraper_status_writes_total",
+                                 f'result="{o.value}"') for o in WriteOutcome}
 
 
 def _cpu(pid: int) -> float | None:
@@ -493,7 +512,9 @@ def table(res: dict[str, Any]) -> str:
             f"| steady, {n} TrainJobs changing every {iv:g} s: longest gap between two "
             f"writes of one TrainJob (p50 of per-job longest) | {fmt(b['longest_gap'], '.1f')} s "
             f"({fmt(b['gap_p50'], '.1f')} s; {b['writes_per_s']:.1f} writes/s over "
-            f"{b['window']:.0f} s, request mean {fmt(b.get('request_mean'), '.3f')} s, "
+            f"{b['window']:.0f} s, {fmt(b.get('requests_per_s'), '.1f')} requests/s, "
+            f"outcomes {_nonzero(b.get('outcomes'))}, "
+            f"request mean {fmt(b.get('request_mean'), '.3f')} s, "
             f"{fmt(b.get('pending_end'), '.1f')} pending at the end) | <= {b['target_gap']:g} s | "
             f"{verdict(None if b['longest_gap'] is None else b['longest_gap'] <= b['target_gap'])}"
             f" | {b['loadavg']} |",

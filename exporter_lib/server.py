@@ -101,11 +101,12 @@ try:  # POSIX: how many bytes a socket holds unread (the exporter runs on Linux 
 except ImportError:  # pragma: no cover - Windows: only what the loop has read counts
     fcntl = termios = None  # type: ignore[assignment]
 
-from exporter_lib.exposition import Rendered, Renderer, etag_matches
-from exporter_lib.hold_policy import WRITE_POLICY_HEADER, HoldPolicy, parse_policy
+from exporter_lib.exposition import Renderer, etag_matches
+from exporter_lib.hold_policy import WRITE_POLICY_HEADER, parse_policy
 from exporter_lib.pod import POD_HEADER, pod_identity
 from exporter_lib.push import MAX_BODY_BYTES, PushEndpoint
 from exporter_lib.refusal import Refused
+from exporter_lib.waiting import WaitingScrapes
 
 log = logging.getLogger("exporter_lib")
 
@@ -132,8 +133,6 @@ ACCEPT_RETRY_SECONDS = 0.1
 MAX_HELD = 8
 #: Longest wait a scrape may ask for (seconds).
 MAX_WAIT_SECONDS = 300
-#: How often held scrapes look for a new status (seconds): the most a change waits.
-WAIT_POLL_SECONDS = 0.1
 #: A request's head must be complete this long after its first byte (seconds).
 HEADER_TIMEOUT_SECONDS = 10.0
 #: A keep-alive connection with no request in progress closes after this (seconds).
@@ -430,7 +429,8 @@ class _ScraperConnection:
 
 
 class _Server:
-    """The event loop's side: connections, limits, held scrapes.  Loop thread only."""
+    """The event loop's side: connections, limits, routes; waiting scrapes in
+    :class:`~exporter_lib.waiting.WaitingScrapes`.  Loop thread only."""
 
     def __init__(self, renderer: Renderer, push: PushEndpoint,
                  refused: MutableMapping[str, int]) -> None:
@@ -442,9 +442,7 @@ class _Server:
         self.closing = 0  # of those, evicted: closed at the next loop pass
         #: Called when a socket closes (ServerThread: accept again if it had paused).
         self.released: Callable[[], None] = lambda: None
-        self._held = 0
-        self._changed = asyncio.Event()
-        self._watcher: asyncio.Task[None] | None = None
+        self._waiting = WaitingScrapes(renderer)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self._date = (0, "")
@@ -644,10 +642,12 @@ class _Server:
         policy = (parse_policy(request.headers.get(_POLICY_KEY))
                   if wait and if_none_match else None)
         applied: int | None = None
-        if (wait and self._holds(rendered, if_none_match, policy, 0.0)
-                and self._held < MAX_HELD and not self._stopping):
+        if (wait and not self._waiting.due(rendered, if_none_match, policy, 0.0)
+                and self._waiting.waiting < MAX_HELD and not self._stopping):
             applied = min(wait, MAX_WAIT_SECONDS)
-            await self._hold(conn, accept, if_none_match, applied, policy)
+            await self._waiting.wait(
+                lambda: conn.reader.at_eof() or conn.writer.transport.is_closing(),
+                accept, if_none_match, applied, policy)
             generation = self._renderer.version()[0]
             rendered = self._renderer.render(accept)
         extra = [(SEQUENCE_HEADER, f"{generation}; start={self._start_id}")]
@@ -662,69 +662,6 @@ class _Server:
             return
         await self._send(conn, HTTPStatus.OK, rendered.body, rendered.content_type, head=head,
                          extra=extra)
-
-    def _holds(self, rendered: Rendered | None, if_none_match: str | None,
-               policy: HoldPolicy | None, held_for: float) -> bool:
-        """True while a waiting scrape is kept: its answer would be unchanged, or (with a
-        stated write policy) the change is not one the scraper would write yet."""
-        if _unchanged(rendered, if_none_match):
-            return True
-        return policy is not None and not policy.answers(self._renderer.status(), held_for)
-
-    async def _hold(self, conn: _ScraperConnection, accept: str | None, if_none_match: str | None,
-                    seconds: int, policy: HoldPolicy | None = None) -> Rendered | None:
-        """Wait until the answer is due (:meth:`_holds`), ``seconds`` pass, the peer leaves
-        or we stop (stopping answers at once: the training is ending, its last status is
-        the final one)."""
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        end = start + seconds
-        self._held += 1
-        if self._watcher is None:
-            self._watcher = loop.create_task(self._watch(), name="trainjob-exporter-watch")
-        try:
-            while True:
-                changed = self._changed
-                now = loop.time()
-                remaining = end - now
-                if remaining <= 0 or self._stopping:
-                    break
-                if policy is not None and (due := policy.metrics_due_in(now - start)) > 0:
-                    # Wake when the metrics fall due, changed or not; the margin keeps a
-                    # timer that fires a hair early from spinning.
-                    remaining = min(remaining, due + 0.001)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(remaining):
-                        await changed.wait()
-                if conn.reader.at_eof() or conn.writer.transport.is_closing():
-                    break
-                rendered = self._renderer.render(accept)
-                if not self._holds(rendered, if_none_match, policy, loop.time() - start):
-                    return rendered
-        finally:
-            self._held -= 1
-        return self._renderer.render(accept)
-
-    async def _watch(self) -> None:
-        """While scrapes are held, look for a new status every :data:`WAIT_POLL_SECONDS`.
-
-        Polling keeps ``update()`` free of any wake-up call (it stays one lock and a few
-        assignments); the loop only wakes while somebody waits.
-        """
-        seen = self._renderer.version()
-        try:
-            while self._held > 0 and not self._stopping:
-                await asyncio.sleep(WAIT_POLL_SECONDS)
-                version = self._renderer.version()
-                if version != seen:
-                    seen = version
-                    self._wake()
-        finally:
-            self._watcher = None
-
-    def _wake(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
 
     # -- output ----------------------------------------------------------------
 
@@ -760,7 +697,7 @@ class _Server:
     def stop(self) -> None:
         """Answer held scrapes at once and close idle connections (loop thread)."""
         self._stopping = True
-        self._wake()
+        self._waiting.stop()
         for conn in list(self._connections):
             if conn.idle:
                 conn.abort()
@@ -773,16 +710,10 @@ class _Server:
     def tasks(self) -> set[asyncio.Task[Any]]:
         """The tasks still serving connections or watching for held scrapes."""
         tasks = set(self._tasks)
-        if self._watcher is not None:
-            tasks.add(self._watcher)
+        watcher = self._waiting.task()
+        if watcher is not None:
+            tasks.add(watcher)
         return tasks
-
-
-def _unchanged(rendered: Rendered | None, if_none_match: str | None) -> bool:
-    """True when the answer would tell the client nothing new (304, or 204 again)."""
-    if rendered is None:
-        return True
-    return etag_matches(if_none_match, rendered.etag)
 
 
 def _int(header: str | None) -> int:
