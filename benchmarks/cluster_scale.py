@@ -327,25 +327,26 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         # b: every TrainJob changes every interval.
         exporters.changing(interval)
         time.sleep(interval + 2)
-        w0, a = len(watcher.seen), time.time()
-        skipped0 = scraper.metric("trainjob_scraper_skipped_runs_total")
-        written0 = scraper.metric("trainjob_scraper_status_writes_total", 'result="written"')
-        outcomes0 = _outcomes(scraper)
-        req0 = (scraper.metric("trainjob_scraper_status_write_duration_seconds_sum"),
-                scraper.metric("trainjob_scraper_status_write_duration_seconds_count"))
-        scrapes0 = scraper.metric("trainjob_scraper_scrapes_total")
+        # One /metrics read at each end of the window (each read renders every
+        # TrainJob's series: about 5 MB at 10,000).
+        w0, text0, a = len(watcher.seen), scraper.metrics(), time.time()
         cpu0 = _cpu(scraper.child.process.pid)
         time.sleep(window)
         b = time.time()
         cpu1 = _cpu(scraper.child.process.pid)
-        scrapes = scraper.metric("trainjob_scraper_scrapes_total") - scrapes0
-        written = scraper.metric("trainjob_scraper_status_writes_total",
-                                 'result="written"') - written0
-        skipped = scraper.metric("trainjob_scraper_skipped_runs_total") - skipped0
-        outcomes = {k: v - outcomes0.get(k, 0.0) for k, v in _outcomes(scraper).items()}
-        req_s = scraper.metric("trainjob_scraper_status_write_duration_seconds_sum") - req0[0]
-        req_n = scraper.metric("trainjob_scraper_status_write_duration_seconds_count") - req0[1]
-        pending = scraper.metric("trainjob_scraper_status_writes_pending")
+        text1 = scraper.metrics()
+
+        def delta(name: str, label: str | None = None) -> float:
+            return _metric_sum(text1, name, label) - _metric_sum(text0, name, label)
+
+        scrapes = delta("trainjob_scraper_scrapes_total")
+        written = delta("trainjob_scraper_status_writes_total", 'result="written"')
+        skipped = delta("trainjob_scraper_skipped_runs_total")
+        outcomes = {o.value: delta("trainjob_scraper_status_writes_total", f'result="{o.value}"')
+                    for o in WriteOutcome}
+        req_s = delta("trainjob_scraper_status_write_duration_seconds_sum")
+        req_n = delta("trainjob_scraper_status_write_duration_seconds_count")
+        pending = _metric_sum(text1, "trainjob_scraper_status_writes_pending")
         per_job: dict[str, list[float]] = {}
         for job, _, at in watcher.seen[w0:]:
             if a <= at <= b:
@@ -388,13 +389,6 @@ def _nonzero(counts: dict[str, float] | None) -> str:
     """``"written 9700, retried 12"``: the counts above zero, or ``"-"``."""
     shown = [f"{k} {v:.0f}" for k, v in (counts or {}).items() if v > 0]
     return ", ".join(shown) or "-"
-
-
-def _outcomes(scraper: Any) -> dict[str, float]:
-    """``trainjob_scraper_status_writes_total`` by result, as the scraper counts it."""
-    text = scraper.metrics()
-    return {o.value: _metric_sum(text, "trainjob_scraper_status_writes_total",
-                                 f'result="{o.value}"') for o in WriteOutcome}
 
 
 def _cpu(pid: int) -> float | None:

@@ -5,12 +5,20 @@ Per-TrainJob series are produced at collection time from the current
 series with it.  Operational series are ordinary prometheus-client metrics in
 a registry private to one :class:`Telemetry` (several scrapers can share a
 process in tests).
+
+``/metrics`` is rendered in a thread of its own, not on the event loop: the text grows
+with the TrainJobs (about 5 MB at 10,000), and while the loop rendered it nothing else
+ran, not the status writes (whose token bucket lost the time past its burst), the
+scrapes, nor the Lease renewal.  The collectors therefore read the scraper's maps from
+that thread: each takes a copy of a map's items (one step under the GIL) before it
+iterates, and reads only whole values off the entries.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -141,6 +149,7 @@ class Telemetry:
         r.register(_JobCollector(views))
         self.ready = asyncio.Event()
         self._runner: web.AppRunner | None = None
+        self._render_pool: ThreadPoolExecutor | None = None
         self.port: int | None = None
 
     def count_log_read(self, result: str, size: int) -> None:
@@ -159,6 +168,10 @@ class Telemetry:
         ``middlewares`` wrap every handler, e.g. the /metrics guard of
         :mod:`scraper.metrics_auth`.
         """
+        # One thread: renders never pile up, and a flood of /metrics requests waits
+        # here instead of taking the default executor's threads from the informers.
+        self._render_pool = ThreadPoolExecutor(max_workers=1,
+                                               thread_name_prefix="metrics-render")
         app = web.Application(middlewares=list(middlewares))
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
@@ -177,9 +190,13 @@ class Telemetry:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._render_pool is not None:
+            self._render_pool.shutdown(wait=False, cancel_futures=True)
+            self._render_pool = None
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = self.render()
+        body = await asyncio.get_running_loop().run_in_executor(self._render_pool,
+                                                                self.render)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, request: web.Request) -> web.Response:

@@ -397,11 +397,13 @@ class TargetManager:
     # ------------------------------------------------------------ telemetry
 
     def views(self) -> Iterable[JobView]:
-        """One view per TrainJob; nothing on a standby (it would export stale zeros)."""
+        """One view per TrainJob; nothing on a standby (it would export stale zeros).
+        Safe from another thread."""
         if not self.leading:
             return []
         by_job: dict[tuple[str, str], JobView] = {}
-        for state in self.states.values():
+        # /metrics calls this from its render thread (scraper/telemetry.py).
+        for state in self.states.snapshot():
             key = state.trainjob_key
             # A live target wins over a terminated pod of the same TrainJob.
             if key not in by_job or state.target is not None:

@@ -55,6 +55,11 @@ class TargetTable(MutableMapping[str, TargetState]):
     def __len__(self) -> int:
         return len(self._states)
 
+    def snapshot(self) -> list[TargetState]:
+        """Every state, a copy taken in one step: safe to call from another thread (the
+        /metrics render) while the loop adds and drops states."""
+        return list(self._states.values())
+
     def of_trainjob(self, trainjob: TrainJobKey) -> list[str]:
         """Keys of the states of ``trainjob``, in the order they were added (a copy)."""
         return list(self._by_trainjob.get(trainjob, ()))

@@ -358,10 +358,13 @@ class StallCollector(Collector):
             "now (auto: from its own pace; or its annotation or the scraper's setting)",
             labels=labels)
         now = self._clock()
+        # Runs in the /metrics render thread (scraper/telemetry.py): a copy of the map,
+        # and each value read once.
         for key, entry in list(self._watch.clocks.items()):
             labelled = [key[0], key[1]]
-            since.add_metric(labelled, entry.clock.since_change(now))
-            stalled.add_metric(labelled, 1.0 if entry.clock.stalled else 0.0)
-            if entry.clock.threshold is not None:
-                threshold.add_metric(labelled, entry.clock.threshold)
+            clock = entry.clock
+            since.add_metric(labelled, clock.since_change(now))
+            stalled.add_metric(labelled, 1.0 if clock.stalled else 0.0)
+            if (limit := clock.threshold) is not None:
+                threshold.add_metric(labelled, limit)
         yield from (since, stalled, threshold)

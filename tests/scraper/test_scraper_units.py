@@ -409,6 +409,46 @@ def test_target_up_absent_until_the_first_scrape() -> None:
     assert any('trainjob="down"' in line and line.endswith(" 0.0") for line in ups)
 
 
+async def test_metrics_render_leaves_the_event_loop_running() -> None:
+    """The render of /metrics runs off the loop: a collector that can only finish once the
+    loop has run (it waits for a flag that a loop callback sets) finishes, and the loop
+    served a second request meanwhile.  Rendered on the loop, the collector would time
+    out and /healthz would wait for it."""
+    import threading
+    import urllib.request
+
+    from prometheus_client.metrics_core import GaugeMetricFamily
+
+    collecting, loop_ran = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    class WaitsForTheLoop:
+        def collect(self):  # type: ignore[no-untyped-def]
+            collecting.set()
+            seen.append(loop_ran.wait(timeout=5.0))
+            yield GaugeMetricFamily("loop_ran", "1 when the loop ran during the render",
+                                    value=1.0 if seen[-1] else 0.0)
+
+    telemetry = Telemetry(lambda: [])
+    telemetry.registry.register(WaitsForTheLoop())  # type: ignore[arg-type]
+    port = await telemetry.start("127.0.0.1", 0)
+    try:
+        def get(path: str) -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+                return str(r.read().decode())
+
+        metrics = asyncio.create_task(asyncio.to_thread(get, "/metrics"))
+        assert await asyncio.to_thread(collecting.wait, 10.0)
+        assert await asyncio.to_thread(get, "/healthz") == "ok\n"  # served mid-render
+        loop_ran.set()
+        text = await metrics
+    finally:
+        loop_ran.set()
+        await telemetry.stop()
+    assert seen[-1] is True
+    assert "loop_ran 1.0" in text
+
+
 async def test_a_run_waits_for_a_slot_at_most_one_scrape_timeout() -> None:
     async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await asyncio.sleep(20)  # accepts, never answers: a hung exporter
