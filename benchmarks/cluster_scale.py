@@ -365,6 +365,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             # Every request spends a token: requests/s below the budget means the writers
             # waited elsewhere; outcomes other than "written" are tokens not spent on news.
             "requests_per_s": req_n / (b - a), "outcomes": outcomes,
+            "metrics_bytes": len(text1.encode()),
             "loadavg": loadavg(),
             "cpu_per_s": (cpu1 - cpu0) / (b - a) if cpu0 is not None and cpu1 is not None
             else None,
@@ -509,6 +510,7 @@ def table(res: dict[str, Any]) -> str:
             f"{b['window']:.0f} s, {fmt(b.get('requests_per_s'), '.1f')} requests/s, "
             f"outcomes {_nonzero(b.get('outcomes'))}, "
             f"request mean {fmt(b.get('request_mean'), '.3f')} s, "
+            f"/metrics {fmt((b.get('metrics_bytes') or 0) / 2**20, '.1f')} MiB, "
             f"{fmt(b.get('pending_end'), '.1f')} pending at the end) | <= {b['target_gap']:g} s | "
             f"{verdict(None if b['longest_gap'] is None else b['longest_gap'] <= b['target_gap'])}"
             f" | {b['loadavg']} |",
