@@ -7,7 +7,7 @@ a registry private to one :class:`Telemetry` (several scrapers can share a
 process in tests).
 
 ``/metrics`` is rendered in a thread of its own, not on the event loop: the text grows
-with the TrainJobs (about 5 MB at 10,000), and while the loop rendered it nothing else
+with the TrainJobs (docs/metrics.md gives its size), and while the loop rendered it nothing else
 ran, not the status writes (whose token bucket lost the time past its burst), the
 scrapes, nor the Lease renewal.  The collectors therefore read the scraper's maps from
 that thread: each takes a copy of a map's items (one step under the GIL) before it
