@@ -389,9 +389,9 @@ class ScraperSettings(BaseSettings):
             self.retry_period < self.renew_deadline < self.lease_duration
         ):
             raise ValueError(
-                f"lease timings must satisfy retry_period ({self.retry_period}s) < "
-                f"renew_deadline ({self.renew_deadline}s) < lease_duration "
-                f"({self.lease_duration}s)"
+                f"lease timings must satisfy retry-period ({self.retry_period:g}s) < "
+                f"renew-deadline ({self.renew_deadline:g}s) < lease-duration "
+                f"({self.lease_duration:g}s)"
             )
         return self
 

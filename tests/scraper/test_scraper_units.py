@@ -115,7 +115,9 @@ def test_a_removed_option_is_refused_with_its_replacement_wherever_it_is_set(
 
 
 def test_lease_timings_checked() -> None:
-    with pytest.raises(ConfigError, match=r"retry_period .* < renew_deadline"):
+    # Named as the flags are spelled (a newcomer saw the Python field names here).
+    with pytest.raises(ConfigError, match=r"retry-period \(2s\) < renew-deadline \(20s\) "
+                       r"< lease-duration \(15s\)"):
         load_settings({"leader_election": True, "renew_deadline": "20s"})
 
 
