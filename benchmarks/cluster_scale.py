@@ -328,7 +328,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         exporters.changing(interval)
         time.sleep(interval + 2)
         # One /metrics read at each end of the window (each read renders every
-        # TrainJob's series: about 5 MB at 10,000).
+        # TrainJob's series; the row reports its size).
         w0, text0, a = len(watcher.seen), scraper.metrics(), time.time()
         cpu0 = _cpu(scraper.child.process.pid)
         time.sleep(window)
@@ -340,10 +340,10 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             return _metric_sum(text1, name, label) - _metric_sum(text0, name, label)
 
         scrapes = delta("trainjob_scraper_scrapes_total")
-        written = delta("trainjob_scraper_status_writes_total", 'result="written"')
         skipped = delta("trainjob_scraper_skipped_runs_total")
         outcomes = {o.value: delta("trainjob_scraper_status_writes_total", f'result="{o.value}"')
                     for o in WriteOutcome}
+        written = outcomes[WriteOutcome.WRITTEN.value]
         req_s = delta("trainjob_scraper_status_write_duration_seconds_sum")
         req_n = delta("trainjob_scraper_status_write_duration_seconds_count")
         pending = _metric_sum(text1, "trainjob_scraper_status_writes_pending")

@@ -413,9 +413,9 @@ def test_target_up_absent_until_the_first_scrape() -> None:
 
 async def test_metrics_render_leaves_the_event_loop_running() -> None:
     """The render of /metrics runs off the loop: a collector that can only finish once the
-    loop has run (it waits for a flag that a loop callback sets) finishes, and the loop
-    served a second request meanwhile.  Rendered on the loop, the collector would time
-    out and /healthz would wait for it."""
+    loop has run (it waits for a flag the test sets after /healthz was answered
+    mid-render) finishes.  Rendered on the loop, /healthz would wait for the render and
+    the collector would time out."""
     import threading
     import urllib.request
 
