@@ -130,14 +130,8 @@ async def run(urls: list[str], interval: float, warmup: float, window: float,
                                log_level="WARNING", wait_scrapes=wait,
                                metrics_staleness=0.0)
     api = k8s.ApiClient()
-    apps: list[ScraperApp] = []
-    kind = StatusWriter if writes else ScrapeOnlyWriter
-    writer = kind.for_client(
-        api, identity="bench", qps=settings.write_qps, burst=settings.write_burst,
-        store=OfflineStore(), request=OfflineRequest(),
-        on_write=lambda outcome: apps[0].telemetry.writes.labels(outcome.value).inc())
-    app = ScraperApp(settings, api_client=api, writer=writer)
-    apps.append(app)
+    app = ScraperApp(settings, api_client=api, store=OfflineStore(), request=OfflineRequest(),
+                     writer_class=StatusWriter if writes else ScrapeOnlyWriter)
     app.scheduler.start()
     if not queue_only:
         app.writer.start()

@@ -18,7 +18,6 @@ Lifecycle of :meth:`ScraperApp.run`:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Callable, Coroutine
@@ -46,11 +45,12 @@ from scraper.scrape.manager import TargetManager
 from scraper.scrape.scheduling import TargetScheduler
 from scraper.scrape.sources import SourceScraper
 from scraper.stall.marker import write_stall_marker
-from scraper.stall.watch import Observed, StallCollector, StallWatch
-from scraper.supervisor import Supervisor
+from scraper.stall.watch import StallCollector, StallWatch, observed
+from scraper.supervisor import Supervisor, first_set
 from scraper.telemetry import Telemetry
 from scraper.write.annotation_target import StatusTarget
 from scraper.write.policy import PolicyResolver, WritePolicy
+from scraper.write.worker import StatusRequest
 from scraper.write.writer import StatusWriter
 
 log = logging.getLogger(__name__)
@@ -71,119 +71,99 @@ class ScraperApp:
     """
 
     def __init__(self, settings: ScraperSettings, api_client: k8s.ApiClient | None = None,
-                 *, writer: StatusWriter | None = None) -> None:
-        """``writer`` replaces the status writer on ``api_client`` (the benchmarks keep
-        TrainJobs in memory)."""
+                 *, store: TrainJobStore | None = None, request: StatusRequest | None = None,
+                 writer_class: type[StatusWriter] = StatusWriter) -> None:
+        """Every part is built here with the callbacks it calls (methods of this class,
+        which read parts built after it only when called).
+
+        ``store``, ``request`` and ``writer_class`` replace the TrainJob informer's
+        store, the apply request and the writer's class: the benchmarks keep TrainJobs
+        in memory (benchmarks/our_scraper.py)."""
         s = settings
         self.settings = settings
-        # scrapes branch (issue 13 input 11): no hidden urllib3 retries on any client.
+        # No hidden urllib3 retries on any client (issue 13, input 11).
         self.api = without_retries(api_client) if api_client else load_client(s.kubeconfig)
-        self.telemetry = Telemetry(lambda: self.manager.views())
-        self.metrics_auth: MetricsAuth | None = None
-        if s.metrics_auth:
-            self.metrics_auth = metrics_auth_for(
-                self.api, ttl=s.metrics_auth_cache_ttl,
-                size=s.metrics_auth_cache_size, registry=self.telemetry.registry)
+        self.telemetry = t = Telemetry(lambda: self.manager.views())
+        self.metrics_auth: MetricsAuth | None = metrics_auth_for(
+            self.api, ttl=s.metrics_auth_cache_ttl, size=s.metrics_auth_cache_size,
+            registry=t.registry) if s.metrics_auth else None
         self.supervisor: Supervisor | None = None
-        self._elector: LeaseElector | None = None
-        if s.leader_election:
-            self._elector = LeaseElector(
-                self.api,
-                namespace=s.effective_lease_namespace(),
-                name=s.lease_name,
-                identity=s.identity,
-                lease_duration=s.lease_duration,
-                renew_deadline=s.renew_deadline,
-                retry_period=s.retry_period,
-                on_change=self._on_leadership,
-            )
+        self._elector: LeaseElector | None = LeaseElector(
+            self.api, namespace=s.effective_lease_namespace(), name=s.lease_name,
+            identity=s.identity, lease_duration=s.lease_duration,
+            renew_deadline=s.renew_deadline, retry_period=s.retry_period,
+            on_change=self._on_leadership) if s.leader_election else None
         self.scopes: list[str | None] = list(s.namespaces) or [None]
-        self.trainjobs = TrainJobStore(self.scopes)
+        self.trainjobs = store or TrainJobStore(
+            self.scopes, on_gone=self._trainjob_gone, on_seen=self._trainjob_seen,
+            on_change=lambda ns, name, held: self.writer.on_trainjob_change(ns, name, held))
         # Writing by significance: the flags' policy, overridden per TrainJob.
         self.policies = PolicyResolver(s.write_policy())
         # Recovery (issue 21, input 6): writes and watches retry once the API answers.
         self.health = ApiHealth.for_client(self.api)
-        self.writer = writer or StatusWriter.for_client(
+        self.writer = writer_class.for_client(
             self.api, identity=s.identity, qps=s.write_qps, burst=s.write_burst,
             store=self.trainjobs, may_write=self._may_write,
-            on_write=lambda outcome: self.telemetry.writes.labels(outcome.value).inc(),
-            on_request=self.telemetry.write_duration.observe,
+            on_write=lambda outcome: t.writes.labels(outcome.value).inc(),
+            on_request=t.write_duration.observe, on_gone=self._drop_trainjob,
             policy=s.write_policy(), policy_of=self.policy_of,
             target=StatusTarget(s.status_target), health=self.health,
             other_writer_grace=s.other_writer_grace,
-            on_deferred=lambda reason: self.telemetry.writes_deferred.labels(reason).inc(),
-            on_skew=lambda direction: self.telemetry.clock_skew.labels(direction).inc(),
-        )
-        if writer is not None:  # brought by the caller: still resumed after an outage
-            self.health.on_recovered(writer.queue.resume)
-            writer.policy_of = self.policy_of
+            on_deferred=lambda reason: t.writes_deferred.labels(reason).inc(),
+            on_skew=lambda direction: t.clock_skew.labels(direction).inc(), request=request)
         # Everything not applied yet, also what a writer took and waits on the budget for.
-        self.telemetry.writes_pending.set_function(lambda: self.writer.queue.unapplied())
-        self.trainjobs = self.writer.store
-        self.trainjobs.on_gone = self._trainjob_gone
-        self.writer.on_gone = self._drop_trainjob
+        t.writes_pending.set_function(lambda: self.writer.queue.unapplied())
         self.crd = self.writer.crd
         self.events = self.writer.events
-        self.logs: LogScraper | None = None
-        if s.log_source:
-            self.logs = LogScraper(
-                self.api, LogLimits(s.log_limit_bytes, s.log_tail_lines, s.log_qps,
-                                    s.log_burst, s.scrape_timeout),
-                on_read=self.telemetry.count_log_read,
-                on_parse_failure=self.telemetry.log_parse_failures.inc)
+        self.logs: LogScraper | None = LogScraper(
+            self.api, LogLimits(s.log_limit_bytes, s.log_tail_lines, s.log_qps, s.log_burst,
+                                s.scrape_timeout),
+            on_read=t.count_log_read,
+            on_parse_failure=t.log_parse_failures.inc) if s.log_source else None
         self.scraper = SourceScraper(ExporterScraper(
             ScrapeLimits(s.scrape_timeout, s.max_body_bytes, s.concurrency),
-            observe=self.telemetry.scrape_duration.observe, waiting=s.wait_scrapes,
+            observe=t.scrape_duration.observe, waiting=s.wait_scrapes,
         ), self.logs, on_exporter_answer=self._exporter_answered)
-        self.scheduler = TargetScheduler(
-            self._run_target,
-            on_skipped=lambda key: self.telemetry.skipped_runs.inc())
-        self.loop = ScrapeLoop(
-            self.scraper, self.writer, self.events,
-            backoff_max=s.backoff_max,
-            leading=lambda: self.manager.leading,
-            on_gone=self._drop_trainjob,
+        t.held_scrapes.set_function(lambda: self.scraper.held)
+        self.scheduler = TargetScheduler(self._run_target,
+                                         on_skipped=lambda key: t.skipped_runs.inc())
+        self.scrape_loop = ScrapeLoop(
+            self.scraper, self.writer, self.events, backoff_max=s.backoff_max,
+            leading=lambda: self.manager.leading, on_gone=self._drop_trainjob,
             on_busy=lambda key: self.scheduler.note_skipped(
                 key, f"no scrape slot came free in time (all {s.concurrency} in use)"),
-            count_scrape=lambda result: self.telemetry.scrapes.labels(result).inc(),
-            count_wrong_pod=lambda reason: self.telemetry.wrong_pod_answers.labels(reason).inc(),
-            count_write=lambda outcome: self.telemetry.writes.labels(outcome.value).inc(),
-            waiting=s.wait_scrapes,
-            on_hold=lambda key, holding: (self.scheduler.pause(key) if holding
-                                          else self.scheduler.resume(key)),
+            count_scrape=lambda result: t.scrapes.labels(result).inc(),
+            count_wrong_pod=lambda reason: t.wrong_pod_answers.labels(reason).inc(),
+            count_write=lambda outcome: t.writes.labels(outcome.value).inc(),
+            waiting=s.wait_scrapes, on_hold=self._on_hold,
             final_from_log=self._final_from_log if self.logs is not None else None,
-            policy_of=self.policy_of,
-            on_retry=self.scheduler.run_within,
-            pods_at=lambda url: self.manager.addresses.pods_at(url),
-        )
-        self.telemetry.held_scrapes.set_function(lambda: self.scraper.held)
-        self.jobs = OwnerIndex(self.scopes, "Job")
-        self.jobsets = OwnerIndex(self.scopes, "JobSet")
+            policy_of=self.policy_of, on_retry=self.scheduler.run_within,
+            pods_at=lambda url: self.manager.addresses.pods_at(url))
+        # Any change to a link of an owner chain, and every list, re-checks the pods
+        # waiting on it (scraper/discovery/identity.py, "Convergence").
+        self.jobs = OwnerIndex(self.scopes, "Job", on_change=self._owners_changed)
+        self.jobsets = OwnerIndex(self.scopes, "JobSet", on_change=self._owners_changed)
         self.identity = Identity(self.jobs, self.jobsets, self.trainjobs)
         self.manager = TargetManager(
-            self.loop, self.scheduler, spawn=self._spawn, forget=self.writer.forget,
+            self.scrape_loop, self.scheduler, spawn=self._spawn, forget=self.writer.forget,
             default_port=s.default_port, default_path=s.default_path,
             default_interval=s.interval, leading=not s.leader_election,
             identify=self.identity.verify, on_dropped=self.scraper.forget,
-            trainjob_source=self._trainjob_source,
-        )
-        # Any change to a link of an owner chain, and every list, re-checks the pods
-        # waiting on it (scraper/discovery/identity.py, "Convergence").
-        self.jobs.on_change = self.jobsets.on_change = self._owners_changed
-        self.trainjobs.on_seen = self._trainjob_seen
+            trainjob_source=self._trainjob_source)
         self.pod_feed = PodFeed(
-            self.manager, ScopesListed(self.scopes), on_ready=self.telemetry.ready.set,
-            on_failure=lambda kind: self.telemetry.pod_apply_failures.labels(kind).inc(),
+            self.manager, ScopesListed(self.scopes), on_ready=t.ready.set,
+            on_failure=lambda kind: t.pod_apply_failures.labels(kind).inc(),
             on_applied=self._targets_changed)
         self.stalls = StallWatch(
-            targets=self._stall_targets, store=self.trainjobs, events=self.events,
+            targets=lambda: observed(self.manager.chosen()), store=self.trainjobs,
+            events=self.events,
             write_marker=(functools.partial(write_stall_marker, self.api)
                           if s.stall_annotate else None),
             given=s.stall_after, leading=lambda: self.manager.leading,
             ready=lambda: (self.pod_feed.listed.event.is_set()
                            and self.trainjobs.synced.is_set()),
             spawn=lambda coro: self._spawn_named("stall-record", coro))
-        self.telemetry.registry.register(StallCollector(self.stalls))
+        t.registry.register(StallCollector(self.stalls))
 
     # ------------------------------------------------------------ lifecycle
 
@@ -242,7 +222,7 @@ class ScraperApp:
             w.start()
         supervisor.root(ROOT_CONSUMER, self.pod_feed.run(queue, watchers))
         supervisor.root(ROOT_HEALTH, self.health.run())
-        supervisor.root(ROOT_CRD, self._recheck_crd())
+        supervisor.root(ROOT_CRD, self.crd.recheck_every(CRD_RECHECK_SECONDS))
         supervisor.root(ROOT_STALL, self.stalls.run())
         if self._elector is not None:
             supervisor.root(ROOT_LEADER, self._elector.run())
@@ -250,7 +230,7 @@ class ScraperApp:
                  "status target %s%s", s.selector, ",".join(s.namespaces) or "all", s.interval,
                  s.status_target, ", leader election on" if self._elector else "")
         try:
-            await _first(stop, supervisor.failed)
+            await first_set(stop, supervisor.failed)
         finally:
             log.info("stopping: no new scrapes; waiting up to %gs for in-flight writes",
                      s.shutdown_timeout)
@@ -312,6 +292,13 @@ class ScraperApp:
         return await self.logs.final(final.namespace, final.pod_name, final.pod_uid,
                                      final.log_container)
 
+    def _on_hold(self, key: str, holding: bool) -> None:
+        # The scheduler's job waits while the target's waiting scrape is held.
+        if holding:
+            self.scheduler.pause(key)
+        else:
+            self.scheduler.resume(key)
+
     async def _run_target(self, key: str) -> None:
         # A coroutine function (not a lambda returning a coroutine): APScheduler runs
         # only those on the loop, anything else in a thread.
@@ -324,18 +311,6 @@ class ScraperApp:
     def _spawn_named(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         assert self.supervisor is not None, "spawned before run()"
         self.supervisor.background(name, coro)
-
-    # ------------------------------------------------------------ stall detection
-
-    def _stall_targets(self) -> list[Observed]:
-        out = []
-        for key, state in self.manager.chosen().items():
-            target = state.target
-            if target is None:
-                continue
-            out.append(Observed(key, target.trainjob_uid, target.pod_name, state.uid,
-                                target.interval, state.view.status, state.view.up is True))
-        return out
 
     def _watch_restarted(self, reason: str) -> None:
         # Called from a watch thread; prometheus-client counters are thread-safe.
@@ -364,16 +339,6 @@ class ScraperApp:
         self.manager.drop_trainjob(namespace, trainjob)
         self._targets_changed()
 
-    # ------------------------------------------------------------ root tasks
-
-    async def _recheck_crd(self) -> None:
-        """Re-read a CRD that is unsupported or unread, every minute."""
-        while True:
-            await asyncio.sleep(CRD_RECHECK_SECONDS)
-            if self.crd.supported is not True:
-                with contextlib.suppress(Exception):  # check() logs what it learns
-                    await self.crd.check()
-
     # ------------------------------------------------------------ owner chain
 
     def _trainjob_seen(self, key: tuple[str, str] | None) -> None:
@@ -389,12 +354,3 @@ class ScraperApp:
                  namespace, name, uid)
         self._drop_trainjob(namespace, name)
 
-
-async def _first(*events: asyncio.Event) -> None:
-    """Wait until the first of the events is set."""
-    waits = [asyncio.create_task(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()

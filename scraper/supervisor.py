@@ -103,3 +103,13 @@ class Supervisor:
                 raise  # the caller itself was cancelled
             except Exception:
                 log.exception("root task %s failed while stopping", name)
+
+
+async def first_set(*events: asyncio.Event) -> None:
+    """Wait until the first of ``events`` is set."""
+    waits = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()

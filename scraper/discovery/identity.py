@@ -79,15 +79,17 @@ class OwnerIndex:
     Args:
         scopes: the namespaces listed (None: all); :attr:`synced` once each was.
         kind: ``"Job"`` or ``"JobSet"``, the kind of the links reported.
+        on_change: called as above (on the event loop).
     """
 
     def __init__(self, scopes: list[str | None],
-                 kind: Literal["Job", "JobSet"] = "Job") -> None:
+                 kind: Literal["Job", "JobSet"] = "Job", *,
+                 on_change: Callable[[Link | None], None] = lambda link: None) -> None:
         self._by_uid: dict[str, Owned] = {}
         self._listed = ScopesListed(scopes)
         self._kind: Literal["Job", "JobSet"] = kind
         self.synced = self._listed.event
-        self.on_change: Callable[[Link | None], None] = lambda link: None
+        self._on_change = on_change
 
     def __len__(self) -> int:
         return len(self._by_uid)
@@ -112,7 +114,7 @@ class OwnerIndex:
             uid, owned = self._owned(obj)
             self._by_uid[uid] = owned
         self._listed.listed(scope)
-        self.on_change(None)
+        self._on_change(None)
 
     def on_event(self, kind: str, obj: dict[str, Any]) -> None:
         """One watch event."""
@@ -121,7 +123,7 @@ class OwnerIndex:
             self._by_uid.pop(uid, None)
         else:
             self._by_uid[uid] = owned
-        self.on_change((self._kind, uid))
+        self._on_change((self._kind, uid))
 
 
 @dataclass(frozen=True)

@@ -269,19 +269,23 @@ class TrainJobStore:
         scopes: the namespaces listed (None: all); :meth:`wait_synced` waits for each.
         clock: monotonic seconds (:attr:`Writer.seen`).
         wall: epoch seconds (the age of a write first seen in a list).
+        on_gone, on_change, on_seen: the callbacks of the module doc.
     """
 
     def __init__(self, scopes: list[str | None], *,
                  clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 on_gone: Callable[[str, str, str], None] = lambda namespace, name, uid: None,
+                 on_change: Callable[[str, str, Held], None] = lambda ns, name, held: None,
+                 on_seen: Callable[[TrainJobKey | None], None] = lambda key: None) -> None:
         self.clock = clock
         self.wall = wall
         self._held: dict[TrainJobKey, Held] = {}
         self._listed = ScopesListed(scopes)
         self.synced = self._listed.event
-        self.on_gone: Callable[[str, str, str], None] = lambda namespace, name, uid: None
-        self.on_change: Callable[[str, str, Held], None] = lambda namespace, name, held: None
-        self.on_seen: Callable[[TrainJobKey | None], None] = lambda key: None
+        self._on_gone = on_gone
+        self._on_change = on_change
+        self._on_seen = on_seen
 
     def __len__(self) -> int:
         return len(self._held)
@@ -369,11 +373,11 @@ class TrainJobStore:
             new = listed.get(key)
             if new is None or new.uid != held.uid:
                 del self._held[key]
-                self.on_gone(key[0], key[1], held.uid)
+                self._on_gone(key[0], key[1], held.uid)
         for key, new in listed.items():
             self._update(key, new, listed=True)
         self._listed.listed(scope)
-        self.on_seen(None)
+        self._on_seen(None)
 
     def on_event(self, kind: str, obj: dict[str, Any]) -> None:
         """One watch event."""
@@ -383,13 +387,13 @@ class TrainJobStore:
         if kind == "DELETED":
             if old is not None and old.uid == new.uid:
                 del self._held[key]
-                self.on_gone(key[0], key[1], old.uid)
+                self._on_gone(key[0], key[1], old.uid)
         else:
             if old is not None and old.uid != new.uid:
                 del self._held[key]
-                self.on_gone(key[0], key[1], old.uid)
+                self._on_gone(key[0], key[1], old.uid)
             self._update(key, new)
-        self.on_seen(key)
+        self._on_seen(key)
 
     def _update(self, key: TrainJobKey, new: Held, *, listed: bool = False) -> None:
         old = self._held.get(key)
@@ -400,4 +404,4 @@ class TrainJobStore:
         self._held[key] = new
         if (old is None or old.uid != new.uid or old.status != new.status
                 or old.annotated != new.annotated):
-            self.on_change(key[0], key[1], new)
+            self._on_change(key[0], key[1], new)

@@ -9,6 +9,8 @@ actionable ERROR log line, or, when the writer has a fallback place
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -54,7 +56,7 @@ class CrdSupport:
     Args:
         ext: the client's ApiextensionsV1Api.
         on_supported: called when support is (re)established (e.g. to clear
-            per-TrainJob "unsupported" notices); may be set after construction.
+            per-TrainJob "unsupported" notices).
         fallback: where statuses go instead while the CRD lacks the field (for the
             log lines; ``""``: nowhere).
         clock: monotonic seconds.
@@ -65,7 +67,7 @@ class CrdSupport:
                  fallback: str = "",
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._ext = ext
-        self.on_supported = on_supported
+        self._on_supported = on_supported
         self.fallback = fallback
         self._clock = clock
         self.supported: bool | None = None
@@ -103,10 +105,19 @@ class CrdSupport:
             self.mark_supported()
         return ok
 
+    async def recheck_every(self, seconds: float) -> None:
+        """Read the CRD again every ``seconds`` while it is unsupported or unread (a
+        root task: runs until cancelled; :meth:`check` logs what it learns)."""
+        while True:
+            await asyncio.sleep(seconds)
+            if self.supported is not True:
+                with contextlib.suppress(Exception):
+                    await self.check()
+
     def mark_supported(self) -> None:
         """The CRD stores trainerStatus (a schema or an apply response showed it)."""
         self.supported = True
-        self.on_supported()
+        self._on_supported()
 
     def mark_unsupported(self, evidence: str) -> None:
         """The CRD cannot store trainerStatus; ``evidence`` says how that was learnt."""

@@ -10,12 +10,24 @@ with leadership loses no final.  A deleted pod whose final is still owed is kept
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
-from scraper.discovery.pods import Final
-from scraper.scrape.loop import FinalDue, ScrapeLoop, TargetState
+from exporter_lib.status import StatusError, TrainerStatus
+from scraper.discovery.identity import Belongs, Link, NotYet, Verdict, restart_attempt
+from scraper.discovery.pods import Final, final_from_deleted, pod_key
+from scraper.scrape.exporter import excerpt
+from scraper.scrape.loop import (
+    DETAIL_MAX,
+    FINAL_SETTLED,
+    REASON_FINAL_INVALID,
+    FinalDue,
+    ScrapeLoop,
+    TargetState,
+)
+from scraper.telemetry import JobView
 
 log = logging.getLogger(__name__)
 
@@ -26,17 +38,21 @@ class OwedFinals:
     """Starts the finalize runs of owed finals and keeps the deleted pods that owe one.
 
     Args:
-        loop: runs a finalize (:meth:`scraper.scrape.loop.ScrapeLoop.finalize`).
+        loop: writes a final (:func:`finalize`).
         spawn: starts a background coroutine and tracks it.
         leading: whether this replica writes now.
         superseded: whether a newer restart attempt of the pod's TrainJob runs.
+        park: checks a deleted pod's owner chain again after the next list (``key``,
+            pod, links: :meth:`scraper.scrape.pod_checks.PodChecks.park`).
     """
 
     def __init__(self, loop: ScrapeLoop, *,
                  spawn: Callable[[Coroutine[Any, Any, None]], object],
                  leading: Callable[[], bool],
-                 superseded: Callable[[TargetState], bool]) -> None:
+                 superseded: Callable[[TargetState], bool],
+                 park: Callable[[str, dict[str, Any], Iterable[Link]], None]) -> None:
         self._loop = loop
+        self._park = park
         self._spawn = spawn
         self._leading = leading
         self._superseded = superseded
@@ -63,12 +79,43 @@ class OwedFinals:
         still has it queue in the new term."""
         settled = False
         try:
-            settled = await self._loop.finalize(final, state)
+            settled = await finalize(self._loop, final, state)
         finally:
             if settled:
                 self._settled(state)
             elif state.final is FinalDue.APPLYING:
                 state.final = FinalDue.OWED
+
+    def owe_deleted(self, pod: dict[str, Any], verdict: Verdict,
+                    state: TargetState | None = None, requested: float | None = None) -> None:
+        """Owe the final status of a deleted pod (seen ended only now) once its chain
+        verifies; ``state``: the pod's dropped state, if it had one; ``requested``: the
+        earliest deletion request seen for it
+        (:class:`scraper.discovery.deletions.DeletionRequests`).
+
+        While the informers still list, the pod is parked (under ``deleted:<uid>``) and
+        checked again after each list: a pod that ended and was deleted before a slow
+        TrainJob list came must not lose its final status.  Once everything was listed,
+        an unknown Job means the chain cannot be verified any more (it went with the
+        pod): nothing is written to a TrainJob the pod may not belong to.
+        """
+        final = final_from_deleted(pod, requested)
+        if final is None:
+            return
+        uid = (pod.get("metadata") or {}).get("uid", "")
+        if isinstance(verdict, NotYet) and verdict.listing:
+            self._park(f"deleted:{uid}", pod, ())
+        elif isinstance(verdict, NotYet):
+            log.info("final status of deleted pod %s not written: %s (its owner chain "
+                     "cannot be verified)", pod_key(pod), verdict.reason)
+        elif isinstance(verdict, Belongs):
+            if state is None:
+                state = TargetState(JobView(final.namespace, final.trainjob, final.pod_name),
+                                    uid=uid, dropped=True)
+            state.attempt = restart_attempt(pod)
+            state.end(dataclasses.replace(final, trainjob_uid=verdict.trainjob_uid))
+            self.keep(state)
+            self.start(state)
 
     def start_every_deleted(self, trainjob: TrainJobKey | None = None) -> None:
         """Start the owed finals of the deleted pods of ``trainjob`` (None: of all)."""
@@ -103,3 +150,51 @@ class OwedFinals:
     def sizes(self) -> dict[str, int]:
         """TrainJobs and deleted pods with a final owed."""
         return {"owed": len(self.owed), "owed_pods": sum(len(v) for v in self.owed.values())}
+
+
+async def finalize(loop: ScrapeLoop, final: Final, state: TargetState | None) -> bool:
+    """Apply the final status from a terminated pod's termination message, through
+    ``loop``'s write (and its log source, for a pod whose source is not the exporter).
+
+    The first container message that is a valid trainerStatus is applied; when none is,
+    one Warning Event names every problem.
+
+    Returns:
+        True when the final is settled (:class:`FinalDue`): the apply found nothing to
+        write or wrote it, the TrainJob is gone, or there is no valid final (the Event
+        was recorded).  False while it is owed: queued in this replica's write queue
+        (lost if leadership ends before it lands), not leading, or the apply failed;
+        applying it again later is safe (coalesced, or found unchanged).
+    """
+    problems = []
+    for container, message in final.messages:
+        try:
+            status = TrainerStatus.from_json(message)
+        except StatusError as exc:
+            problems.append(f"container {excerpt(container)}: {excerpt(str(exc), DETAIL_MAX)}")
+            continue
+        if state is not None:
+            state.view.status = status
+        outcome = await loop.write(final.namespace, final.trainjob, status, final=True,
+                                   uid=final.trainjob_uid, finished_at=final.finished(container))
+        log.info("final status of TrainJob %s/%s from pod %s (container %s): %s",
+                 final.namespace, final.trainjob, final.pod_name, container,
+                 outcome.value if outcome else "TrainJob gone")
+        return outcome is None or outcome in FINAL_SETTLED
+    if final.source != "exporter" and loop.final_from_log is not None:
+        from_log = await loop.final_from_log(final, state is not None and state.exporter_answered)
+        if from_log is not None:
+            if state is not None:
+                state.view.status = from_log
+            outcome = await loop.write(final.namespace, final.trainjob, from_log, final=True,
+                                       uid=final.trainjob_uid)
+            log.info("final status of TrainJob %s/%s from the log of pod %s (container %s): %s",
+                     final.namespace, final.trainjob, final.pod_name, final.log_container,
+                     outcome.value if outcome else "TrainJob gone")
+            return outcome is None or outcome in FINAL_SETTLED
+    if problems:
+        await loop.events.event(
+            final.namespace, final.trainjob, REASON_FINAL_INVALID,
+            f"termination message of pod {final.pod_name} is not a valid trainerStatus: "
+            + "; ".join(problems) + "; the previous status is kept")
+    return True

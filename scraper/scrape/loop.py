@@ -31,12 +31,13 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
   Event (as other failures, at most once per :data:`EVENT_REPEAT_SECONDS`).
 * Final status: a terminated pod's final status is owed (:class:`FinalDue`) until the
   writer finds it needs no write: the TrainJob holds it, another writer's newer status
-  stands, the CRD cannot store it, or the TrainJob is gone (:meth:`ScrapeLoop.finalize`
-  says which).  The caller (:class:`scraper.scrape.manager.TargetManager`) starts one
-  finalize at a time per pod and starts it again while it is owed (leadership gained,
-  a pod event, a relist); a repeated apply is coalesced by the write queue or found
-  unchanged, so an owed final is written once.  A scrape that returns after the pod
-  ended writes nothing, so the final status wins.
+  stands, the CRD cannot store it, or the TrainJob is gone
+  (:func:`scraper.scrape.finals.finalize` says which).  The caller
+  (:class:`scraper.scrape.finals.OwedFinals`) starts one finalize at a time per pod and
+  starts it again while it is owed (leadership gained, a pod event, a relist); a
+  repeated apply is coalesced by the write queue or found unchanged, so an owed final
+  is written once.  A scrape that returns after the pod ended writes nothing, so the
+  final status wins.
 * Order and news (docs/scraper.md, "Other writers and time"): an answer whose
   exporter sequence (:data:`scraper.scrape.sequence.SEQUENCE_HEADER`) is lower than the
   last one of the same exporter process is late and dropped (``scrapes_total{result=
@@ -61,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from exporter_lib.hold_policy import format_policy
-from exporter_lib.status import StatusError, TrainerStatus
+from exporter_lib.status import TrainerStatus
 from scraper.discovery.pods import Final
 from scraper.discovery.targets import Target
 from scraper.discovery.trainjobs import TrainJobGone
@@ -102,7 +103,6 @@ REASON_SHARED_ADDRESS = "TrainerStatusFromSharedAddress"
 DETAIL_MAX = 160
 
 
-
 #: Outcomes after which the ETag is kept: the status is where it belongs (or cannot be).
 #: QUEUED: the write queue keeps it until applied (writes: scraper/write/).
 _SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.NOT_STORED,
@@ -111,7 +111,7 @@ _SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.NOT_STORE
 
 #: Outcomes of a final's apply after which it is owed no more: on the TrainJob (or found
 #: there), another writer's newer status stands (write.rules), the CRD cannot store it.
-_FINAL_SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.DEFERRED,
+FINAL_SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.DEFERRED,
                   WriteOutcome.NOT_STORED)
 
 
@@ -311,13 +311,13 @@ class ScrapeLoop:
         self._pods_at = pods_at
         self._policy_of = policy_of
         self._on_retry = on_retry
-        self._final_from_log = final_from_log
+        self.final_from_log = final_from_log
         self._count_wrong_pod = count_wrong_pod
         self._waiting = waiting
         self._on_hold = on_hold
         self._scraper = scraper
         self._writer = writer
-        self._events = events
+        self.events = events
         self._backoff_max = backoff_max
         self._leading = leading
         self._on_gone = on_gone
@@ -478,7 +478,7 @@ class ScrapeLoop:
         detail = excerpt(failure.detail, DETAIL_MAX)
         message = f"scraping {target.url} (pod {target.pod_name}): {detail}"
         log.warning("TrainJob %s/%s: %s", target.namespace, target.trainjob, message)
-        await self._events.event(target.namespace, target.trainjob, reason,
+        await self.events.event(target.namespace, target.trainjob, reason,
                                  message + "; the previous status is kept")
 
     async def _on_wrong_pod(self, state: TargetState, target: Target, wrong: WrongPod) -> None:
@@ -496,7 +496,7 @@ class ScrapeLoop:
         if at is not None and now - at < EVENT_REPEAT_SECONDS:
             return
         state.event_at[REASON_WRONG_POD] = now
-        await self._events.event(target.namespace, target.trainjob, REASON_WRONG_POD,
+        await self.events.event(target.namespace, target.trainjob, REASON_WRONG_POD,
                                  message + "; not written, the previous status is kept")
 
     async def _on_shared_address(self, state: TargetState, target: Target,
@@ -512,7 +512,7 @@ class ScrapeLoop:
                    "pod's")
         log.warning("TrainJob %s/%s: %s; not written", target.namespace, target.trainjob,
                     message)
-        await self._events.event(target.namespace, target.trainjob, REASON_SHARED_ADDRESS,
+        await self.events.event(target.namespace, target.trainjob, REASON_SHARED_ADDRESS,
                                  message + "; not written, the previous status is kept")
 
     async def write(self, namespace: str, trainjob: str, status: TrainerStatus, *,
@@ -532,53 +532,3 @@ class ScrapeLoop:
             log.warning("status write to TrainJob %s/%s failed: %s", namespace, trainjob, exc)
             self._count_write(WriteOutcome.FAILED)
             return WriteOutcome.FAILED
-
-    async def finalize(self, final: Final, state: TargetState | None) -> bool:
-        """Apply the final status from a terminated pod's termination message.
-
-        The first container message that is a valid trainerStatus is applied; when
-        none is, one Warning Event names every problem.
-
-        Returns:
-            True when the final is settled (:class:`FinalDue`): the apply found nothing
-            to write or wrote it, the TrainJob is gone, or there is no valid final (the
-            Event was recorded).  False while it is owed: queued in this replica's write
-            queue (lost if leadership ends before it lands), not leading, or the apply
-            failed; applying it again later is safe (coalesced, or found unchanged).
-        """
-        problems = []
-        for container, message in final.messages:
-            try:
-                status = TrainerStatus.from_json(message)
-            except StatusError as exc:
-                problems.append(f"container {excerpt(container)}: "
-                                f"{excerpt(str(exc), DETAIL_MAX)}")
-                continue
-            if state is not None:
-                state.view.status = status
-            outcome = await self.write(final.namespace, final.trainjob, status, final=True,
-                                       uid=final.trainjob_uid,
-                                       finished_at=final.finished(container))
-            log.info("final status of TrainJob %s/%s from pod %s (container %s): %s",
-                     final.namespace, final.trainjob, final.pod_name, container,
-                     outcome.value if outcome else "TrainJob gone")
-            return outcome is None or outcome in _FINAL_SETTLED
-        if final.source != "exporter" and self._final_from_log is not None:
-            from_log = await self._final_from_log(
-                final, state is not None and state.exporter_answered)
-            if from_log is not None:
-                if state is not None:
-                    state.view.status = from_log
-                outcome = await self.write(final.namespace, final.trainjob, from_log,
-                                           final=True, uid=final.trainjob_uid)
-                log.info("final status of TrainJob %s/%s from the log of pod %s (container "
-                         "%s): %s", final.namespace, final.trainjob, final.pod_name,
-                         final.log_container, outcome.value if outcome else "TrainJob gone")
-                return outcome is None or outcome in _FINAL_SETTLED
-        if problems:
-            await self._events.event(
-                final.namespace, final.trainjob, REASON_FINAL_INVALID,
-                f"termination message of pod {final.pod_name} is not a valid trainerStatus: "
-                + "; ".join(problems) + "; the previous status is kept",
-            )
-        return True

@@ -28,7 +28,6 @@ from scraper.discovery.deletions import DeletionRequests
 from scraper.discovery.identity import (
     Belongs,
     Link,
-    NotYet,
     Verdict,
     rank,
     restart_attempt,
@@ -123,9 +122,10 @@ class TargetManager:
         #: share one (scraper/scrape/loop.py, SharedAddress).
         self.addresses = AddressIndex()
         self.choice = TargetChoice(self.states, scheduler, lambda: self.leading)
-        self.finals = OwedFinals(loop, spawn=spawn, leading=lambda: self.leading,
-                                 superseded=self.choice.superseded_by_attempt)
         self.checks = PodChecks(identify)
+        self.finals = OwedFinals(loop, spawn=spawn, leading=lambda: self.leading,
+                                 superseded=self.choice.superseded_by_attempt,
+                                 park=self.checks.park)
         self._on_dropped = on_dropped
         # The earliest deletion request of each pod being deleted: a kubelet's grace-0
         # confirmation rewrites the pod's own (scraper/discovery/deletions.py).
@@ -224,7 +224,7 @@ class TargetManager:
                 # Verified while it ran (its Job may be gone with it), else check now.
                 verdict = Belongs(known) if known else self.checks.verified(key, pod)
                 self.drop(key)
-                self._final_of_deleted(key, pod, verdict, state, requested)
+                self.finals.owe_deleted(pod, verdict, state, requested)
                 return
             self.drop(key)  # an owed final stays owed (kept in self.owed)
             if state is not None:
@@ -298,7 +298,6 @@ class TargetManager:
         inherited = self._trainjob_source(namespace, trainjob)
         return inherited if inherited in SOURCES else current
 
-
     def recheck(self, link: Link | None = None) -> None:
         """Check again the pods whose owner chain did not verify and that wait on ``link``
         (a Job, JobSet or TrainJob added, changed or deleted); every such pod for None
@@ -306,41 +305,9 @@ class TargetManager:
         for key, pod in self.checks.waiting.due(link):
             if key.startswith("deleted:"):
                 self.checks.release(key)
-                self._final_of_deleted(key, pod, self.checks.verified(key, pod))
+                self.finals.owe_deleted(pod, self.checks.verified(key, pod))
             else:
                 self.on_pod(pod, deleted=False)
-
-    def _final_of_deleted(self, key: str, pod: dict[str, Any], verdict: Verdict,
-                          state: TargetState | None = None,
-                          requested: float | None = None) -> None:
-        """Owe the final status of a deleted pod (seen ended only now) once its chain
-        verifies; ``state``: the pod's dropped state, if it had one; ``requested``: the
-        earliest deletion request seen for it (:class:`DeletionRequests`).
-
-        While the informers still list, the pod is kept (under ``deleted:<uid>``) and
-        checked again after each list: a pod that ended and was deleted before a slow
-        TrainJob list came must not lose its final status.  Once everything was listed,
-        an unknown Job means the chain cannot be verified any more (it went with the
-        pod): nothing is written to a TrainJob the pod may not belong to.
-        """
-        final = final_from_deleted(pod, requested)
-        if final is None:
-            return
-        uid = (pod.get("metadata") or {}).get("uid", "")
-        if isinstance(verdict, NotYet) and verdict.listing:
-            self.checks.park(f"deleted:{uid}", pod, ())
-        elif isinstance(verdict, NotYet):
-            log.info("final status of deleted pod %s not written: %s (its owner chain "
-                     "cannot be verified)", pod_key(pod), verdict.reason)
-        elif isinstance(verdict, Belongs):
-            if state is None:
-                state = TargetState(JobView(final.namespace, final.trainjob, final.pod_name),
-                                    uid=uid, dropped=True)
-            state.attempt = restart_attempt(pod)
-            state.end(dataclasses.replace(final, trainjob_uid=verdict.trainjob_uid))
-            self.finals.keep(state)
-            self.finals.start(state)
-
 
     @property
     def owed(self) -> dict[tuple[str, str], dict[str, TargetState]]:
@@ -397,15 +364,6 @@ class TargetManager:
     # ------------------------------------------------------------ telemetry
 
     def views(self) -> Iterable[JobView]:
-        """One view per TrainJob; nothing on a standby (it would export stale zeros).
-        Safe from another thread."""
-        if not self.leading:
-            return []
-        by_job: dict[tuple[str, str], JobView] = {}
-        # /metrics calls this from its render thread (scraper/telemetry.py).
-        for state in self.states.snapshot():
-            key = state.trainjob_key
-            # A live target wins over a terminated pod of the same TrainJob.
-            if key not in by_job or state.target is not None:
-                by_job[key] = state.view
-        return list(by_job.values())
+        """One view per TrainJob (:meth:`TargetTable.views`); nothing on a standby (it
+        would export stale zeros).  Safe from another thread."""
+        return self.states.views() if self.leading else []

@@ -10,6 +10,7 @@ from collections.abc import Iterator, MutableMapping
 from urllib.parse import urlsplit
 
 from scraper.scrape.loop import TargetState
+from scraper.telemetry import JobView
 
 TrainJobKey = tuple[str, str]
 
@@ -59,6 +60,17 @@ class TargetTable(MutableMapping[str, TargetState]):
         """Every state, a copy taken in one step: safe to call from another thread (the
         /metrics render) while the loop adds and drops states."""
         return list(self._states.values())
+
+    def views(self) -> list[JobView]:
+        """One view per TrainJob, a live target's over a terminated pod's; from one
+        :meth:`snapshot`, so safe from the /metrics render thread
+        (scraper/telemetry.py)."""
+        by_job: dict[TrainJobKey, JobView] = {}
+        for state in self.snapshot():
+            key = state.trainjob_key
+            if key not in by_job or state.target is not None:
+                by_job[key] = state.view
+        return list(by_job.values())
 
     def of_trainjob(self, trainjob: TrainJobKey) -> list[str]:
         """Keys of the states of ``trainjob``, in the order they were added (a copy)."""

@@ -98,7 +98,8 @@ class StatusWriter:
 
     Args:
         api_client: a configured Kubernetes client.
-        store: the TrainJob informer's store (what each TrainJob holds).
+        store: the TrainJob informer's store (what each TrainJob holds); whoever builds
+            it passes :meth:`on_trainjob_change` as its ``on_change`` (the drift check).
         crd: what is known of the TrainJob CRD (shared with the CRD re-check).
         events: where "unsupported CRD" and ``ClockSkew`` Events go.
         limiter: the token bucket of the writes.
@@ -153,9 +154,9 @@ class StatusWriter:
         self.events = events
         self._may_write = may_write
         self._on_write = on_write
-        self.on_gone = on_gone
+        self._on_gone = on_gone
         self.policy = policy
-        self.policy_of = policy_of or (lambda namespace, name: self.policy)
+        self._policy_of = policy_of or (lambda namespace, name: self.policy)
         self.target = target
         self._clock = clock
         self._wall = wall
@@ -174,7 +175,6 @@ class StatusWriter:
             place=self.place, target=target, may_write=may_write, on_write=on_write,
             on_request=on_request, on_settled=self._settle, on_gone=self._dropped,
             health=health, clock=clock, wall=wall)
-        store.on_change = self.on_trainjob_change
         if health is not None:
             health.on_recovered(self.queue.resume)
 
@@ -190,6 +190,7 @@ class StatusWriter:
         may_write: Callable[[], bool] = lambda: True,
         on_write: Callable[[WriteOutcome], None] = lambda outcome: None,
         on_request: Callable[[float], None] = lambda seconds: None,
+        on_gone: Callable[[str, str], None] = lambda namespace, name: None,
         policy: WritePolicy = DEFAULT_POLICY,
         policy_of: Callable[[str, str], WritePolicy] | None = None,
         target: StatusTarget = StatusTarget.STATUS,
@@ -206,13 +207,14 @@ class StatusWriter:
         events = EventRecorder(CoreV1Api(api_client), identity=identity, uid_of=store.uid_of)
         fallback = ("" if target is StatusTarget.STATUS
                     else f"{Place.ANNOTATION.value} (--status-target {target.value})")
-        crd = CrdSupport(ApiextensionsV1Api(api_client), fallback=fallback)
+        # The writer is built next: the CRD's callback reads it when support returns.
+        crd = CrdSupport(ApiextensionsV1Api(api_client), fallback=fallback,
+                         on_supported=lambda: writer.supported_again())
         writer = cls(api_client, store=store, crd=crd, events=events, limiter=limiter,
                      may_write=may_write, on_write=on_write, on_request=on_request,
-                     policy=policy, policy_of=policy_of,
+                     on_gone=on_gone, policy=policy, policy_of=policy_of,
                      target=target, health=health, other_writer_grace=other_writer_grace,
                      on_deferred=on_deferred, on_skew=on_skew, request=request)
-        crd.on_supported = writer.supported_again
         return writer
 
     def place(self) -> Place:
@@ -297,7 +299,7 @@ class StatusWriter:
             priority = Priority.FIRST  # nothing of ours there yet (e.g. after a restart)
         hold = gap = 0.0
         if priority > Priority.FIRST:
-            policy = self.policy_of(namespace, name)
+            policy = self._policy_of(namespace, name)
             gap = policy.progress_floor
             last = self._ours.get(key)
             if priority is Priority.METRICS and last is not None:
@@ -339,7 +341,7 @@ class StatusWriter:
         """A write found the TrainJob gone: forget it, fail its waiters, tell ``on_gone``."""
         self.forget(namespace, name)
         self._settle((namespace, name), TrainJobGone(f"{namespace}/{name}"))
-        self.on_gone(namespace, name)
+        self._on_gone(namespace, name)
 
     def on_trainjob_change(self, namespace: str, name: str, held: Held) -> None:
         """The informer saw the TrainJob change: restore our status if another writer
