@@ -94,7 +94,7 @@ class ScraperApp:
             renew_deadline=s.renew_deadline, retry_period=s.retry_period,
             on_change=self._on_leadership) if s.leader_election else None
         self.scopes: list[str | None] = list(s.namespaces) or [None]
-        self.trainjobs = store or TrainJobStore(
+        self.trainjobs = store if store is not None else TrainJobStore(
             self.scopes, on_gone=self._trainjob_gone, on_seen=self._trainjob_seen,
             on_change=lambda ns, name, held: self.writer.on_trainjob_change(ns, name, held))
         # Writing by significance: the flags' policy, overridden per TrainJob.

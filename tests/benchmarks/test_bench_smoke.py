@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import breakdown
 from benchmarks.__main__ import problems, rate_text, rate_verdict, run_ours, table
-from benchmarks.farm import NginxFarm
+from benchmarks.farm import ExporterFarm, NginxFarm
 from benchmarks.procstat import cpu_seconds, rss_bytes
 
 pytestmark = pytest.mark.timeout(60)
@@ -45,6 +45,16 @@ def test_bypassed_scraper_scrapes_every_target_each_interval() -> None:
     assert result["results"].get("not_modified", 0) >= 40 * 2  # 304s after the first scrape
     assert result["expected"] == pytest.approx(40 * result["window"])
     assert result["cpu_seconds"] > 0
+
+
+def test_bypassed_scraper_writes_changes_within_the_budget() -> None:
+    """Real exporter_lib exporters changing every 0.5 s, the write budget of the
+    benchmark's default-budget row: changes reach the (in-memory) apply request.  An
+    empty in-memory store once counted as no store, and that row read 0 writes."""
+    with ExporterFarm(10, period=0.5, duration=30) as farm:
+        result = run_ours(farm.urls(), 1.0, 2.0, 4.0, default_budget=True)
+    assert result["results"].get("ok", 0) >= 10 * 2
+    assert result["writes"] >= 10 * 2
 
 
 def test_procstat_reads_this_process() -> None:
