@@ -23,6 +23,7 @@ from scraper.config import (
     ScraperSettings,
     load_settings,
     removed_option,
+    unknown_environment,
 )
 
 Handler = Callable[[argparse.Namespace], int]
@@ -86,6 +87,8 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for problem in unknown_environment():
+        logging.getLogger("scraper.config").warning("%s", problem)
     # APScheduler logs every added job and every run at INFO: keep its warnings only.
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     return asyncio.run(_serve(settings))

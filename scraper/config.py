@@ -136,11 +136,17 @@ class _FileSource(PydanticBaseSettingsSource):
             raise ConfigError([f"config={str(self.path)!r}: expected a mapping of options"])
         fields = self.settings_cls.model_fields
         out: dict[str, Any] = {}
+        seen: dict[str, Any] = {}  # field -> the key as the file spells it
         problems = []
         for raw_key, value in data.items():
             key = str(raw_key).replace("-", "_")
+            if key in out:  # write-qps and write_qps: which one was meant is unknown
+                problems.append(f"config={str(self.path)!r}: option {raw_key!r} given twice "
+                                f"(also as {seen[key]!r})")
+                continue
             if key in fields:
                 out[key] = value
+                seen[key] = raw_key
                 continue
             hint = removed_option(key)
             problems.append(f"config={str(self.path)!r}: "
@@ -432,21 +438,47 @@ def load_settings(
             for name, hint in REMOVED_OPTIONS.items() if ENV_PREFIX + name.upper() in given_env]
     if gone:
         raise ConfigError(gone)
+    # The variable that set each option not given as a flag, to name it in an error.
+    from_env = {upper[len(ENV_PREFIX):].lower(): key for upper, key in given_env.items()
+                if upper.startswith(ENV_PREFIX) and upper[len(ENV_PREFIX):].lower() not in given}
     token = _config_file.set(Path(config_file) if config_file else None)
     try:
         return ScraperSettings(**given)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from None
+        raise ConfigError(_describe(exc, from_env)) from None
     finally:
         _config_file.reset(token)
 
 
-def _describe(exc: ValidationError) -> list[str]:
+#: The variables Kubernetes sets for a Service named ``trainjob-scraper`` in the pod's
+#: namespace (service links, on by default): not options, never warned about.
+_SERVICE_LINK = re.compile(rf"{ENV_PREFIX}(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_\w+)?)")
+
+
+def unknown_environment() -> list[str]:
+    """``TRAINJOB_SCRAPER_*`` variables (any case) that name no option: misspelled ones,
+    which pydantic-settings ignores.  Each entry: ``"VARIABLE: ..."`` naming the option
+    it would be; service-link variables (:data:`_SERVICE_LINK`) are left out."""
+    out = []
+    for key in os.environ:
+        upper = key.upper()
+        name = upper[len(ENV_PREFIX):].lower()
+        if (upper.startswith(ENV_PREFIX) and name not in ScraperSettings.model_fields
+                and name not in REMOVED_OPTIONS and not _SERVICE_LINK.fullmatch(upper)):
+            out.append(f"{key}: no option {name.replace('_', '-')!r}; the variable is "
+                       "ignored (every option: trainjob-scraper run --help)")
+    return out
+
+
+def _describe(exc: ValidationError, from_env: Mapping[str, str]) -> list[str]:
     problems = []
     for err in exc.errors(include_url=False):
         # Named as on the command line and in the file (--listen-port, listen-port):
-        # the spelling a user typed, not the Python field name.
+        # the spelling a user typed, not the Python field name; and the variable too
+        # when the value came from the environment.
         option = ".".join(str(p).replace("_", "-") for p in err["loc"]) or "settings"
+        if err["loc"] and str(err["loc"][0]) in from_env:
+            option = from_env[str(err["loc"][0])]
         value = err.get("input")
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
@@ -455,7 +487,9 @@ def _describe(exc: ValidationError) -> list[str]:
             problems.append(msg)
         elif msg.startswith("not a duration") and err["loc"][0] in _DURATION_RANGES:
             limit = _limit_of(_DURATION_RANGES[str(err["loc"][0])])
-            problems.append(f"{option}={value!r}: {msg}; {limit}")
+            # A negative duration is a duration out of range: one limit, the range's.
+            why = limit if "(must be >= 0)" in msg else f"{msg}; {limit}"
+            problems.append(f"{option}={value!r}: {why}")
         else:
             problems.append(f"{option}={value!r}: {msg}")
     return problems

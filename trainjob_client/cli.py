@@ -129,7 +129,20 @@ def run_progress(args: argparse.Namespace, trainjobs: TrainJobs, namespace: str,
         return 0
     out.write(table.render(items, args.metrics, all_namespaces=args.all_namespaces,
                            ascii_only=_ascii_only(out)))
+    _warn_unreported(items, args.metrics)
     return 0
+
+
+def _warn_unreported(items: Sequence[TrainJobProgress], metrics: Sequence[str]) -> None:
+    """On stderr, each ``--metrics`` name no TrainJob shown reports (a typo shows only as
+    ``<none>`` cells otherwise), with the names they do report."""
+    reported = sorted({name for item in items if item.status is not None
+                       for name in item.status.metrics_dict()})
+    for name in metrics:
+        if name not in reported:
+            known = ", ".join(reported) if reported else "none"
+            print(f'Warning: no TrainJob shown reports metric "{name}" (metrics reported: '
+                  f"{known})", file=sys.stderr)
 
 
 def _finished(item: TrainJobProgress) -> bool:

@@ -86,6 +86,16 @@ def test_progress_table_shows_bar_eta_age_and_chosen_metrics(
     assert (row["LOSS"], row["ACCURACY"]) == ("0.173", "0.91")
     assert "LR" not in row, "only the metrics asked for are columns"
     assert rows["waiting"]["PROGRESS"] == "<none>"
+    assert "Warning" not in result.stderr, "both metrics are reported"
+
+    # A metric no TrainJob reports (a typo) is a column of <none> and a warning naming
+    # what is reported (a newcomer saw only the <none>).
+    typo = kubectl("trainjob", "progress", "-n", namespace, "--metrics", "los,loss")
+    assert typo.returncode == 0, typo.stderr
+    assert {r["NAME"]: r["LOS"] for r in cells(typo.stdout)} == {"train": "<none>",
+                                                                "waiting": "<none>"}
+    assert typo.stderr.strip() == ('Warning: no TrainJob shown reports metric "los" '
+                                   "(metrics reported: accuracy, loss, lr)")
 
 
 def test_progress_all_namespaces_has_a_namespace_column(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from scraper.cli import SUBCOMMANDS, build_parser
-from scraper.config import DEFAULT_SELECTOR, ConfigError, load_settings
+from scraper.config import DEFAULT_SELECTOR, ConfigError, load_settings, unknown_environment
 from scraper.discovery.pods import Final, Ignore, Scrape, Wait, classify
 from scraper.discovery.targets import Target
 from scraper.scrape.exporter import (
@@ -112,6 +112,42 @@ def test_a_removed_option_is_refused_with_its_replacement_wherever_it_is_set(
     with pytest.raises(ConfigError, match="trainjob_scraper_metrics_write_interval: option "
                        "was removed"):
         load_settings({})
+
+
+def test_an_option_from_the_environment_is_named_by_its_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINJOB_SCRAPER_INTERVAL", "abc")
+    with pytest.raises(ConfigError) as err:
+        load_settings({})
+    (problem,) = err.value.problems
+    assert problem.startswith("TRAINJOB_SCRAPER_INTERVAL='abc': not a duration")
+    # Given as a flag too, the flag is what was read: named as the option.
+    with pytest.raises(ConfigError) as flag:
+        load_settings({"interval": "xyz"})
+    assert flag.value.problems[0].startswith("interval='xyz': not a duration")
+
+
+def test_a_misspelled_variable_is_warned_about_and_service_links_are_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINJOB_SCRAPER_INTERVALL", "5s")
+    # What Kubernetes sets in every pod for a Service named trainjob-scraper.
+    for link in ("SERVICE_HOST", "SERVICE_PORT", "SERVICE_PORT_METRICS", "PORT",
+                 "PORT_8080_TCP", "PORT_8080_TCP_ADDR", "PORT_8080_TCP_PROTO"):
+        monkeypatch.setenv(f"TRAINJOB_SCRAPER_{link}", "x")
+    monkeypatch.setenv("TRAINJOB_SCRAPER_INTERVAL", "20s")
+    assert load_settings({}).interval == 20.0  # a warning, not a refusal
+    assert unknown_environment() == [
+        "TRAINJOB_SCRAPER_INTERVALL: no option 'intervall'; the variable is ignored "
+        "(every option: trainjob-scraper run --help)"]
+
+
+def test_an_option_twice_in_the_config_file_is_refused(tmp_path: Path) -> None:
+    cfg = tmp_path / "scraper.yaml"
+    cfg.write_text("write-qps: 2\nwrite_qps: 5\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings({}, cfg)
+    assert err.value.problems == [
+        f"config={str(cfg)!r}: option 'write_qps' given twice (also as 'write-qps')"]
 
 
 def test_lease_timings_checked() -> None:
