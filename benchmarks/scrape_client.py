@@ -3,6 +3,16 @@
 ``python -m benchmarks.scrape_client --tree own=/path/a --tree aiohttp=/path/b
 [--targets 1000 10000] [--warmup 75] [--window 120] [--rounds 2]``
 
+``python -m benchmarks.scrape_client --tree own=/path/a --aiohttp-of aiohttp=/path/a ...``
+measures one tree against itself with aiohttp's client: ``--aiohttp-of LABEL=PATH``
+(``LABEL=`` may be left out: ``aiohttp``) copies PATH's tracked files (``git -C PATH
+ls-files``, as they are in the working tree) into a temporary directory, puts
+``benchmarks/aiohttp_exchange.py`` of the tree running this harness in place of the
+copy's ``scraper/scrape/http_exchange.py`` (or ``scraper/http_exchange.py`` in older
+trees) and measures the copy as one more side; the copy is removed at the end.
+``--tree`` and ``--aiohttp-of`` may be given several times, in any mix; the sides run in
+the order given.
+
 Issue 28, deliverable 3: CPU of the scrape with the scraper's own HTTP/1.1 client
 (``scraper/scrape/http_exchange.py``) against aiohttp's client, at the defaults (interval 30 s,
 waiting scrapes, write budget QPS 20 / burst 30), at N TrainJobs.  Each ``--tree`` is a
@@ -30,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,6 +51,10 @@ from typing import Any
 from benchmarks.cluster_scale import _Exporters
 
 INTERVAL = 30.0
+#: The aiohttp variant of the scrape's exchange (same interface as the own client).
+AIOHTTP_EXCHANGE = Path(__file__).with_name("aiohttp_exchange.py")
+#: Where a tree's own exchange is (newest layout first).
+EXCHANGE_PATHS = ("scraper/scrape/http_exchange.py", "scraper/http_exchange.py")
 
 
 def load() -> str:
@@ -63,6 +78,32 @@ def run_tree(tree: Path, urls_file: Path, warmup: float, window: float) -> dict[
     return result
 
 
+def aiohttp_copy(tree: Path, into: Path) -> Path:
+    """A copy of ``tree``'s tracked files in ``into`` with its exchange replaced by
+    :data:`AIOHTTP_EXCHANGE`."""
+    listed = subprocess.run(["git", "-C", str(tree), "ls-files", "-z"], capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        src, dst = tree / name, into / name
+        if src.is_symlink() or src.is_file():  # a file deleted in the work tree is left out
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst, follow_symlinks=False)
+    exchange = next((into / p for p in EXCHANGE_PATHS if (into / p).is_file()), None)
+    if exchange is None:
+        raise SystemExit(f"{tree}: none of {', '.join(EXCHANGE_PATHS)} to replace")
+    exchange.write_bytes(AIOHTTP_EXCHANGE.read_bytes())
+    return into
+
+
+def _side(text: str, aiohttp: bool) -> tuple[str, Path, bool]:
+    label, eq, path = text.partition("=")
+    if not eq:
+        if not aiohttp:
+            raise argparse.ArgumentTypeError(f"{text!r}: LABEL=PATH")
+        label, path = "aiohttp", text
+    return label, Path(path).resolve(), aiohttp
+
+
 def summary(label: str, r: dict[str, Any]) -> dict[str, Any]:
     scrapes = float(r["scrapes"])
     return {
@@ -80,15 +121,36 @@ def summary(label: str, r: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tree", action="append", required=True,
+    parser.add_argument("--tree", action="append", dest="sides",
+                        type=lambda t: _side(t, aiohttp=False),
                         help="LABEL=PATH of a checkout whose scraper is measured")
+    parser.add_argument("--aiohttp-of", action="append", dest="sides",
+                        type=lambda t: _side(t, aiohttp=True), metavar="[LABEL=]PATH",
+                        help="a checkout measured with benchmarks/aiohttp_exchange.py in "
+                             "place of its scrape exchange (label: aiohttp)")
     parser.add_argument("--targets", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--warmup", type=float, default=75.0)
     parser.add_argument("--window", type=float, default=120.0)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    trees = [(label, Path(path).resolve()) for label, _, path in
-             (t.partition("=") for t in args.tree)]
+    if not args.sides:
+        parser.error("give at least one --tree or --aiohttp-of")
+    copies: list[Path] = []
+    try:
+        trees = []
+        for label, path, aiohttp in args.sides:
+            if aiohttp:
+                copies.append(Path(tempfile.mkdtemp(prefix="aiohttp-of-")))
+                path = aiohttp_copy(path, copies[-1])
+            trees.append((label, path))
+        return measure(args, trees)
+    finally:
+        for copy in copies:
+            shutil.rmtree(copy, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, trees: list[tuple[str, Path]]) -> int:
+    """Every side at every N, ``--rounds`` times; JSON per run, then the table."""
     rows: list[dict[str, Any]] = []
     for n in args.targets:
         with tempfile.TemporaryDirectory(prefix="scrape-client-") as tmp:
