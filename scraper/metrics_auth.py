@@ -182,7 +182,9 @@ class Decision(Enum):
 
 
 @dataclass(frozen=True)
-class _Verdict:
+class _Review:
+    """What a request's token review decided, for whom, and why (cached per token)."""
+
     decision: Decision
     username: str = ""
     detail: str = ""
@@ -210,8 +212,8 @@ class MetricsAuth:
         if ttl <= 0 or size < 1:
             raise ValueError(f"ttl must be > 0 (got {ttl}) and size >= 1 (got {size})")
         self._reviewer = reviewer
-        self._cache: TTLCache[str, _Verdict] = TTLCache(maxsize=size, ttl=ttl, timer=clock)
-        self._pending: dict[str, asyncio.Future[_Verdict]] = {}
+        self._cache: TTLCache[str, _Review] = TTLCache(maxsize=size, ttl=ttl, timer=clock)
+        self._pending: dict[str, asyncio.Future[_Review]] = {}
         self._slots = MAX_REVIEWS_IN_FLIGHT
         self.open_paths = frozenset(open_paths)
         self.requests = Counter(
@@ -220,11 +222,11 @@ class MetricsAuth:
             "the decision came without an API call (cache, or a review shared with a "
             "concurrent request)", ["decision", "cached"], registry=registry)
 
-    async def decide(self, authorization: str | None, verb: str, path: str) -> _Verdict:
+    async def decide(self, authorization: str | None, verb: str, path: str) -> _Review:
         """The decision for one request with this ``Authorization`` header value."""
         token = _bearer_token(authorization)
         if token is None:
-            return self._count(_Verdict(Decision.UNAUTHENTICATED,
+            return self._count(_Review(Decision.UNAUTHENTICATED,
                                         detail="no bearer token"), cached=False)
         key = hashlib.sha256(b"\0".join(
             (token.encode(), verb.encode(), path.encode()))).hexdigest()
@@ -235,10 +237,10 @@ class MetricsAuth:
         if pending is not None:  # the same token's review is under way: share it
             return self._count(await asyncio.shield(pending), cached=True)
         if self._slots <= 0:
-            return self._count(_Verdict(Decision.THROTTLED,
+            return self._count(_Review(Decision.THROTTLED,
                                         detail="too many reviews in flight"), cached=False)
         self._slots -= 1
-        future: asyncio.Future[_Verdict] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[_Review] = asyncio.get_running_loop().create_future()
         self._pending[key] = future
         try:
             verdict = await self._review(token, verb, path)
@@ -254,20 +256,20 @@ class MetricsAuth:
             del self._pending[key]
         return self._count(verdict, cached=False)
 
-    async def _review(self, token: str, verb: str, path: str) -> _Verdict:
+    async def _review(self, token: str, verb: str, path: str) -> _Review:
         try:
             user = await self._reviewer.authenticate(token)
             if user is None:
-                return _Verdict(Decision.UNAUTHENTICATED, detail="token not accepted")
+                return _Review(Decision.UNAUTHENTICATED, detail="token not accepted")
             allowed, reason = await self._reviewer.authorize(user, verb, path)
         except ReviewError as exc:
             log.warning("cannot review a request to %s: %s", path, exc)
-            return _Verdict(Decision.UNAVAILABLE, detail=str(exc))
+            return _Review(Decision.UNAVAILABLE, detail=str(exc))
         if not allowed:
-            return _Verdict(Decision.FORBIDDEN, user.username, reason)
-        return _Verdict(Decision.ALLOWED, user.username)
+            return _Review(Decision.FORBIDDEN, user.username, reason)
+        return _Review(Decision.ALLOWED, user.username)
 
-    def _count(self, verdict: _Verdict, *, cached: bool) -> _Verdict:
+    def _count(self, verdict: _Review, *, cached: bool) -> _Review:
         self.requests.labels(verdict.decision.name.lower(), str(cached).lower()).inc()
         return verdict
 
@@ -309,7 +311,7 @@ def _bearer_token(header: str | None) -> str | None:
     return token
 
 
-def _refusal(verdict: _Verdict, verb: str, path: str) -> web.Response:
+def _refusal(verdict: _Review, verb: str, path: str) -> web.Response:
     decision = verdict.decision
     if decision is Decision.UNAUTHENTICATED:
         # As the API server answers; the detail says which of the two it was.
