@@ -53,6 +53,32 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return rep
 
 
+#: The session fixtures that are local clusters with controllers.
+_CLUSTER_FIXTURES = ("kube_stack", "push_stack", "kueue_stack", "legacy_stack")
+
+
+@pytest.fixture(autouse=True)
+def _cluster_still_whole(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test on a local cluster, check that all of it still runs (every process,
+    and the pod runner's loop).  If not, the test errors with the part's log, and the
+    part is started again: one broken part must not fail every later test silently
+    (seen: the pod runner gone mid-session, eleven later tests without a status)."""
+    yield
+    broken = []
+    for name in _CLUSTER_FIXTURES:
+        if name not in request.fixturenames:
+            continue
+        cluster: Cluster = request.getfixturevalue(name)
+        try:
+            cluster.check_running()
+        except ControlPlaneError as exc:
+            restarted = cluster.restart_stopped()
+            broken.append(f"{name}: {exc}\nstarted again: {', '.join(restarted) or 'none'}")
+    if broken:
+        pytest.fail("a part of the local cluster stopped during this test:\n"
+                    + "\n".join(broken))
+
+
 @pytest.fixture(scope="session")
 def control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
     """The session's running :class:`ControlPlane` (admin kubeconfig, tokens, kubectl)."""

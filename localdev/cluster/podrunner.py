@@ -74,8 +74,10 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
+import traceback
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -115,6 +117,11 @@ VOLUME_RETRY_SECONDS = 1.0
 #: Where the pod's hosts file is mounted.
 HOSTS_PATH = "/etc/hosts"
 WATCH_TIMEOUT_SECONDS = 60
+#: Client-side read timeout of the pod watch: longer than the server's own end of it, so
+#: only a connection that went silent (no event, no end) trips it and is relisted.
+WATCH_READ_TIMEOUT_SECONDS = WATCH_TIMEOUT_SECONDS + 30
+#: File in the work directory the runner touches on every loop (its liveness).
+HEARTBEAT_FILE = ".heartbeat"
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
 
 
@@ -263,6 +270,7 @@ class PodRunner:
         self.pods: dict[str, PodRun] = {}
         self.events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
         self.stopping = threading.Event()
+        self._logged_failures: set[tuple[str, str, str]] = set()
 
     # ----------------------------------------------------------------- watch
 
@@ -271,7 +279,8 @@ class PodRunner:
         selector = f"spec.nodeName={self.node}"
         while not self.stopping.is_set():
             try:
-                listed = self.core.list_pod_for_all_namespaces(field_selector=selector)
+                listed = self.core.list_pod_for_all_namespaces(
+                    field_selector=selector, _request_timeout=(10, WATCH_READ_TIMEOUT_SECONDS))
                 seen = set()
                 for pod in listed.items:
                     body = self.api.sanitize_for_serialization(pod)
@@ -281,7 +290,8 @@ class PodRunner:
                 stream = watch.Watch().stream(
                     self.core.list_pod_for_all_namespaces, field_selector=selector,
                     resource_version=listed.metadata.resource_version,
-                    timeout_seconds=WATCH_TIMEOUT_SECONDS)
+                    timeout_seconds=WATCH_TIMEOUT_SECONDS,
+                    _request_timeout=(10, WATCH_READ_TIMEOUT_SECONDS))
                 for event in stream:
                     if self.stopping.is_set():
                         return
@@ -298,6 +308,8 @@ class PodRunner:
         """Process pod events and container exits until SIGTERM/SIGINT."""
         thread = threading.Thread(target=self._watch, name="pod-watch", daemon=True)
         thread.start()
+        # Touched every loop: a stuck runner is told from a dead one (Cluster.check_running).
+        heartbeat = ready_file.with_name(HEARTBEAT_FILE)
         synced = False
         while not self.stopping.is_set():
             deadline = time.monotonic() + TICK_SECONDS
@@ -315,13 +327,33 @@ class PodRunner:
                         synced = True
                         ready_file.write_text("ready\n")
                     continue
-                self._on_event(kind, obj)
+                # As a kubelet: one pod's failure is that pod's, never the node's.
+                try:
+                    self._on_event(kind, obj)
+                except Exception:
+                    self._failed(obj.get("metadata", {}).get("uid", ""), f"{kind} event")
             for run in list(self.pods.values()):
-                if (not run.started and run.volume_retry_at is not None
-                        and time.monotonic() >= run.volume_retry_at
-                        and run.kill_at is None and run.uid in self.pods):
-                    self._start_pod(run)
-                self._tick(run)
+                try:
+                    if (not run.started and run.volume_retry_at is not None
+                            and time.monotonic() >= run.volume_retry_at
+                            and run.kill_at is None and run.uid in self.pods):
+                        self._start_pod(run)
+                    self._tick(run)
+                except Exception:
+                    self._failed(run.uid, "tick")
+            heartbeat.touch()
+
+    def _failed(self, uid: str, what: str) -> None:
+        """Log an unexpected error of one pod's handling, once per pod and kind of error
+        (a tick repeats every :data:`TICK_SECONDS`), with its traceback."""
+        error = sys.exc_info()[1]
+        key = (uid, what, type(error).__name__)
+        if key in self._logged_failures:
+            return
+        self._logged_failures.add(key)
+        run = self.pods.get(uid)
+        print(f"pod {run.key if run else uid}: {what} failed, the runner goes on:\n"
+              f"{traceback.format_exc()}", flush=True)
 
     def stop_all(self) -> None:
         """Kill every container (exit path)."""

@@ -54,7 +54,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from localdev.cluster import processes
+from localdev.cluster import podrunner, processes
 from localdev.cluster.controlplane import ControlPlane, ControlPlaneError
 from localdev.cluster.crds import (
     FLAVOUR_CURRENT,
@@ -119,6 +119,10 @@ LEGACY_TRAINER_BINARY = "trainer-controller-manager-v2.0.0"
 TRAINER_CERT_DAYS = 730
 #: Give up waiting for a controller to be ready after this many seconds.
 READY_TIMEOUT_SECONDS = 120.0
+#: Name of the pod runner among the stack's processes (its log: ``<workdir>/pod-runner.log``).
+POD_RUNNER = "pod-runner"
+#: A pod runner whose loop (a turn every 0.1 s) has not turned for this long is stuck.
+POD_RUNNER_STUCK_SECONDS = 60.0
 #: kwok's defaults set explicitly (a config file gets no defaults for them);
 #: one pod at a time, since parallel pod stages handed two pods the same IP.
 KWOK_OPTIONS = {
@@ -370,7 +374,11 @@ class Cluster(ControlPlane):
         """
         if name not in self._children:
             args, env = self._spawned[name]
+            if name == POD_RUNNER:
+                self._pod_runner_ready.unlink(missing_ok=True)
             self._children[name] = processes.spawn(args, self.workdir / f"{name}.log", env=env)
+        if name == POD_RUNNER:
+            self._wait("pod runner", self._pod_runner_ready.exists)
         if name == KUEUE_BINARY:
             self._wait("Kueue controller", lambda: _http_ok(self._kueue_probe))
         if name == "trainer-controller-manager":
@@ -378,13 +386,58 @@ class Cluster(ControlPlane):
             if self.push:
                 self._wait("Trainer status server", self._status_server_serves)
 
+    def check_running(self) -> None:
+        """Check that every process of the stack still runs and the pod runner's loop
+        still turns (its heartbeat file is at most :data:`POD_RUNNER_STUCK_SECONDS` old).
+
+        Raises:
+            ControlPlaneError: a process exited or the pod runner is stuck; the message
+                quotes its log.
+        """
+        self._check_children()
+        heartbeat = self.workdir / "pods" / podrunner.HEARTBEAT_FILE
+        with contextlib.suppress(FileNotFoundError):
+            age = time.time() - heartbeat.stat().st_mtime
+            if age > POD_RUNNER_STUCK_SECONDS:
+                raise ControlPlaneError(f"pod runner: its loop has not turned for {age:.0f}s "
+                                        f"(log {self._log_tail(POD_RUNNER)})")
+
+    def restart_stopped(self) -> list[str]:
+        """Start again every process of the stack that exited or was stopped and not
+        started again (a stuck pod runner is stopped first), so the next user gets a
+        whole stack; returns their names.
+
+        Raises:
+            ControlPlaneError: one did not get ready again.
+        """
+        restarted = []
+        for name in list(self._spawned):
+            proc = self._children.get(name)
+            stuck = name == POD_RUNNER and self._pod_runner_stuck()
+            if proc is not None and (proc.poll() is not None or stuck):
+                processes.stop(self._children.pop(name))
+            if name not in self._children:
+                self.start_component(name)
+                restarted.append(name)
+        return restarted
+
+    def _pod_runner_stuck(self) -> bool:
+        heartbeat = self.workdir / "pods" / podrunner.HEARTBEAT_FILE
+        try:
+            return time.time() - heartbeat.stat().st_mtime > POD_RUNNER_STUCK_SECONDS
+        except FileNotFoundError:
+            return False
+
+    def _log_tail(self, name: str, lines: int = 40) -> str:
+        log = self.workdir / f"{name}.log"
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        return f"{log}):\n{tail}"
+
     def _check_children(self) -> None:
         for name, proc in self._children.items():
             if proc.poll() is not None:
-                log = self.workdir / f"{name}.log"
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
                 raise ControlPlaneError(f"{name} exited with code {proc.returncode} "
-                                        f"(log {log}):\n{tail}")
+                                        f"(log {self._log_tail(name)}")
 
     def _wait(self, what: str, ready: Callable[[], bool],
               timeout: float = READY_TIMEOUT_SECONDS) -> None:
@@ -452,15 +505,18 @@ class Cluster(ControlPlane):
             self._wait(f"nodes {KWOK_NODE}, {RUNNER_NODE}", lambda: _nodes_ready(core))
             self._wait("ServiceAccount default/default",
                        lambda: bool(core.read_namespaced_service_account("default", "default")))
-        self._spawn("pod-runner", [
+        self._spawn(POD_RUNNER, [
             sys.executable, "-m", "localdev.cluster.podrunner", f"--kubeconfig={kubeconfig}",
             f"--node={RUNNER_NODE}", f"--workdir={work / 'pods'}",
             # The Trainer's Service name, as in the URL it injects: its processes listen
             # on this machine's loopback (no Service, no cluster DNS here).
             f"--host-alias=127.0.0.1={trainer_service_host()}",
         ], env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        ready_file = work / "pods" / ".ready"
-        self._wait("pod runner", ready_file.exists)
+        self._wait("pod runner", self._pod_runner_ready.exists)
+
+    @property
+    def _pod_runner_ready(self) -> Path:
+        return self.workdir / "pods" / ".ready"
 
     def _create_nodes(self, core: client.CoreV1Api) -> None:
         for name, cidr, runner in ((KWOK_NODE, self.kwok_cidr, False),

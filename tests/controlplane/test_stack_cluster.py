@@ -1,7 +1,9 @@
-"""The local cluster with its controllers: shipped manifests, flavours, clean stop."""
+"""The local cluster with its controllers: shipped manifests, flavours, clean stop, a
+stopped part reported and started again."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import select
 import shutil
@@ -11,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from kubernetes import client
 
 from exporter_lib.status import (
@@ -20,13 +23,14 @@ from exporter_lib.status import (
 )
 from localdev.cluster import trainjobs
 from localdev.cluster.assets import ensure_assets
+from localdev.cluster.controlplane import ControlPlaneError
 from localdev.cluster.crds import (
     FLAVOUR_CURRENT,
     FLAVOUR_LEGACY,
     trainer_manifests,
     trainjob_crd,
 )
-from localdev.cluster.stack import RUNNER_NODE, Cluster, kwok_stages
+from localdev.cluster.stack import POD_RUNNER, RUNNER_NODE, Cluster, kwok_stages
 from tests.controlplane.test_controlplane_lifecycle import _alive, _pids_running
 
 
@@ -105,6 +109,38 @@ def test_stop_leaves_no_controller_and_no_container_process(tmp_path: Path) -> N
     finally:
         cluster.stop()
     assert [p for p in pids if _alive(p)] == []
+    assert _pids_running(marker) == []
+
+
+
+def test_a_dead_pod_runner_is_reported_then_started_again_and_runs_pods(
+        tmp_path: Path) -> None:
+    marker = f"{secrets.randbelow(10**6) + 1000}.75"
+    cluster = Cluster(workdir=tmp_path / "cluster")
+    cluster.start()
+    try:
+        cluster.check_running()
+        os.kill(cluster.process_pid(POD_RUNNER), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        with pytest.raises(ControlPlaneError, match=r"pod-runner exited with code -9"):
+            while time.monotonic() < deadline:
+                cluster.check_running()
+                time.sleep(0.1)
+        # Only the part that stopped is started again; then the stack is whole.
+        assert cluster.restart_stopped() == [POD_RUNNER]
+        cluster.check_running()
+        with cluster.api_client() as api:
+            client.CoreV1Api(api).create_namespace({"metadata": {"name": "revived"}})
+            trainjobs.create(api, trainjobs.trainjob_body(
+                "revived", "sleeper",
+                command=[sys.executable, "-c", f"import time; time.sleep({marker})"]))
+            trainjobs.wait_pods(api, "revived", "sleeper", count=1, timeout=120)
+        deadline = time.monotonic() + 30
+        while not _pids_running(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _pids_running(marker), "the restarted pod runner did not run the pod"
+    finally:
+        cluster.stop()
     assert _pids_running(marker) == []
 
 
