@@ -142,7 +142,7 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
     JSON body (no ``If-None-Match``), ``len(urls)/PHASES`` at once, ``PHASES`` bursts a
     second, as :func:`aiohttp_304`; the pure-CPU pieces in a loop of their own."""
     from exporter_lib.status import TrainerStatus
-    from scraper.discovery.trainjobs import Held, TrainJobStore
+    from scraper.discovery.trainjobs import TrainJobRecord, TrainJobStore
     from scraper.scrape.exporter import ExporterScraper, Fresh
     from scraper.scrape.loop import ScrapeLoop, TargetState
     from scraper.telemetry import JobView, Telemetry
@@ -243,7 +243,7 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
     status = TrainerStatus.from_json(body)
     states = []
     for t in targets:
-        store._held[(t.namespace, t.trainjob)] = Held("uid", None)
+        store._records[(t.namespace, t.trainjob)] = TrainJobRecord("uid", None)
         states.append(TargetState(JobView(t.namespace, t.trainjob, t.pod_name), target=t))
     fresh = [Fresh(status.model_copy(update={"progress_percentage": p}), '"e"', 300.0)
              for p in range(2)]

@@ -40,7 +40,7 @@ from exporter_lib.status import TrainerStatus
 from scraper.app import ScraperApp
 from scraper.config import ScraperSettings
 from scraper.discovery.targets import Target
-from scraper.discovery.trainjobs import Held, TrainJobStore
+from scraper.discovery.trainjobs import TrainJobRecord, TrainJobStore
 from scraper.scrape.loop import TargetState
 from scraper.telemetry import JobView
 from scraper.write.annotation_target import Place
@@ -57,8 +57,8 @@ class OfflineStore(TrainJobStore):
         super().__init__([None])
         self.synced.set()
 
-    def get(self, namespace: str, name: str) -> Held | None:
-        return self._held.setdefault((namespace, name), Held("uid", None))
+    def get(self, namespace: str, name: str) -> TrainJobRecord | None:
+        return self._records.setdefault((namespace, name), TrainJobRecord("uid", None))
 
 
 class OfflineRequest:
@@ -92,7 +92,7 @@ class ScrapeOnlyWriter(StatusWriter):
                     finished_at: float | None = None) -> WriteOutcome:
         held = self.store.get(namespace, name)
         if held is None or not already_holds(held.status, status):
-            self.store._held[(namespace, name)] = Held("uid", status)
+            self.store._records[(namespace, name)] = TrainJobRecord("uid", status)
         return WriteOutcome.UNCHANGED
 
 

@@ -12,7 +12,7 @@ Callbacks (on the event loop):
 
 * ``on_gone(namespace, name, uid)``: a TrainJob was deleted, or is absent from a
   relist, or came back with another UID (re-created: the old object is gone);
-* ``on_change(namespace, name, held)``: its status or annotation changed (the drift check,
+* ``on_change(namespace, name, record)``: its status or annotation changed (the drift check,
   :meth:`scraper.write.writer.StatusWriter.on_trainjob_change`);
 * ``on_seen(key)``: after every watch event of a TrainJob, whatever changed (a label is
   enough), with its ``(namespace, name)``, and after every list and relist with None, once
@@ -32,7 +32,7 @@ entries of the same second) cannot be settled from the object: a list or a first
 gives it to a manager that is not ours (the safe side: a write of the other writer's is
 never taken for ours), an apply answer gives it to ours (nothing was written between
 our write and its answer), and later events keep whichever of the tied managers the
-store already held while the content stays the same (:attr:`Writer.tied`).
+store already record while the content stays the same (:attr:`Writer.tied`).
 :func:`slim_trainjob` keeps only those entries' manager, time and ownership of the two
 places (the rest of ``managedFields`` is most of an object's bytes). :attr:`Writer.seen`
 is when this scraper saw that write: the store's monotonic clock when a watch event (or
@@ -104,7 +104,7 @@ class TrainJobGone(Exception):
 
 
 @dataclass(frozen=True)
-class Held:
+class TrainJobRecord:
     """What a TrainJob holds, as last read.
 
     Attributes:
@@ -219,8 +219,8 @@ def slim_trainjob(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def held_from_object(obj: dict[str, Any]) -> Held:
-    """The :class:`Held` of a TrainJob dict (an unreadable trainerStatus or annotation
+def record_from_object(obj: dict[str, Any]) -> TrainJobRecord:
+    """The :class:`TrainJobRecord` of a TrainJob dict (an unreadable trainerStatus or annotation
     counts as None: a write then replaces it)."""
     meta = obj.get("metadata") or {}
     status = _readable(TrainerStatus.from_api, (obj.get("status") or {}).get("trainerStatus"))
@@ -231,7 +231,7 @@ def held_from_object(obj: dict[str, Any]) -> Held:
     status_by, annotated_by = writers_of(meta.get("managedFields"))
     stall_after, stalled_since = (annotations.get(STALL_AFTER_ANNOTATION),
                                   annotations.get(STALLED_SINCE_ANNOTATION))
-    return Held(meta.get("uid", ""), status, meta.get("resourceVersion", ""), annotated,
+    return TrainJobRecord(meta.get("uid", ""), status, meta.get("resourceVersion", ""), annotated,
                 str(source).lower() if source else None, status_by, annotated_by,
                 overrides_of(meta.get("annotations")),
                 suspended=(obj.get("spec") or {}).get("suspend") is True,
@@ -263,7 +263,7 @@ def _key(obj: dict[str, Any]) -> TrainJobKey:
 
 
 class TrainJobStore:
-    """The :class:`Held` of every TrainJob in scope, fed by list+watch.
+    """The :class:`TrainJobRecord` of every TrainJob in scope, fed by list+watch.
 
     Args:
         scopes: the namespaces listed (None: all); :meth:`wait_synced` waits for each.
@@ -276,11 +276,12 @@ class TrainJobStore:
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
                  on_gone: Callable[[str, str, str], None] = lambda namespace, name, uid: None,
-                 on_change: Callable[[str, str, Held], None] = lambda ns, name, held: None,
+                 on_change: Callable[[str, str, TrainJobRecord], None] = (
+                     lambda ns, name, record: None),
                  on_seen: Callable[[TrainJobKey | None], None] = lambda key: None) -> None:
         self.clock = clock
         self.wall = wall
-        self._held: dict[TrainJobKey, Held] = {}
+        self._records: dict[TrainJobKey, TrainJobRecord] = {}
         self._listed = ScopesListed(scopes)
         self.synced = self._listed.event
         self._on_gone = on_gone
@@ -288,50 +289,51 @@ class TrainJobStore:
         self._on_seen = on_seen
 
     def __len__(self) -> int:
-        return len(self._held)
+        return len(self._records)
 
-    def get(self, namespace: str, name: str) -> Held | None:
+    def get(self, namespace: str, name: str) -> TrainJobRecord | None:
         """What the TrainJob holds; None when it does not exist (or before the first list)."""
-        return self._held.get((namespace, name))
+        return self._records.get((namespace, name))
 
-    def items(self) -> list[tuple[TrainJobKey, Held]]:
-        """Every TrainJob held now, as ``((namespace, name), held)`` pairs (a copy)."""
-        return list(self._held.items())
+    def items(self) -> list[tuple[TrainJobKey, TrainJobRecord]]:
+        """Every TrainJob record now, as ``((namespace, name), record)`` pairs (a copy)."""
+        return list(self._records.items())
 
     def uid_of(self, namespace: str, name: str) -> str:
         """The TrainJob's UID, or ``""`` when unknown."""
-        held = self._held.get((namespace, name))
-        return held.uid if held else ""
+        record = self._records.get((namespace, name))
+        return record.uid if record else ""
 
-    async def held(self, namespace: str, name: str) -> Held:
+    async def record(self, namespace: str, name: str) -> TrainJobRecord:
         """What the TrainJob holds, once every scope was listed.
 
         Raises:
             TrainJobGone: the TrainJob does not exist.
         """
         await self.synced.wait()
-        held = self._held.get((namespace, name))
-        if held is None:
+        record = self._records.get((namespace, name))
+        if record is None:
             raise TrainJobGone(f"{namespace}/{name}")
-        return held
+        return record
 
     def store(self, namespace: str, name: str, obj: dict[str, Any]) -> None:
         """Keep what an API answer (e.g. a GET) says the TrainJob holds (its writes not
         seen before are aged by their managedFields time, as in a list)."""
         key = (namespace, name)
-        self.keep(namespace, name, self._seen(self._held.get(key), held_from_object(obj),
+        self.keep(namespace, name, self._seen(self._records.get(key), record_from_object(obj),
                                               listed=True))
 
-    def keep(self, namespace: str, name: str, new: Held) -> None:
+    def keep(self, namespace: str, name: str, new: TrainJobRecord) -> None:
         """Keep ``new`` as what the TrainJob holds (an apply's result), unless the store
         already has a newer resourceVersion of the same object."""
-        old = self._held.get((namespace, name))
+        old = self._records.get((namespace, name))
         if old is not None and old.uid == new.uid and older(new.resource_version,
                                                               old.resource_version):
             return
-        self._held[(namespace, name)] = new
+        self._records[(namespace, name)] = new
 
-    def _seen(self, old: Held | None, new: Held, *, listed: bool) -> Held:
+    def _seen(self, old: TrainJobRecord | None, new: TrainJobRecord, *,
+              listed: bool) -> TrainJobRecord:
         """``new`` with :attr:`Writer.seen` set: kept from ``old`` for the same write,
         else now (a watch event) or now minus the write's age (``listed``)."""
         if old is not None and old.uid != new.uid:
@@ -366,14 +368,14 @@ class TrainJobStore:
 
     def on_list(self, scope: str | None, objs: list[dict[str, Any]]) -> None:
         """A full list of ``scope``: replace that scope's part of the store."""
-        listed = {_key(o): held_from_object(o) for o in objs}
-        for key, held in list(self._held.items()):
+        listed = {_key(o): record_from_object(o) for o in objs}
+        for key, record in list(self._records.items()):
             if scope is not None and key[0] != scope:
                 continue
             new = listed.get(key)
-            if new is None or new.uid != held.uid:
-                del self._held[key]
-                self._on_gone(key[0], key[1], held.uid)
+            if new is None or new.uid != record.uid:
+                del self._records[key]
+                self._on_gone(key[0], key[1], record.uid)
         for key, new in listed.items():
             self._update(key, new, listed=True)
         self._listed.listed(scope)
@@ -382,26 +384,26 @@ class TrainJobStore:
     def on_event(self, kind: str, obj: dict[str, Any]) -> None:
         """One watch event."""
         key = _key(obj)
-        new = held_from_object(obj)
-        old = self._held.get(key)
+        new = record_from_object(obj)
+        old = self._records.get(key)
         if kind == "DELETED":
             if old is not None and old.uid == new.uid:
-                del self._held[key]
+                del self._records[key]
                 self._on_gone(key[0], key[1], old.uid)
         else:
             if old is not None and old.uid != new.uid:
-                del self._held[key]
+                del self._records[key]
                 self._on_gone(key[0], key[1], old.uid)
             self._update(key, new)
         self._on_seen(key)
 
-    def _update(self, key: TrainJobKey, new: Held, *, listed: bool = False) -> None:
-        old = self._held.get(key)
+    def _update(self, key: TrainJobKey, new: TrainJobRecord, *, listed: bool = False) -> None:
+        old = self._records.get(key)
         if old is not None and old.uid == new.uid and older(new.resource_version,
                                                               old.resource_version):
             return  # an event older than an apply answer already kept
         new = self._seen(old, new, listed=listed)
-        self._held[key] = new
+        self._records[key] = new
         if (old is None or old.uid != new.uid or old.status != new.status
                 or old.annotated != new.annotated):
             self._on_change(key[0], key[1], new)

@@ -39,7 +39,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporter_lib.status import TrainerStatus
-from scraper.discovery.trainjobs import Held, TrainJobKey
+from scraper.discovery.trainjobs import TrainJobKey, TrainJobRecord
 from scraper.scrape.loop import TargetState
 from scraper.stall.rule import (
     STALL_AFTER_ANNOTATION,
@@ -212,7 +212,7 @@ class StallWatch:
 
     def _check_one(self, obs: Observed, now: float, wall: float) -> None:
         key = obs.trainjob
-        held: Held | None = self._store.get(*key)
+        record: TrainJobRecord | None = self._store.get(*key)
         entry = self.clocks.get(key)
         if entry is None or entry.pod_uid != obs.pod_uid:
             if obs.status is None:
@@ -222,32 +222,32 @@ class StallWatch:
             self.clocks[key] = entry
         elif obs.status is not None:
             entry.clock.observe(obs.status, now, wall)
-        entry.given, entry.source = self._setting(key, held)
-        entry.watched = (held is not None and not held.suspended
-                         and (not obs.trainjob_uid or held.uid == obs.trainjob_uid))
+        entry.given, entry.source = self._setting(key, record)
+        entry.watched = (record is not None and not record.suspended
+                         and (not obs.trainjob_uid or record.uid == obs.trainjob_uid))
         transition = entry.clock.check(now, watched=entry.watched, answers=obs.answers,
                                        given=entry.given, interval=obs.interval)
         if transition is Transition.STALLED:
-            self._record(key, held, REASON_STALLED, self._stalled_message(entry, obs, now),
+            self._record(key, record, REASON_STALLED, self._stalled_message(entry, obs, now),
                          "Warning")
         elif transition is Transition.RESUMED:
-            self._record(key, held, REASON_RESUMED, self._resumed_message(entry), "Normal")
+            self._record(key, record, REASON_RESUMED, self._resumed_message(entry), "Normal")
         elif transition is Transition.CLEARED:
             log.info("TrainJob %s/%s: stall ended without a change (suspended, detection "
                      "off or a longer threshold)", *key)
 
-    def _setting(self, key: TrainJobKey, held: Held | None) -> tuple[float | None, str]:
+    def _setting(self, key: TrainJobKey, record: TrainJobRecord | None) -> tuple[float | None, str]:
         """``(threshold setting, where it comes from)`` for one TrainJob."""
-        raw = held.stall_after if held is not None else None
+        raw = record.stall_after if record is not None else None
         if raw is not None:
             try:
                 return parse_stall_after(raw, STALL_AFTER_ANNOTATION), "annotation"
             except StallSettingError as exc:
-                warned = (held.uid, raw) if held is not None else ("", raw)
+                warned = (record.uid, raw) if record is not None else ("", raw)
                 if self._warned.get(key) != warned:  # once per value and TrainJob
                     self._warned[key] = warned
                     # _record logs it (once) and records the Event.
-                    self._record(key, held, REASON_INVALID_THRESHOLD,
+                    self._record(key, record, REASON_INVALID_THRESHOLD,
                                  f"{exc}; the scraper's --stall-after applies", "Warning")
         else:
             self._warned.pop(key, None)
@@ -283,9 +283,9 @@ class StallWatch:
 
     # ------------------------------------------------------------ I/O
 
-    def _record(self, key: TrainJobKey, held: Held | None, reason: str, message: str,
+    def _record(self, key: TrainJobKey, record: TrainJobRecord | None, reason: str, message: str,
                 event_type: str) -> None:
-        uid = held.uid if held is not None else None
+        uid = record.uid if record is not None else None
         log.log(logging.WARNING if event_type == "Warning" else logging.INFO,
                 "TrainJob %s/%s: %s", *key, message)
         self._spawn(self._events.event(key[0], key[1], reason, message, uid=uid,
@@ -305,20 +305,20 @@ class StallWatch:
         if self._write_marker is None:
             return
         keys = {k for k, e in self.clocks.items() if e.clock.stalled}
-        keys.update(k for k, held in self._store.items() if held.stalled_since is not None)
+        keys.update(k for k, record in self._store.items() if record.stalled_since is not None)
         now = self._clock()
         for key in keys:
             if key in self._busy or now < self._marker_failed.get(key, float("-inf")):
                 continue
-            held = self._store.get(*key)
-            if held is None:
+            record = self._store.get(*key)
+            if record is None:
                 continue
             desired = self._desired(key)
-            if desired is True or desired == held.stalled_since:
+            if desired is True or desired == record.stalled_since:
                 continue
             assert desired is None or isinstance(desired, str)
             self._busy.add(key)
-            self._spawn(self._mark(key, held.uid, desired))
+            self._spawn(self._mark(key, record.uid, desired))
 
     async def _mark(self, key: TrainJobKey, uid: str, value: str | None) -> None:
         assert self._write_marker is not None

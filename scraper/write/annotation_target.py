@@ -46,11 +46,20 @@ from exporter_lib.status import (
     TrainerStatus,
 )
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, encode_annotation
-from scraper.discovery.trainjobs import Held, Writer
+from scraper.discovery.trainjobs import TrainJobRecord, Writer
 
-__all__ = ["Place", "StatusTarget", "apply_request", "held_in", "holds_after_apply",
-           "place_for", "stored",
-           "uid_precondition_failed", "writer_in", "written"]
+__all__ = [
+    "Place",
+    "StatusTarget",
+    "apply_request",
+    "holds_after_apply",
+    "place_for",
+    "status_in",
+    "stored",
+    "uid_precondition_failed",
+    "writer_in",
+    "written",
+]
 
 _PATH = "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}"
 
@@ -79,22 +88,22 @@ def place_for(target: StatusTarget, crd_supported: bool | None) -> Place:
     return Place.STATUS
 
 
-def held_in(held: Held | None, place: Place) -> TrainerStatus | None:
-    """What ``held`` (a TrainJob as the informer has it) holds in ``place``."""
-    if held is None:
+def status_in(record: TrainJobRecord | None, place: Place) -> TrainerStatus | None:
+    """What ``record`` (a TrainJob as the informer has it) holds in ``place``."""
+    if record is None:
         return None
-    return held.annotated if place is Place.ANNOTATION else held.status
+    return record.annotated if place is Place.ANNOTATION else record.status
 
 
-def written(held: Held, place: Place, status: TrainerStatus, uid: str,
-            resource_version: str, by: Writer | None = None) -> Held:
-    """``held`` after ``status`` was applied to ``place`` by ``by`` (None: the writer
+def written(record: TrainJobRecord, place: Place, status: TrainerStatus, uid: str,
+            resource_version: str, by: Writer | None = None) -> TrainJobRecord:
+    """``record`` after ``status`` was applied to ``place`` by ``by`` (None: the writer
     kept as it was; the other place unchanged)."""
     if place is Place.ANNOTATION:
-        return replace(held, uid=uid, annotated=status, resource_version=resource_version,
-                       annotated_by=by or held.annotated_by)
-    return replace(held, uid=uid, status=status, resource_version=resource_version,
-                   status_by=by or held.status_by)
+        return replace(record, uid=uid, annotated=status, resource_version=resource_version,
+                       annotated_by=by or record.annotated_by)
+    return replace(record, uid=uid, status=status, resource_version=resource_version,
+                   status_by=by or record.status_by)
 
 
 def holds_after_apply(obj: dict[str, Any], place: Place, sent: TrainerStatus) -> TrainerStatus:
@@ -119,11 +128,12 @@ def holds_after_apply(obj: dict[str, Any], place: Place, sent: TrainerStatus) ->
         return sent
 
 
-def writer_in(held: Held | None, place: Place) -> Writer | None:
-    """Who wrote what ``held`` holds in ``place`` (:class:`scraper.discovery.trainjobs.Writer`)."""
-    if held is None:
+def writer_in(record: TrainJobRecord | None, place: Place) -> Writer | None:
+    """Who wrote what ``record`` holds in ``place``
+    (:class:`scraper.discovery.trainjobs.Writer`)."""
+    if record is None:
         return None
-    return held.annotated_by if place is Place.ANNOTATION else held.status_by
+    return record.annotated_by if place is Place.ANNOTATION else record.status_by
 
 
 def apply_request(place: Place, namespace: str, name: str, status: TrainerStatus,

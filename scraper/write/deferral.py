@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from scraper.discovery.trainjobs import Held, TrainJobKey
-from scraper.write.annotation_target import Place, held_in, writer_in
+from scraper.discovery.trainjobs import TrainJobKey, TrainJobRecord
+from scraper.write.annotation_target import Place, status_in, writer_in
 from scraper.write.rules import OTHER_WRITER_GRACE_SECONDS, Report, WriteVerdict, decide
 
 log = logging.getLogger(__name__)
@@ -43,13 +43,13 @@ class Deferrals:
         """Entries of each map kept per TrainJob."""
         return {"deferring": len(self._deferring)}
 
-    def verdict(self, key: TrainJobKey, held: Held, place: Place,
+    def verdict(self, key: TrainJobKey, record: TrainJobRecord, place: Place,
                 report: Report) -> WriteVerdict:
-        """:func:`scraper.write.rules.decide` for ``report`` against what ``held`` has at
+        """:func:`scraper.write.rules.decide` for ``report`` against what ``record`` has at
         ``place``; counts a report kept out and logs when deferring to another writer
         starts and when it ends."""
-        writer = writer_in(held, place)
-        verdict = decide(held_in(held, place), writer, report, now=self._clock(),
+        writer = writer_in(record, place)
+        verdict = decide(status_in(record, place), writer, report, now=self._clock(),
                          grace=self.grace)
         if verdict in (WriteVerdict.WRITE, WriteVerdict.UNCHANGED):
             if key in self._deferring:

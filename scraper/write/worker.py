@@ -18,7 +18,7 @@ apply, retrying until each is applied, superseded, or its TrainJob is gone.
   ``lastUpdatedTime`` to write is settled (:meth:`scraper.write.notices.Notices.settled`).
 * Every apply carries the ``metadata.resourceVersion`` its decision was made against:
   the API server answers 409 Conflict when the TrainJob changed since (measured on
-  kube-apiserver v1.37.2, ``tests/scraper/test_writer_rules_api.py``), so a write held on
+  kube-apiserver v1.37.2, ``tests/scraper/test_writer_rules_api.py``), so a write record on
   the wire (a dead leader's) can never land over a newer status.  On 409 the TrainJob is
   read again and the write decided again at once (a final is never dropped).
 * A failed write stays queued and is retried with backoff (0.2 s doubling to 30 s,
@@ -54,12 +54,12 @@ from kubernetes.client.exceptions import ApiException
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION
 from scraper.discovery.trainjobs import (
-    Held,
     TrainJobGone,
     TrainJobKey,
+    TrainJobRecord,
     TrainJobStore,
     Writer,
-    held_from_object,
+    record_from_object,
     slim_trainjob,
     writers_of,
 )
@@ -73,8 +73,8 @@ from scraper.write.annotation_target import (
     Place,
     StatusTarget,
     apply_request,
-    held_in,
     holds_after_apply,
+    status_in,
     stored,
     uid_precondition_failed,
     written,
@@ -314,21 +314,21 @@ class WriteWorker:
         if not self._may_write():
             return WriteOutcome.NOT_LEADER, None
         await self.store.synced.wait()
-        held = self.store.get(namespace, name)
-        if held is None:
+        record = self.store.get(namespace, name)
+        if record is None:
             try:
-                held = await self._read(namespace, name)
+                record = await self._read(namespace, name)
             except TrainJobGone:
                 self._gone(item, "it does not exist")
                 return None, None
             except (ApiException, urllib3.exceptions.HTTPError, ConnectionError) as exc:
-                return await self._failed(item, Held("", None), exc)
-        if item.uid and held.uid != item.uid:
-            self._gone(item, f"it was re-created (UID {held.uid}, the status was for "
+                return await self._failed(item, TrainJobRecord("", None), exc)
+        if item.uid and record.uid != item.uid:
+            self._gone(item, f"it was re-created (UID {record.uid}, the status was for "
                        f"{item.uid})")
             return None, None
         place = self._place()
-        verdict = self._deferrals.verdict(item.key, held, place, Report(
+        verdict = self._deferrals.verdict(item.key, record, place, Report(
             item.status, item.seen, item.priority is Priority.FINAL, item.finished_at))
         if verdict is WriteVerdict.UNCHANGED:
             return WriteOutcome.UNCHANGED, None
@@ -336,16 +336,16 @@ class WriteWorker:
             return WriteOutcome.DEFERRED, None
         if (place is Place.STATUS and self.crd.supported is False
                 and not self.crd.recheck_due()):
-            await self._notices.unsupported(namespace, name, held.uid)
+            await self._notices.unsupported(namespace, name, record.uid)
             return WriteOutcome.NOT_STORED, None
-        status = self._notices.settled(item, held_in(held, place), held.uid)
+        status = self._notices.settled(item, status_in(record, place), record.uid)
         try:
             async with self._limiter:
                 self._fence()
                 began = time.monotonic()
                 try:
                     obj = await call(self._request.apply, namespace, name, status, place,
-                                     held.uid, held.resource_version,
+                                     record.uid, record.resource_version,
                                      deadline=deadline_of(REQUEST_TIMEOUT))
                 finally:
                     self._on_request(time.monotonic() - began)
@@ -353,7 +353,7 @@ class WriteWorker:
             return WriteOutcome.NOT_LEADER, None
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError,
                 TimeoutError) as exc:  # TimeoutError: the try passed its deadline
-            return await self._failed(item, held, exc, place)
+            return await self._failed(item, record, exc, place)
         self._failing_told.discard(item.key)
         if self._health is not None:
             self._health.answered()
@@ -365,7 +365,7 @@ class WriteWorker:
             return WriteOutcome.FAILED, None
         if not stored(obj, place):
             self.crd.mark_unsupported("an apply response came back without it (pruned)")
-            return await self._not_stored(item, held)
+            return await self._not_stored(item, record)
         if place is Place.STATUS and self.crd.supported is not True:
             self.crd.mark_supported()
         # What the TrainJob holds now is what was sent (SSA with force owns every field
@@ -373,13 +373,13 @@ class WriteWorker:
         # is the answer's trainerStatus read (no second validation on the common path).
         status = holds_after_apply(obj, place, status)
         meta = obj.get("metadata") or {}
-        uid, rv = meta.get("uid", held.uid), meta.get("resourceVersion", "")
+        uid, rv = meta.get("uid", record.uid), meta.get("resourceVersion", "")
         now = self.store.clock()
         by_status, by_annotation = writers_of(meta.get("managedFields"), seen=now,
                                               prefer=FIELD_MANAGER)
         by = by_annotation if place is Place.ANNOTATION else by_status
         self.store.keep(namespace, name, written(
-            held, place, status, uid, rv, by or Writer(FIELD_MANAGER, self._wall(), now)))
+            record, place, status, uid, rv, by or Writer(FIELD_MANAGER, self._wall(), now)))
         self._ours[item.key] = OurWrite(uid, status, rv, self._clock(), place,
                                         item.fresh_at or self._clock())
         if item.priority is Priority.FINAL:
@@ -387,7 +387,7 @@ class WriteWorker:
                      namespace, name, item.attempts)
         return WriteOutcome.WRITTEN, None
 
-    async def _read(self, namespace: str, name: str) -> Held:
+    async def _read(self, namespace: str, name: str) -> TrainJobRecord:
         """GET a TrainJob the informer has not delivered yet (rare: the pod watch was
         ahead); keep it in the store.
 
@@ -404,18 +404,18 @@ class WriteWorker:
                 raise TrainJobGone(f"{namespace}/{name}") from None
             raise
         self.store.store(namespace, name, slim_trainjob(obj))
-        return self.store.get(namespace, name) or held_from_object(obj)
+        return self.store.get(namespace, name) or record_from_object(obj)
 
     async def _not_stored(self, item: Pending,
-                          held: Held) -> tuple[WriteOutcome, float | None]:
+                          record: TrainJobRecord) -> tuple[WriteOutcome, float | None]:
         """The CRD cannot store trainerStatus: under ``auto`` the status goes to the
         annotation at once (kept queued, no delay), else a Warning Event and it is dropped."""
         if self.target is StatusTarget.AUTO:
             return WriteOutcome.RETRIED, 0.0
-        await self._notices.unsupported(*item.key, held.uid)
+        await self._notices.unsupported(*item.key, record.uid)
         return WriteOutcome.NOT_STORED, None
 
-    async def _failed(self, item: Pending, held: Held, exc: BaseException,
+    async def _failed(self, item: Pending, record: TrainJobRecord, exc: BaseException,
                       place: Place = Place.STATUS) -> tuple[WriteOutcome | None, float | None]:
         namespace, name = item.key
         detail = (f"HTTP {exc.status} {exc.reason}" if isinstance(exc, ApiException)
@@ -425,14 +425,14 @@ class WriteWorker:
             return WriteOutcome.FAILED, None
         if place is Place.ANNOTATION and uid_precondition_failed(exc):
             self._gone(item, f"the apply's UID precondition failed ({detail}; the status "
-                       f"was for UID {held.uid})")
+                       f"was for UID {record.uid})")
             return WriteOutcome.FAILED, None
         if isinstance(exc, ApiException) and exc.status == 409:
-            return await self._conflict(item, held, detail)
+            return await self._conflict(item, record, detail)
         if _not_in_schema(exc):
             self.crd.mark_unsupported("server-side apply answered that "
                                       "status.trainerStatus is not declared in its schema")
-            return await self._not_stored(item, held)
+            return await self._not_stored(item, record)
         if not _retryable(exc):
             log.warning("status write to TrainJob %s/%s refused: %s (not retried)",
                         namespace, name, detail)
@@ -449,7 +449,7 @@ class WriteWorker:
                         namespace, name, detail, delay)
         return WriteOutcome.RETRIED, delay
 
-    async def _conflict(self, item: Pending, held: Held,
+    async def _conflict(self, item: Pending, record: TrainJobRecord,
                         detail: str) -> tuple[WriteOutcome | None, float | None]:
         """409: the TrainJob changed since the write was decided (its resourceVersion
         precondition failed).  Read it again and decide again at once (the item stays
@@ -459,7 +459,7 @@ class WriteWorker:
         log.info("%sstatus write to TrainJob %s/%s: %s (it changed since resourceVersion "
                  "%s); reading it again to decide again",
                  "final " if item.priority is Priority.FINAL else "", namespace, name,
-                 detail, held.resource_version or "?")
+                 detail, record.resource_version or "?")
         try:
             await self._read(namespace, name)
         except TrainJobGone:

@@ -9,9 +9,9 @@ server-side apply, only on change.  The queue side and the wiring of the write s
 * Writing by significance (:mod:`scraper.write.policy`, per TrainJob through
   ``policy_of``): a change of the integer percentage is due at once, but no sooner
   than the progress floor after the TrainJob's last write; a change of metrics or the
-  remaining time alone is held until the staleness bound after the status the TrainJob
-  holds was taken (a progress change joining it ends the hold); finals and first
-  statuses are never held.
+  remaining time alone is deferred until the staleness bound after the status the
+  TrainJob holds was taken (a progress change joining it ends the deferral); finals and
+  first statuses are never deferred.
 * The writer tasks (:class:`scraper.write.worker.WriteWorker`) take items off the queue
   and apply them: the write budget, server-side apply with the ``resourceVersion``
   precondition, retries with backoff until applied, superseded, the TrainJob gone or
@@ -54,11 +54,17 @@ from aiolimiter import AsyncLimiter
 from kubernetes.client import ApiClient, ApiextensionsV1Api, CoreV1Api, CustomObjectsApi
 
 from exporter_lib.status import TrainerStatus
-from scraper.discovery.trainjobs import Held, TrainJobGone, TrainJobKey, TrainJobStore, older
+from scraper.discovery.trainjobs import (
+    TrainJobGone,
+    TrainJobKey,
+    TrainJobRecord,
+    TrainJobStore,
+    older,
+)
 from scraper.kube.crd import CrdSupport
 from scraper.kube.events import EventRecorder
 from scraper.kube.health import ApiHealth
-from scraper.write.annotation_target import Place, StatusTarget, held_in, place_for, writer_in
+from scraper.write.annotation_target import Place, StatusTarget, place_for, status_in, writer_in
 from scraper.write.deferral import Deferrals
 from scraper.write.notices import Notices
 from scraper.write.outcome import WriteOutcome
@@ -72,25 +78,25 @@ __all__ = ["StatusWriter", "already_holds", "priority_of"]
 log = logging.getLogger(__name__)
 
 
-def priority_of(held: TrainerStatus | None, new: TrainerStatus, *, final: bool) -> Priority:
+def priority_of(current: TrainerStatus | None, new: TrainerStatus, *, final: bool) -> Priority:
     """The write class of ``new`` against what the TrainJob holds (:mod:`scraper.write.queue`):
     a change of the integer percentage is :attr:`Priority.PROGRESS`
     (:func:`scraper.write.policy.significant`); one of metrics or the remaining time
     alone is :attr:`Priority.METRICS`."""
     if final:
         return Priority.FINAL
-    if held is None:
+    if current is None:
         return Priority.FIRST
-    if significant(held, new):
+    if significant(current, new):
         return Priority.PROGRESS
     return Priority.METRICS
 
 
-def already_holds(held: TrainerStatus | None, new: TrainerStatus) -> bool:
+def already_holds(current: TrainerStatus | None, new: TrainerStatus) -> bool:
     """True when applying ``new`` would not change what the TrainJob holds
     (:func:`scraper.write.rules.same_content`; the exporter never unsets a field once
     reported, so ignoring unset fields cannot hide a removal of our own)."""
-    return same_content(held, new)
+    return same_content(current, new)
 
 
 class StatusWriter:
@@ -273,16 +279,16 @@ class StatusWriter:
                 reads it once and calls ``on_gone`` when it does not exist.
         """
         key = (namespace, name)
-        held = self.store.get(namespace, name)
-        if held is not None and uid and held.uid != uid:
-            raise TrainJobGone(f"{namespace}/{name} (UID {held.uid}, not {uid})")
+        record = self.store.get(namespace, name)
+        if record is not None and uid and record.uid != uid:
+            raise TrainJobGone(f"{namespace}/{name} (UID {record.uid}, not {uid})")
         pending = self.queue.pending(key)
         place = self.place()
-        there = held_in(held, place)
+        there = status_in(record, place)
         report = Report(status, self.store.clock() if seen is None else seen, final,
                         finished_at)
-        if held is not None:
-            verdict = self._deferrals.verdict(key, held, place, report)
+        if record is not None:
+            verdict = self._deferrals.verdict(key, record, place, report)
             if verdict is WriteVerdict.UNCHANGED and pending is None:
                 self._on_write(WriteOutcome.UNCHANGED)
                 return WriteOutcome.UNCHANGED
@@ -291,7 +297,7 @@ class StatusWriter:
                 return WriteOutcome.DEFERRED
         if (place is Place.STATUS and self.crd.supported is False
                 and not self.crd.recheck_due()):
-            await self._notices.unsupported(namespace, name, held.uid if held else "")
+            await self._notices.unsupported(namespace, name, record.uid if record else "")
             self._on_write(WriteOutcome.NOT_STORED)
             return WriteOutcome.NOT_STORED
         priority = priority_of(there, status, final=final)
@@ -304,7 +310,7 @@ class StatusWriter:
             last = self._ours.get(key)
             if priority is Priority.METRICS and last is not None:
                 hold = last.fresh_at + policy.metrics_staleness
-        self.queue.put(key, status, priority, uid=uid or (held.uid if held else ""),
+        self.queue.put(key, status, priority, uid=uid or (record.uid if record else ""),
                        hold_until=hold, seen=report.seen, finished_at=finished_at,
                        arrived=self._wall(), gap=gap)
         return WriteOutcome.QUEUED
@@ -343,19 +349,19 @@ class StatusWriter:
         self._settle((namespace, name), TrainJobGone(f"{namespace}/{name}"))
         self._on_gone(namespace, name)
 
-    def on_trainjob_change(self, namespace: str, name: str, held: Held) -> None:
+    def on_trainjob_change(self, namespace: str, name: str, record: TrainJobRecord) -> None:
         """The informer saw the TrainJob change: restore our status if another writer
         replaced it with an older one or removed it (module doc, Drift)."""
         key = (namespace, name)
         ours = self._ours.get(key)
-        if ours is None or ours.uid != held.uid or not self._may_write():
+        if ours is None or ours.uid != record.uid or not self._may_write():
             return
         if ours.place is not self.place():
             return  # --status-target auto switched places: the old one is not ours to keep
-        there = held_in(held, ours.place)
+        there = status_in(record, ours.place)
         if there is not None and already_holds(there, ours.status):
             return
-        if older(held.resource_version, ours.resource_version):
+        if older(record.resource_version, ours.resource_version):
             return
         if self.queue.pending(key) is not None or self.queue.in_progress(key):
             # A status of ours is on its way (the watch may show a write's result before
@@ -363,7 +369,7 @@ class StatusWriter:
             return
         if there is not None:
             # Another writer's status: the rule decides our next write (write.rules).
-            writer = writer_in(held, ours.place)
+            writer = writer_in(record, ours.place)
             log.info("TrainJob %s/%s: %s changed by %s; the rule for other writers "
                      "decides the next write", namespace, name, ours.place.value,
                      f"field manager {writer.manager}" if writer else "another writer")

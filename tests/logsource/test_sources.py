@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from scraper.discovery.pods import Final, Ignore, Scrape, classify
-from scraper.discovery.trainjobs import held_from_object
+from scraper.discovery.trainjobs import record_from_object
 
 
 def pod(annotations: dict[str, str], containers: list[str], phase: str = "Running"
@@ -53,7 +53,7 @@ def test_ended_pod_keeps_its_source_for_the_final_read() -> None:
 
 
 def test_trainjob_annotation_is_held_for_its_pods() -> None:
-    held = held_from_object({"metadata": {"uid": "t", "annotations": {
+    held = record_from_object({"metadata": {"uid": "t", "annotations": {
         "trainjob-progress.dev/source": "Logs"}}})
     assert held.source == "logs"
-    assert held_from_object({"metadata": {"uid": "t"}}).source is None
+    assert record_from_object({"metadata": {"uid": "t"}}).source is None

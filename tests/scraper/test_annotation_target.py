@@ -21,7 +21,7 @@ from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, Trainer
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, decode_annotation
 from localdev.cluster import objects
 from localdev.cluster.crds import install_trainjob_crds
-from scraper.discovery.trainjobs import Held
+from scraper.discovery.trainjobs import TrainJobRecord
 from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
 from scraper.write.annotation_target import (
     Place,
@@ -143,7 +143,7 @@ async def test_annotation_drift_is_restored_like_status(
         older = TrainerStatus.from_api({**_status(5).to_api(),
                                         "lastUpdatedTime": "2024-01-01T00:00:00Z"})
         _merge_annotation(kube_api, namespace, "drift", older.to_json().decode())
-        await _until(lambda: (w.store.get(namespace, "drift") or Held("", None)).annotated
+        await _until(lambda: (w.store.get(namespace, "drift") or TrainJobRecord("", None)).annotated
                      == older, 10, "the other writer's annotation in the informer")
         await asyncio.sleep(1.5)
         assert annotated(kube_api, namespace, "drift") == older  # kept: not restored

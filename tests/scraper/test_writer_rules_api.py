@@ -29,7 +29,7 @@ from exporter_lib.status import (
     format_time,
 )
 from localdev.cluster import objects
-from scraper.discovery.trainjobs import Held
+from scraper.discovery.trainjobs import TrainJobRecord
 from scraper.write.notices import REASON_CLOCK_SKEW
 from scraper.write.outcome import WriteOutcome
 from tests.helpers.fault_proxy import FaultProxy
@@ -178,7 +178,7 @@ async def test_time_never_moves_back_silently(kube_api: client.ApiClient,
     assert any("in the future" in m for m in messages), messages
 
 
-def _manager(held: Held | None) -> str:
+def _manager(held: TrainJobRecord | None) -> str:
     return held.status_by.manager if held is not None and held.status_by else ""
 
 
