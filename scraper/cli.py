@@ -80,6 +80,10 @@ def _run(args: argparse.Namespace) -> int:
         name: getattr(args, name) for name in ScraperSettings.model_fields
         if getattr(args, name, None) is not None
     }
+    # Before the options are checked and whatever the log level: a misspelled variable
+    # may be why another option is not what was meant.
+    for problem in unknown_environment():
+        print(f"trainjob-scraper: warning: {problem}", file=sys.stderr)
     try:
         settings = load_settings(flags, args.config)
     except ConfigError as exc:
@@ -87,8 +91,6 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for problem in unknown_environment():
-        logging.getLogger("scraper.config").warning("%s", problem)
     # APScheduler logs every added job and every run at INFO: keep its warnings only.
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     return asyncio.run(_serve(settings))

@@ -67,6 +67,11 @@ _DURATION_RANGES: dict[str, Callable[[float], float]] = {
 }
 
 
+#: Duration options that must be more than zero (the others may be 0).
+POSITIVE_DURATIONS = ("scrape_timeout", "retry_period", "lease_duration", "renew_deadline",
+                      "metrics_auth_cache_ttl")
+
+
 def _limit_of(check: Callable[[float], float]) -> str:
     """The limit text a range check states (it refuses any negative number)."""
     try:
@@ -111,6 +116,33 @@ class ConfigError(ValueError):
 # ---------------------------------------------------------------- settings model
 
 _config_file: ContextVar[Path | None] = ContextVar("trainjob_scraper_config_file", default=None)
+#: The options the config file gave, by field, as the file spells each key (to name the
+#: file in an error about its value).
+_file_keys: ContextVar[dict[str, str]] = ContextVar("trainjob_scraper_file_keys")
+
+
+class _KeyTwice(yaml.YAMLError):
+    """A mapping of the config file has the same key twice."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping: ``safe_load``
+    keeps the last silently, so ``write-qps: 2`` then ``write-qps: 5`` would say 5."""
+
+
+def _unique_keys(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        line = key_node.start_mark.line + 1
+        if isinstance(key, str | int | float | bool) and key in seen:
+            raise _KeyTwice(f"option {key!r} given twice (lines {seen[key]} and {line})")
+        if isinstance(key, str | int | float | bool):
+            seen[key] = line
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_keys)
 
 
 class _FileSource(PydanticBaseSettingsSource):
@@ -127,7 +159,9 @@ class _FileSource(PydanticBaseSettingsSource):
         if self.path is None:
             return {}
         try:
-            data = yaml.safe_load(self.path.read_text())
+            data = yaml.load(self.path.read_text(), Loader=_UniqueKeyLoader)
+        except _KeyTwice as exc:
+            raise ConfigError([f"config={str(self.path)!r}: {exc}"]) from None
         except (OSError, yaml.YAMLError) as exc:
             raise ConfigError([f"config={str(self.path)!r}: cannot read ({exc})"]) from None
         if data is None:
@@ -154,6 +188,7 @@ class _FileSource(PydanticBaseSettingsSource):
                                else f"unknown option {raw_key!r}"))
         if problems:  # every bad key at once, not one per try
             raise ConfigError(problems)
+        _file_keys.get({}).update({key: str(seen[key]) for key in out})
         return out
 
 
@@ -367,8 +402,7 @@ class ScraperSettings(BaseSettings):
     def _staleness_range(cls, value: float) -> float:
         return check_metrics_staleness(value)
 
-    @field_validator("scrape_timeout", "retry_period", "lease_duration", "renew_deadline",
-                     "metrics_auth_cache_ttl")
+    @field_validator(*POSITIVE_DURATIONS)
     @classmethod
     def _positive(cls, value: float) -> float:
         if value <= 0:
@@ -442,17 +476,25 @@ def load_settings(
     from_env = {upper[len(ENV_PREFIX):].lower(): key for upper, key in given_env.items()
                 if upper.startswith(ENV_PREFIX) and upper[len(ENV_PREFIX):].lower() not in given}
     token = _config_file.set(Path(config_file) if config_file else None)
+    file_keys: dict[str, str] = {}
+    keys_token = _file_keys.set(file_keys)
     try:
         return ScraperSettings(**given)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, from_env)) from None
+        # Named where the value was read: the variable, else the config file's key.
+        where = {name: f"config={str(config_file)!r}: {key}"
+                 for name, key in file_keys.items() if name not in from_env and name not in given}
+        raise ConfigError(_describe(exc, {**where, **from_env})) from None
     finally:
+        _file_keys.reset(keys_token)
         _config_file.reset(token)
 
 
-#: The variables Kubernetes sets for a Service named ``trainjob-scraper`` in the pod's
-#: namespace (service links, on by default): not options, never warned about.
-_SERVICE_LINK = re.compile(rf"{ENV_PREFIX}(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_\w+)?)")
+#: The variables Kubernetes sets for a Service in the pod's namespace (service links, on
+#: by default) whose name starts with ``trainjob-scraper`` (the chart's, or a release's
+#: such as ``trainjob-scraper-prod``): not options, never warned about.
+_SERVICE_LINK = re.compile(
+    rf"{ENV_PREFIX}(\w+_)?(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_\w+)?)")
 
 
 def unknown_environment() -> list[str]:
@@ -490,6 +532,9 @@ def _describe(exc: ValidationError, from_env: Mapping[str, str]) -> list[str]:
             # A negative duration is a duration out of range: one limit, the range's.
             why = limit if "(must be >= 0)" in msg else f"{msg}; {limit}"
             problems.append(f"{option}={value!r}: {why}")
+        elif msg.endswith("(must be >= 0)") and err["loc"][0] in POSITIVE_DURATIONS:
+            # Negative, for an option that 0 does not satisfy either: its one limit.
+            problems.append(f"{option}={value!r}: must be > 0")
         else:
             problems.append(f"{option}={value!r}: {msg}")
     return problems

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -130,15 +131,29 @@ def test_an_option_from_the_environment_is_named_by_its_variable(
 def test_a_misspelled_variable_is_warned_about_and_service_links_are_not(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINJOB_SCRAPER_INTERVALL", "5s")
-    # What Kubernetes sets in every pod for a Service named trainjob-scraper.
+    # What Kubernetes sets in every pod for a Service named trainjob-scraper, or named
+    # after a release (trainjob-scraper-prod: a newcomer saw warnings for those).
     for link in ("SERVICE_HOST", "SERVICE_PORT", "SERVICE_PORT_METRICS", "PORT",
                  "PORT_8080_TCP", "PORT_8080_TCP_ADDR", "PORT_8080_TCP_PROTO"):
         monkeypatch.setenv(f"TRAINJOB_SCRAPER_{link}", "x")
+        monkeypatch.setenv(f"TRAINJOB_SCRAPER_PROD_{link}", "x")
     monkeypatch.setenv("TRAINJOB_SCRAPER_INTERVAL", "20s")
     assert load_settings({}).interval == 20.0  # a warning, not a refusal
     assert unknown_environment() == [
         "TRAINJOB_SCRAPER_INTERVALL: no option 'intervall'; the variable is ignored "
         "(every option: trainjob-scraper run --help)"]
+
+
+def test_a_misspelled_variable_is_shown_beside_an_invalid_option() -> None:
+    # The warning used to be logged after the options were checked, at the log level
+    # chosen: an invalid option or --log-level ERROR hid it.
+    env = {**os.environ, "TRAINJOB_SCRAPER_INTERVALL": "5s"}
+    bad = subprocess.run([sys.executable, "-m", "scraper", "run", "--log-level", "ERROR",
+                          "--interval", "0s"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert bad.returncode == 2
+    assert "warning: TRAINJOB_SCRAPER_INTERVALL: no option 'intervall'" in bad.stderr
+    assert "interval='0s'" in bad.stderr
 
 
 def test_an_option_twice_in_the_config_file_is_refused(tmp_path: Path) -> None:
@@ -148,6 +163,39 @@ def test_an_option_twice_in_the_config_file_is_refused(tmp_path: Path) -> None:
         load_settings({}, cfg)
     assert err.value.problems == [
         f"config={str(cfg)!r}: option 'write_qps' given twice (also as 'write-qps')"]
+    # The same key twice: YAML's loader would keep the last one silently.
+    cfg.write_text("write-qps: 2\ninterval: 20s\nwrite-qps: 5\n")
+    with pytest.raises(ConfigError) as twice:
+        load_settings({}, cfg)
+    assert twice.value.problems == [
+        f"config={str(cfg)!r}: option 'write-qps' given twice (lines 1 and 3)"]
+
+
+def test_a_bad_value_in_the_config_file_names_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "scraper.yaml"
+    cfg.write_text("write-qps: lots\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings({}, cfg)
+    (problem,) = err.value.problems
+    assert problem.startswith(f"config={str(cfg)!r}: write-qps='lots': "), problem
+    # A flag or a variable wins over the file: then that is what is named.
+    with pytest.raises(ConfigError) as flag:
+        load_settings({"write_qps": "many"}, cfg)
+    assert flag.value.problems[0].startswith("write-qps='many': "), flag.value.problems
+    monkeypatch.setenv("TRAINJOB_SCRAPER_WRITE_QPS", "some")
+    with pytest.raises(ConfigError) as env:
+        load_settings({}, cfg)
+    assert env.value.problems[0].startswith("TRAINJOB_SCRAPER_WRITE_QPS='some': ")
+
+
+@pytest.mark.parametrize("option", ["scrape_timeout", "retry_period", "lease_duration",
+                                    "renew_deadline", "metrics_auth_cache_ttl"])
+def test_a_negative_duration_of_an_option_above_zero_gets_its_one_limit(option: str) -> None:
+    for value in ("-1s", "0s"):
+        with pytest.raises(ConfigError) as err:
+            load_settings({option: value})
+        assert err.value.problems == [f"{option.replace('_', '-')}={value!r}: must be > 0"]
 
 
 def test_lease_timings_checked() -> None:
