@@ -129,20 +129,28 @@ def run_progress(args: argparse.Namespace, trainjobs: TrainJobs, namespace: str,
         return 0
     out.write(table.render(items, args.metrics, all_namespaces=args.all_namespaces,
                            ascii_only=_ascii_only(out)))
-    _warn_unreported(items, args.metrics)
+    _warn_unreported(_reported(items), args.metrics, "no TrainJob shown reports")
     return 0
 
 
-def _warn_unreported(items: Sequence[TrainJobProgress], metrics: Sequence[str]) -> None:
-    """On stderr, each ``--metrics`` name no TrainJob shown reports (a typo shows only as
-    ``<none>`` cells otherwise), with the names they do report."""
-    reported = sorted({name for item in items if item.status is not None
-                       for name in item.status.metrics_dict()})
+def _reported(items: Sequence[TrainJobProgress]) -> set[str]:
+    """The metric names the items' statuses report."""
+    return {name for item in items if item.status is not None
+            for name in item.status.metrics_dict()}
+
+
+def _warn_unreported(reported: set[str], metrics: Sequence[str], what: str) -> None:
+    """On stderr, each ``--metrics`` name not in ``reported`` (a typo shows only as
+    ``<none>`` cells otherwise), with the names that are, and the one it differs from only
+    in case (metric names are compared exactly)."""
+    known = ", ".join(sorted(reported)) if reported else "none"
+    by_case = {name.lower(): name for name in reported}
     for name in metrics:
         if name not in reported:
-            known = ", ".join(reported) if reported else "none"
-            print(f'Warning: no TrainJob shown reports metric "{name}" (metrics reported: '
-                  f"{known})", file=sys.stderr)
+            near = by_case.get(name.lower())
+            hint = f'; names are case-sensitive: did you mean "{near}"?' if near else ""
+            print(f'Warning: {what} metric "{name}" (metrics reported: {known}){hint}',
+                  file=sys.stderr)
 
 
 def _finished(item: TrainJobProgress) -> bool:
@@ -161,9 +169,11 @@ def run_watch(args: argparse.Namespace, trainjobs: TrainJobs, namespace: str,
     bar = TrainJobBar(args.name, args.metrics, file=out) if live else None
     last: TrainJobProgress | None = None
     shown: tuple[Any, ...] | None = None
+    reported: set[str] = set()  # every metric name seen during the watch
     try:
         for obj in trainjobs.watch(namespace, args.name, timeout=args.timeout):
             last = trainjob_progress(obj)
+            reported |= _reported([last])
             if bar is not None:
                 bar.show(last)
             elif (key := (last.state, last.status, last.problem)) != shown:
@@ -175,12 +185,14 @@ def run_watch(args: argparse.Namespace, trainjobs: TrainJobs, namespace: str,
     finally:
         if bar is not None:
             bar.close()
+        if args.output == "table" and last is not None:  # only the table shows --metrics
+            _warn_unreported(reported, args.metrics, f'TrainJob "{args.name}" never reported')
     if last is None or not _finished(last):
-        reported = "no trainer status" if last is None or last.status is None else \
+        seen = "no trainer status" if last is None or last.status is None else \
             f"{last.status.progress_percentage}%"
         raise TrainJobReadError(
             f'TrainJob "{args.name}" in namespace "{namespace}" did not end within '
-            f"--timeout={args.timeout:g}s (last seen: {reported}, "
+            f"--timeout={args.timeout:g}s (last seen: {seen}, "
             f"state {(last.state if last else '') or '<none>'})")
     if last.state == "Failed":
         print(f'TrainJob "{last.name}" in namespace "{last.namespace}" Failed', file=sys.stderr)
@@ -205,6 +217,7 @@ def _print_change(args: argparse.Namespace, item: TrainJobProgress, *, first: bo
 def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
     """Run ``kubectl-trainjob`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     args = build_parser().parse_args(argv)
+    args.metrics = list(dict.fromkeys(args.metrics))  # a name given twice is one column
     out = out or sys.stdout
     try:
         connection = connect(args.kubeconfig, args.context)

@@ -96,6 +96,13 @@ def test_progress_table_shows_bar_eta_age_and_chosen_metrics(
                                                                 "waiting": "<none>"}
     assert typo.stderr.strip() == ('Warning: no TrainJob shown reports metric "los" '
                                    "(metrics reported: accuracy, loss, lr)")
+    # A name given twice is one column; one that differs only in case gets a hint.
+    twice = kubectl("trainjob", "progress", "-n", namespace, "--metrics", "loss,loss",
+                    "--metrics", "loss")
+    assert twice.stdout.splitlines()[0].split().count("LOSS") == 1, twice.stdout
+    upper = kubectl("trainjob", "progress", "-n", namespace, "--metrics", "Loss")
+    assert upper.stderr.strip().endswith(
+        'names are case-sensitive: did you mean "loss"?'), upper.stderr
 
 
 def test_progress_all_namespaces_has_a_namespace_column(
@@ -248,10 +255,11 @@ def _watch(control_plane: ControlPlane, plugin_dir: PluginDir, *args: str,
 def test_watch_follows_each_change_until_100_percent(
         control_plane: ControlPlane, plugin_dir: PluginDir, kube_api: client.ApiClient,
         namespace: str, trainjob: str) -> None:
-    proc = _watch(control_plane, plugin_dir, trainjob, "-n", namespace, "--metrics", "loss")
+    proc = _watch(control_plane, plugin_dir, trainjob, "-n", namespace, "--metrics", "loss,acc")
     try:
         header = _read_line(proc)
         assert header.split()[:3] == ["NAME", "STATE", "PROGRESS"], header
+        assert header.split()[-2:] == ["LOSS", "ACC"], header
         first = _read_line(proc)
         assert "<none>" in first, "no status yet is the first row"
         seen = []
@@ -263,6 +271,10 @@ def test_watch_follows_each_change_until_100_percent(
             seen.append(line)
             assert f"{percent:3d}%" in line and loss in line, line
         assert proc.wait(timeout=PLUGIN_TIMEOUT_SECONDS) == 0, proc.stderr.read()  # type: ignore[union-attr]
+        # A --metrics name the TrainJob never reported during the watch: said at its end.
+        assert proc.stderr.read().strip() == (  # type: ignore[union-attr]
+            f'Warning: TrainJob "{trainjob}" never reported metric "acc" '
+            "(metrics reported: loss)")
     finally:
         if proc.poll() is None:
             proc.kill()
