@@ -36,7 +36,9 @@ build_one() {
     # Own session and process group (setsid), so cleanup stops go *and* the
     # compiler/linker processes it started; nice, so a build never starves the
     # tests or other work sharing a small machine.
-    (cd "$modules_root/$moddir" && exec setsid nice -n 10 go build "${go_flags[@]}" -ldflags "$ldflags" -o "$tmp" "$pkg") &
+    # go's own lines (hundreds of "go: downloading" on a first build) go to a log,
+    # shown only when the build fails: make test's output stays readable.
+    (cd "$modules_root/$moddir" && exec setsid nice -n 10 go build "${go_flags[@]}" -ldflags "$ldflags" -o "$tmp" "$pkg" >"$tmp.log" 2>&1) &
     pid=$!
     build_pid=$pid build_tmp=$tmp
     # A heartbeat each minute so a long first build is visibly alive; bounded by
@@ -55,8 +57,11 @@ build_one() {
     done
     wait "$pid" || rc=$?
     if ((rc != 0)); then
+        tail -n 60 "$tmp.log" >&2 || true
+        rm -f "$tmp.log"
         die "go build of $name failed (exit $rc)"
     fi
+    rm -f "$tmp.log"
     mv -f "$tmp" "$dir/$name"
     build_pid="" build_tmp=""
     log "built $name in $((SECONDS - start))s"
@@ -70,5 +75,5 @@ cleanup() {
         wait "$build_pid" 2>/dev/null || true
         kill -KILL -- "-$build_pid" 2>/dev/null || true
     fi
-    if [[ -n $build_tmp ]]; then rm -f "$build_tmp"; fi
+    if [[ -n $build_tmp ]]; then rm -f "$build_tmp" "$build_tmp.log"; fi
 }
