@@ -110,7 +110,7 @@ class Telemetry:
             "ended)", ["reason"], registry=r)
         self.clock_skew = Counter(
             "trainjob_scraper_clock_skew_total", "Writes whose lastUpdatedTime is the "
-            "scraper's arrival time instead of the report's own (back: older than the held "
+            "scraper's arrival time instead of the report's own (back: older than the stored "
             "one; future: more than 60 s ahead of the scraper's clock)", ["direction"],
             registry=r)
         self.write_duration = Histogram(

@@ -206,13 +206,13 @@ class Identity:
             return Foreign(f"its JobSet {jobset.name} belongs to TrainJob {jobset.owner_name}, "
                            f"not to {trainjob} named by its {LABEL_JOBSET_NAME} label", links)
         links += (("TrainJob", f"{namespace}/{trainjob}"),)
-        held = self.trainjobs.get(namespace, trainjob)
-        if held is None:
+        record = self.trainjobs.get(namespace, trainjob)
+        if record is None:
             return NotYet(f"TrainJob {trainjob} not known", links)
-        if held.uid != jobset.owner_uid:
+        if record.uid != jobset.owner_uid:
             return Foreign(f"its owner chain leads to TrainJob UID {jobset.owner_uid}, but "
-                           f"TrainJob {trainjob} is now UID {held.uid} (re-created)", links)
-        return Belongs(held.uid)
+                           f"TrainJob {trainjob} is now UID {record.uid} (re-created)", links)
+        return Belongs(record.uid)
 
 
 @dataclass

@@ -52,10 +52,10 @@ __all__ = [
     "Place",
     "StatusTarget",
     "apply_request",
-    "holds_after_apply",
     "place_for",
     "status_in",
     "stored",
+    "stored_after_apply",
     "uid_precondition_failed",
     "writer_in",
     "written",
@@ -106,7 +106,7 @@ def written(record: TrainJobRecord, place: Place, status: TrainerStatus, uid: st
                    status_by=by or record.status_by)
 
 
-def holds_after_apply(obj: dict[str, Any], place: Place, sent: TrainerStatus) -> TrainerStatus:
+def stored_after_apply(obj: dict[str, Any], place: Place, sent: TrainerStatus) -> TrainerStatus:
     """What ``place`` holds in ``obj`` (an apply answer) after ``sent`` was applied.
 
     ``sent`` itself, except for ``status.trainerStatus`` when ``sent`` leaves

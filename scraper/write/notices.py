@@ -42,7 +42,7 @@ class Notices:
         self._on_skew = on_skew
         self._wall = wall
         self._unsupported_told: set[TrainJobKey] = set()
-        # (TrainJob, "back" | "future" | "held in the future"): logged and evented once.
+        # (TrainJob, "back" | "future" | "stored in the future"): logged and evented once.
         self._skew_told: set[tuple[TrainJobKey, str]] = set()
         self._tasks: set[asyncio.Task[None]] = set()  # ClockSkew Events being recorded
 
@@ -72,12 +72,12 @@ class Notices:
                 uid: str) -> TrainerStatus:
         """``item.status`` with the ``lastUpdatedTime`` to write
         (:func:`scraper.write.rules.settle_time`); a skew is logged once per TrainJob and
-        direction (a held time in the future is its own case), counted each time and
+        direction (a stored time in the future is its own case), counted each time and
         recorded as a ``ClockSkew`` Event."""
         arrived = datetime.fromtimestamp(item.arrived or self._wall(), UTC)
         reported = item.status.last_updated_time
-        held_time = there.last_updated_time if there is not None else None
-        settled, skew = settle_time(reported, held_time, arrived)
+        stored_time = there.last_updated_time if there is not None else None
+        settled, skew = settle_time(reported, stored_time, arrived)
         if skew is None:
             return item.status
         self._on_skew(skew.value)
@@ -86,14 +86,14 @@ class Notices:
         if skew is Skew.FUTURE:
             why = (f"lastUpdatedTime {format_time(reported)} is more than "
                    f"{FUTURE_LIMIT_SECONDS:g}s ahead of the scraper's clock")
-        elif held_time is not None and settled < held_time:
-            kind = "held in the future"
-            why = (f"the held lastUpdatedTime {format_time(held_time)} is in the future "
+        elif stored_time is not None and settled < stored_time:
+            kind = "stored in the future"
+            why = (f"the stored lastUpdatedTime {format_time(stored_time)} is in the future "
                    f"(the report says {format_time(reported)})")
         else:
-            assert held_time is not None
-            why = (f"lastUpdatedTime {format_time(reported)} is older than the held "
-                   f"{format_time(held_time)}")
+            assert stored_time is not None
+            why = (f"lastUpdatedTime {format_time(reported)} is older than the stored "
+                   f"{format_time(stored_time)}")
         message = (f"{why}; wrote the scraper's arrival time {format_time(settled)} "
                    "instead (the reported values are kept)")
         if (item.key, kind) not in self._skew_told:

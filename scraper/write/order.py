@@ -5,10 +5,10 @@ keeps indexes so that finding the next item never scans what is pending (a scan 
 milliseconds of CPU per write with 10,000 TrainJobs queued, on the loop that renews
 the Lease).  The rule, restated in the terms the indexes use:
 
-* an item is *due* from its ``due()`` (backoff, hold, the gap after its last write);
+* an item is *due* from its ``due()`` (backoff, the metrics wait, the gap after its last write);
 * a final ranks by ``(queued_at, key)`` and before every non-final;
 * a non-final's class falls by one every ``age`` seconds of waiting from its
-  ``ages_from()`` (queued, or the end of a metrics hold) and stops at
+  ``ages_from()`` (queued, or the end of a metrics wait) and stops at
   :attr:`Priority.FIRST`, which it *reaches* at ``ages_from() + (priority - FIRST) * age``.
   At a given time every item that reached it ties, ordered by ``(since, queued_at,
   key)``; one that has not is behind all of those, and among themselves such items rank
@@ -101,7 +101,7 @@ class WriteOrder:
         return {"live": len(self._live), "fields": len(self._fields), "entries": self.entries()}
 
     def entries(self) -> int:
-        """Heap entries held, live and stale (bounded by a constant times ``len``)."""
+        """Heap entries kept, live and stale (bounded by a constant times ``len``)."""
         return (len(self._dues) + len(self._waiting) + len(self._finals)
                 + len(self._climbing) + len(self._top))
 

@@ -4,7 +4,7 @@ within a stated staleness (docs/scraper.md, "Writing by significance").
 * **Significant**: a change of the integer ``progressPercentage`` (the bar in
   ``kubectl``, the notebook, the dashboard).  Written at once, but no sooner than
   :attr:`WritePolicy.progress_floor` after the TrainJob's previous write; finals and a
-  TrainJob's first status are never held.
+  TrainJob's first status never wait.
 * **Everything else** (metrics, ``estimatedRemainingSeconds``): written within
   :attr:`WritePolicy.metrics_staleness` of when the scraper took the status the TrainJob
   holds, or with the next significant write (a write always carries the newest
@@ -98,13 +98,13 @@ _CHECKS = {ANNOTATION_PROGRESS_FLOOR: ("progress_floor", check_progress_floor),
            ANNOTATION_METRICS_STALENESS: ("metrics_staleness", check_metrics_staleness)}
 
 
-def significant(held: TrainerStatus | None, new: TrainerStatus) -> bool:
+def significant(stored: TrainerStatus | None, new: TrainerStatus) -> bool:
     """True when ``new`` changes what users look at first: the integer percentage
-    (``None`` held, a percentage new included).  A status that reports none leaves the
-    held one in place (the apply does not send it): not significant."""
+    (``None`` stored, a percentage new included).  A status that reports none leaves the
+    stored one in place (the apply does not send it): not significant."""
     if new.progress_percentage is None:
         return False
-    return held is None or new.progress_percentage != held.progress_percentage
+    return stored is None or new.progress_percentage != stored.progress_percentage
 
 
 def overrides_of(annotations: Mapping[str, Any] | None) -> Overrides:

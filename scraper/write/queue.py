@@ -8,16 +8,16 @@ feeds it, :class:`scraper.write.worker.WriteWorker` drains it.
 
 Order of :meth:`WriteQueue.get` (the rule, tested in ``tests/scraper/test_write_queue.py``):
 
-1. only items that are due: a retry's backoff has passed, and the write policy's hold
+1. only items that are due: a retry's backoff has passed, and the write policy's waits
    (:mod:`scraper.write.policy`): a progress or metrics-only change no sooner than its
    ``gap`` (the progress floor) after the key's last write ended, a metrics-only change
-   not before its ``hold_until`` (the staleness bound);
+   not before its ``metrics_due`` (the staleness bound);
 2. final statuses first, oldest first (in the order the pods ended);
 3. then by class, first statuses (the TrainJob holds none of ours yet), progress
    changes, metrics-only changes (metrics or the remaining time), where each
    :data:`AGE_SECONDS` of waiting moves an item up one class: a metrics-only change
    that waited 20 s ranks with a fresh progress change, so under a saturated budget no
-   TrainJob starves (a metrics-only change waits from the end of its hold: a held one
+   TrainJob starves (a metrics-only change ages from the end of its wait: one
    that falls due does not jump ahead of fresh progress changes);
 4. ties: the TrainJob whose last write through this queue ended longest ago (a key
    never written: from when it was queued), then the key queued first, then the key
@@ -35,7 +35,7 @@ Coalescing: a pending final status is never replaced by a non-final one (the fin
 status wins); otherwise the newest status wins and the item takes the more urgent
 class of the two.  A retry's backoff stays, except that a final status joining a
 non-final item starts afresh, due at once (issue 21, input 6: a final inherited the
-backoff of its TrainJob's failed progress writes, up to 30 s); a metrics-only hold ends
+backoff of its TrainJob's failed progress writes, up to 30 s); a metrics-only change's wait ends
 when a more urgent change joins (a progress change then carries the newest metrics), and
 a first or final status has no gap.  :meth:`WriteQueue.resume` (the API server answers
 again after an outage) makes every retry due at once, its backoff started over.
@@ -80,7 +80,7 @@ class Pending:
         uid: the TrainJob UID it is meant for (``""``: whichever exists).
         queued_at: when the key entered the queue (kept across coalescing).
         not_before: monotonic time before which a retry is not due.
-        hold_until: monotonic time before which a metrics-only change is not due.
+        metrics_due: monotonic time before which a metrics-only change is not due.
         gap: seconds after the key's last write (``since``) before which a progress or
             metrics-only change is not due (the progress floor; 0 for first and final).
         fresh_at: monotonic time this status was put (the newest of a coalesced item).
@@ -98,7 +98,7 @@ class Pending:
     uid: str = ""
     queued_at: float = 0.0
     not_before: float = 0.0
-    hold_until: float = 0.0
+    metrics_due: float = 0.0
     attempts: int = 0
     since: float = 0.0
     seen: float = float("-inf")
@@ -109,11 +109,11 @@ class Pending:
 
     def due(self) -> float:
         """Monotonic time from which the item may be handed out."""
-        return max(self.not_before, self.hold_until, self.since + self.gap)
+        return max(self.not_before, self.metrics_due, self.since + self.gap)
 
     def ages_from(self) -> float:
         """Monotonic time from which a non-final item's waiting counts (module doc, 3)."""
-        return max(self.queued_at, self.hold_until)
+        return max(self.queued_at, self.metrics_due)
 
 
 def _coalesce(old: Pending, new: Pending) -> Pending:
@@ -123,10 +123,10 @@ def _coalesce(old: Pending, new: Pending) -> Pending:
         # A final never inherits a progress write's backoff (module doc).
         return replace(new, queued_at=old.queued_at, since=old.since)
     priority = min(old.priority, new.priority)
-    hold = new.hold_until if priority is Priority.METRICS else 0.0
+    metrics_due = new.metrics_due if priority is Priority.METRICS else 0.0
     gap = new.gap if priority > Priority.FIRST else 0.0
     return replace(new, priority=priority, queued_at=old.queued_at,
-                   not_before=old.not_before, hold_until=hold, attempts=old.attempts,
+                   not_before=old.not_before, metrics_due=metrics_due, attempts=old.attempts,
                    since=old.since, gap=gap)
 
 
@@ -174,7 +174,7 @@ class WriteQueue:
     def resume(self) -> int:
         """Make every queued retry due now, its backoff started over (the API server
         answers again after an outage); returns how many were.  A write out at this
-        moment (e.g. held by the restarting API server, then refused with 403 while
+        moment (e.g. kept waiting by the restarting API server, then refused with 403 while
         its authorizer warms up) is retried at once when it fails, its backoff started
         over too."""
         now = self._clock()
@@ -207,17 +207,17 @@ class WriteQueue:
         return out
 
     def put(self, key: TrainJobKey, status: TrainerStatus, priority: Priority, *,
-            uid: str = "", hold_until: float = 0.0, seen: float = float("-inf"),
+            uid: str = "", metrics_due: float = 0.0, seen: float = float("-inf"),
             finished_at: float | None = None, arrived: float = 0.0,
             gap: float = 0.0) -> None:
         """Queue ``status`` for ``key``, coalesced with what is pending (module doc).
 
-        ``hold_until`` counts for a metrics-only change, ``gap`` (seconds after the key's
+        ``metrics_due`` counts for a metrics-only change, ``gap`` (seconds after the key's
         last write) for a progress or metrics-only change; both are ignored otherwise.
         """
         now = self._clock()
         item = Pending(key, status, priority, uid, queued_at=now,
-                       hold_until=hold_until if priority is Priority.METRICS else 0.0,
+                       metrics_due=metrics_due if priority is Priority.METRICS else 0.0,
                        since=self._written.get(key, now), seen=seen,
                        finished_at=finished_at, arrived=arrived,
                        gap=gap if priority > Priority.FIRST else 0.0, fresh_at=now)

@@ -73,19 +73,19 @@ class Report:
     finished_at: float | None = None
 
 
-def same_content(held: TrainerStatus | None, new: TrainerStatus) -> bool:
+def same_content(stored: TrainerStatus | None, new: TrainerStatus) -> bool:
     """True when applying ``new`` would not change what the TrainJob holds.
 
     ``lastUpdatedTime`` is ignored (a repeat of the same values is no news).  A field
     ``new`` leaves unset is ignored as well: the apply would not send it, so a value
     another manager set there stays either way.
     """
-    if held is None:
+    if stored is None:
         return False
     return (
-        new.metrics == held.metrics
-        and new.progress_percentage in (None, held.progress_percentage)
-        and new.estimated_remaining_seconds in (None, held.estimated_remaining_seconds)
+        new.metrics == stored.metrics
+        and new.progress_percentage in (None, stored.progress_percentage)
+        and new.estimated_remaining_seconds in (None, stored.estimated_remaining_seconds)
     )
 
 
@@ -115,22 +115,22 @@ def decide(there: TrainerStatus | None, writer: Writer | None, report: Report, *
 class Skew(enum.Enum):
     """Why :func:`settle_time` wrote the arrival time; ``value`` is the metrics label."""
 
-    BACK = "back"  # the report's time is older than the held one's
+    BACK = "back"  # the report's time is older than the stored one's
     FUTURE = "future"  # the report's time is too far ahead of the scraper's clock
 
 
-def settle_time(reported: datetime, held: datetime | None, arrival: datetime,
+def settle_time(reported: datetime, stored: datetime | None, arrival: datetime,
                 *, future_limit: float = FUTURE_LIMIT_SECONDS) -> tuple[datetime, Skew | None]:
     """The ``lastUpdatedTime`` to write and why it is not the report's own (None: it is).
 
-    The report's own time, unless it is older than ``held`` (it would move back) or more
+    The report's own time, unless it is older than ``stored`` (it would move back) or more
     than ``future_limit`` seconds ahead of ``arrival`` (the scraper's wall clock when the
-    report arrived); then ``arrival`` (whole seconds).  ``arrival`` older than ``held``
-    means the held time was in the future: still ``arrival``, with :attr:`Skew.BACK`.
+    report arrived); then ``arrival`` (whole seconds).  ``arrival`` older than ``stored``
+    means the stored time was in the future: still ``arrival``, with :attr:`Skew.BACK`.
     """
     arrival = arrival.astimezone(UTC).replace(microsecond=0)
     if (reported - arrival).total_seconds() > future_limit:
         return arrival, Skew.FUTURE
-    if held is not None and reported < held:
+    if stored is not None and reported < stored:
         return arrival, Skew.BACK
     return reported, None

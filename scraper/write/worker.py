@@ -73,9 +73,9 @@ from scraper.write.annotation_target import (
     Place,
     StatusTarget,
     apply_request,
-    holds_after_apply,
     status_in,
     stored,
+    stored_after_apply,
     uid_precondition_failed,
     written,
 )
@@ -371,7 +371,7 @@ class WriteWorker:
         # What the TrainJob holds now is what was sent (SSA with force owns every field
         # sent), unless another manager keeps a field this status leaves unset: only then
         # is the answer's trainerStatus read (no second validation on the common path).
-        status = holds_after_apply(obj, place, status)
+        status = stored_after_apply(obj, place, status)
         meta = obj.get("metadata") or {}
         uid, rv = meta.get("uid", record.uid), meta.get("resourceVersion", "")
         now = self.store.clock()

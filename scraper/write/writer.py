@@ -9,9 +9,9 @@ server-side apply, only on change.  The queue side and the wiring of the write s
 * Writing by significance (:mod:`scraper.write.policy`, per TrainJob through
   ``policy_of``): a change of the integer percentage is due at once, but no sooner
   than the progress floor after the TrainJob's last write; a change of metrics or the
-  remaining time alone is deferred until the staleness bound after the status the
-  TrainJob holds was taken (a progress change joining it ends the deferral); finals and
-  first statuses are never deferred.
+  remaining time alone waits until the staleness bound after the status the TrainJob
+  holds was taken (a progress change joining it ends the wait); finals and first
+  statuses never wait.
 * The writer tasks (:class:`scraper.write.worker.WriteWorker`) take items off the queue
   and apply them: the write budget, server-side apply with the ``resourceVersion``
   precondition, retries with backoff until applied, superseded, the TrainJob gone or
@@ -303,15 +303,15 @@ class StatusWriter:
         priority = priority_of(there, status, final=final)
         if key not in self._ours and priority > Priority.FIRST:
             priority = Priority.FIRST  # nothing of ours there yet (e.g. after a restart)
-        hold = gap = 0.0
+        metrics_due = gap = 0.0
         if priority > Priority.FIRST:
             policy = self._policy_of(namespace, name)
             gap = policy.progress_floor
             last = self._ours.get(key)
             if priority is Priority.METRICS and last is not None:
-                hold = last.fresh_at + policy.metrics_staleness
+                metrics_due = last.fresh_at + policy.metrics_staleness
         self.queue.put(key, status, priority, uid=uid or (record.uid if record else ""),
-                       hold_until=hold, seen=report.seen, finished_at=finished_at,
+                       metrics_due=metrics_due, seen=report.seen, finished_at=finished_at,
                        arrived=self._wall(), gap=gap)
         return WriteOutcome.QUEUED
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from exporter_lib.status import TrainerStatus
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION
 from scraper.discovery.trainjobs import OUR_FIELD_MANAGER, TrainJobStore, slim_trainjob, writers_of
-from scraper.write.annotation_target import Place, holds_after_apply
+from scraper.write.annotation_target import Place, stored_after_apply
 
 STATUS_FIELDS = {"f:status": {"f:trainerStatus": {".": {}, "f:lastUpdatedTime": {},
                                                   "f:progressPercentage": {}}}}
@@ -77,10 +77,10 @@ def test_a_listed_write_is_aged_by_its_time_never_into_the_future(age: float,
     store = TrainJobStore(["ns"], clock=lambda: mono[0], wall=lambda: wall[0] + skew)
     store.on_list("ns", [slim_trainjob(_trainjob(
         [_entry("trainer-status", "2026-01-01T00:00:00Z", STATUS_FIELDS)]))])
-    held = store.get("ns", "tj")
-    assert held is not None and held.status_by is not None
-    assert math.isclose(held.status_by.seen, mono[0] - max(0.0, age + skew), abs_tol=1e-6)
-    assert held.status_by.seen <= mono[0]
+    record = store.get("ns", "tj")
+    assert record is not None and record.status_by is not None
+    assert math.isclose(record.status_by.seen, mono[0] - max(0.0, age + skew), abs_tol=1e-6)
+    assert record.status_by.seen <= mono[0]
 
 
 def test_a_watched_write_is_seen_when_delivered_even_within_one_second() -> None:
@@ -124,9 +124,9 @@ def test_a_tie_goes_to_the_manager_that_just_wrote_and_stays_with_it() -> None:
     # The watch event of that same write (and a later one changing another field).
     for rv in ("10", "11"):
         store.on_event("MODIFIED", slim_trainjob(_trainjob(managed, rv=rv)))
-        held = store.get("ns", "tj")
-        assert held is not None and held.status_by is not None
-        assert held.status_by.ours and held.status_by.seen == 7.0
+        record = store.get("ns", "tj")
+        assert record is not None and record.status_by is not None
+        assert record.status_by.ours and record.status_by.seen == 7.0
     # New content under the same tied entries: nobody can tell who wrote it.
     store.on_event("MODIFIED", slim_trainjob(_trainjob(managed, progress=9, rv="12")))
     changed = store.get("ns", "tj")
@@ -149,6 +149,6 @@ def test_the_store_holds_what_the_apply_answer_holds(progress: int | None, eta: 
         answer["progressPercentage"] = 7
     if eta is None and kept_eta:
         answer["estimatedRemainingSeconds"] = 9
-    held = holds_after_apply({"status": {"trainerStatus": answer}}, Place.STATUS, sent)
-    assert held == TrainerStatus.from_api(answer)
-    assert holds_after_apply({"metadata": {}}, Place.ANNOTATION, sent) is sent
+    stored = stored_after_apply({"status": {"trainerStatus": answer}}, Place.STATUS, sent)
+    assert stored == TrainerStatus.from_api(answer)
+    assert stored_after_apply({"metadata": {}}, Place.ANNOTATION, sent) is sent

@@ -197,7 +197,7 @@ def test_the_indexed_queue_follows_the_rules_step_by_step(ops: list[tuple]) -> N
         if op[0] == "put":
             _, k, cls, hold, gap = op
             model.put(KEYS[k], n, cls, model.now + hold, gap)
-            queue.put(KEYS[k], status(n), cls, hold_until=float(model.now + hold),
+            queue.put(KEYS[k], status(n), cls, metrics_due=float(model.now + hold),
                       gap=float(gap))
         elif op[0] == "tick":
             model.now += op[1]

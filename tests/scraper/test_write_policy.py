@@ -49,11 +49,11 @@ _loss = st.sampled_from(["0.1", "0.2", "nan"])
 def test_only_a_new_percentage_is_significant(p1: int | None, r1: int | None, l1: str,
                                               p2: int | None, r2: int | None,
                                               l2: str) -> None:
-    held, new = status(p1, r1, loss=l1), status(p2, r2, loss=l2)
-    assert significant(held, new) is (p2 is not None and p2 != p1)
-    klass = priority_of(held, new, final=False)
-    assert klass is (Priority.PROGRESS if significant(held, new) else Priority.METRICS)
-    assert priority_of(held, new, final=True) is Priority.FINAL
+    stored, new = status(p1, r1, loss=l1), status(p2, r2, loss=l2)
+    assert significant(stored, new) is (p2 is not None and p2 != p1)
+    klass = priority_of(stored, new, final=False)
+    assert klass is (Priority.PROGRESS if significant(stored, new) else Priority.METRICS)
+    assert priority_of(stored, new, final=True) is Priority.FINAL
     assert priority_of(None, new, final=False) is Priority.FIRST
 
 
@@ -101,7 +101,7 @@ def test_metrics_only_change_falls_due_at_its_hold(hold: float, floor: float,
                                                    later: float) -> None:
     clock, key = Clock(), ("ns", "a")
     q = WriteQueue(clock=clock)
-    q.put(key, status(1, loss="1"), Priority.METRICS, hold_until=clock.now + hold, gap=floor)
+    q.put(key, status(1, loss="1"), Priority.METRICS, metrics_due=clock.now + hold, gap=floor)
     due = max(clock.now + hold, clock.now + floor)  # never written: since = queued
     clock.now += later
     item = q.take()
@@ -114,7 +114,7 @@ def test_a_progress_change_ends_the_metrics_hold_and_carries_the_newest_metrics(
     q.put(key, status(1), Priority.FIRST)
     _written(q, key)
     clock.now += 2
-    q.put(key, status(1, loss="0.5"), Priority.METRICS, hold_until=clock.now + 28, gap=1)
+    q.put(key, status(1, loss="0.5"), Priority.METRICS, metrics_due=clock.now + 28, gap=1)
     assert q.take() is None
     q.put(key, status(2, loss="0.4"), Priority.PROGRESS, gap=1)
     item = q.take()
@@ -129,7 +129,7 @@ def test_a_metrics_change_joining_progress_keeps_it_due() -> None:
     _written(q, key)
     clock.now += 2
     q.put(key, status(2), Priority.PROGRESS, gap=1)
-    q.put(key, status(2, loss="0.3"), Priority.METRICS, hold_until=clock.now + 28, gap=1)
+    q.put(key, status(2, loss="0.3"), Priority.METRICS, metrics_due=clock.now + 28, gap=1)
     item = q.take()
     assert item is not None and item.priority is Priority.PROGRESS
     assert item.status.metrics[0].value == "0.3"
@@ -140,7 +140,7 @@ def test_a_final_is_never_held() -> None:
     q = WriteQueue(clock=clock)
     q.put(key, status(1), Priority.FIRST)
     _written(q, key)
-    q.put(key, status(1, loss="0.5"), Priority.METRICS, hold_until=clock.now + 30, gap=1)
+    q.put(key, status(1, loss="0.5"), Priority.METRICS, metrics_due=clock.now + 30, gap=1)
     q.put(key, status(100), Priority.FINAL, gap=1)
     item = q.take()
     assert item is not None and item.priority is Priority.FINAL
@@ -149,7 +149,7 @@ def test_a_final_is_never_held() -> None:
 def test_held_metrics_falling_due_do_not_jump_ahead_of_fresh_progress() -> None:
     clock = Clock()
     q = WriteQueue(clock=clock)
-    q.put(("ns", "m"), status(1, loss="1"), Priority.METRICS, hold_until=clock.now + 30)
+    q.put(("ns", "m"), status(1, loss="1"), Priority.METRICS, metrics_due=clock.now + 30)
     clock.now += 30
     q.put(("ns", "p"), status(5), Priority.PROGRESS)
     item = q.take()

@@ -107,12 +107,12 @@ def test_failed_write_is_retried_after_its_backoff_unless_superseded() -> None:
 def test_metrics_only_change_is_held_until_its_interval_ends() -> None:
     clock = Clock()
     q = WriteQueue(clock=clock)
-    q.put(("ns", "x"), status(1, loss="0.5"), Priority.METRICS, hold_until=clock.now + 30)
+    q.put(("ns", "x"), status(1, loss="0.5"), Priority.METRICS, metrics_due=clock.now + 30)
     assert q.take() is None
     clock.now += 30
     assert q.take() is not None
     # A progress change joining a held metrics-only item ends the hold.
-    q.put(("ns", "y"), status(1, loss="0.5"), Priority.METRICS, hold_until=clock.now + 30)
+    q.put(("ns", "y"), status(1, loss="0.5"), Priority.METRICS, metrics_due=clock.now + 30)
     q.put(("ns", "y"), status(2, loss="0.4"), Priority.PROGRESS)
     item = q.take()
     assert item is not None and item.key == ("ns", "y")

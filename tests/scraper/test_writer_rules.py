@@ -52,31 +52,31 @@ def _status(progress: int, at: datetime = BASE) -> TrainerStatus:
 # ---------------------------------------------------------------- time (rule 5)
 
 
-@given(reported=seconds, held=st.none() | seconds, arrival=seconds)
-def test_time_never_moves_back_silently(reported: int, held: int | None,
+@given(reported=seconds, stored=st.none() | seconds, arrival=seconds)
+def test_time_never_moves_back_silently(reported: int, stored: int | None,
                                         arrival: int) -> None:
     rep = BASE + timedelta(seconds=reported)
-    hold = None if held is None else BASE + timedelta(seconds=held)
+    stored_at = None if stored is None else BASE + timedelta(seconds=stored)
     arr = BASE + timedelta(seconds=arrival, microseconds=250_000)
-    written, skew = settle_time(rep, hold, arr)
+    written, skew = settle_time(rep, stored_at, arr)
     arrival_whole = arr.replace(microsecond=0)
     if skew is None:
-        # The report's own time is written only when it neither moves the held time back
+        # The report's own time is written only when it neither moves the stored time back
         # nor runs more than a minute ahead of the scraper's clock.
         assert written == rep
-        assert hold is None or written >= hold
+        assert stored_at is None or written >= stored_at
         assert (written - arrival_whole).total_seconds() <= FUTURE_LIMIT_SECONDS
     else:
         assert written == arrival_whole
         if skew is Skew.FUTURE:
             assert (rep - arrival_whole).total_seconds() > FUTURE_LIMIT_SECONDS
         else:
-            assert hold is not None and rep < hold
+            assert stored_at is not None and rep < stored_at
     # Whatever was written: never more than the limit ahead of the scraper's clock, and
-    # below the held time only when the held time itself is ahead of the scraper's clock.
+    # below the stored time only when the stored time itself is ahead of the scraper's clock.
     assert (written - arrival_whole).total_seconds() <= FUTURE_LIMIT_SECONDS
-    if hold is not None and written < hold:
-        assert skew is not None and arrival_whole < hold
+    if stored_at is not None and written < stored_at:
+        assert skew is not None and arrival_whole < stored_at
 
 
 def test_time_named_cases_of_issue_21() -> None:
@@ -84,8 +84,8 @@ def test_time_named_cases_of_issue_21() -> None:
     # One hour older than what the TrainJob holds: the arrival time, counted as "back".
     assert settle_time(BASE - timedelta(hours=1), BASE - timedelta(minutes=1), arrival) == (
         arrival, Skew.BACK)
-    # The held status came from 10 minutes in the future; the report is an hour old: the
-    # arrival time (older than the held one: it was in the future), still "back".
+    # The stored status came from 10 minutes in the future; the report is an hour old: the
+    # arrival time (older than the stored one: it was in the future), still "back".
     assert settle_time(BASE - timedelta(hours=1), BASE + timedelta(minutes=10), arrival) == (
         arrival, Skew.BACK)
     assert settle_time(BASE + timedelta(minutes=2), None, arrival) == (arrival, Skew.FUTURE)
@@ -111,17 +111,17 @@ def test_a_push_in_the_second_the_container_ended_does_not_stand_for_its_final()
     assert decide(_status(90), later, final, now=6.0, grace=GRACE) is WriteVerdict.DELIVERED
 
 
-# Concrete cases, one per clause of rules 2-4 and at each boundary: (held progress or
+# Concrete cases, one per clause of rules 2-4 and at each boundary: (stored progress or
 # None, writer or None, report, now, the verdict).  ``PUSH`` changed the field at
 # monotonic 100 (API server time ``ENDED``); the grace is 60 s.
 ENDED = 1_800_000_000.0
 PUSH = Writer(manager="trainer-status", time=ENDED, seen=100.0)
 OURS = Writer(manager=OUR_FIELD_MANAGER, time=ENDED, seen=100.0)
 DECISIONS = [
-    ("nothing held", None, None, Report(_status(10), 1.0), 200.0, WriteVerdict.WRITE),
-    ("held, its writer unknown", 5, None, Report(_status(10), 1.0), 101.0,
+    ("nothing stored", None, None, Report(_status(10), 1.0), 200.0, WriteVerdict.WRITE),
+    ("stored, its writer unknown", 5, None, Report(_status(10), 1.0), 101.0,
      WriteVerdict.WRITE),
-    ("ours held, another value", 5, OURS, Report(_status(10), 50.0), 101.0,
+    ("ours stored, another value", 5, OURS, Report(_status(10), 50.0), 101.0,
      WriteVerdict.WRITE),
     ("same content, ours", 10, OURS, Report(_status(10, BASE + timedelta(hours=1)), 150.0),
      101.0, WriteVerdict.UNCHANGED),
@@ -155,11 +155,11 @@ DECISIONS = [
 ]
 
 
-@pytest.mark.parametrize(("held", "writer", "report", "now", "expected"),
+@pytest.mark.parametrize(("stored", "writer", "report", "now", "expected"),
                          [case[1:] for case in DECISIONS], ids=[case[0] for case in DECISIONS])
-def test_decide_named_cases(held: int | None, writer: Writer | None, report: Report,
+def test_decide_named_cases(stored: int | None, writer: Writer | None, report: Report,
                             now: float, expected: WriteVerdict) -> None:
-    there = None if held is None else _status(held)
+    there = None if stored is None else _status(stored)
     assert decide(there, writer, report, now=now, grace=GRACE) is expected
 
 
@@ -188,96 +188,96 @@ reports = st.builds(Report, status=st.builds(_status, progress),
 graces = st.floats(0.0, 3600.0)
 
 
-@given(held=progress, writer=any_writer, report=reports, now=moments, grace=graces,
+@given(stored=progress, writer=any_writer, report=reports, now=moments, grace=graces,
        stamp=seconds)
-def test_same_content_is_unchanged_whoever_wrote_it(held: int, writer: Writer | None,
+def test_same_content_is_unchanged_whoever_wrote_it(stored: int, writer: Writer | None,
                                                     report: Report, now: float,
                                                     grace: float, stamp: int) -> None:
-    """The held content again (its own ``lastUpdatedTime`` whatever) is never written."""
-    there = _status(held, BASE + timedelta(seconds=stamp))
-    again = Report(_status(held), report.seen, report.final, report.finished_at)
+    """The stored content again (its own ``lastUpdatedTime`` whatever) is never written."""
+    there = _status(stored, BASE + timedelta(seconds=stamp))
+    again = Report(_status(stored), report.seen, report.final, report.finished_at)
     assert decide(there, writer, again, now=now, grace=grace) is WriteVerdict.UNCHANGED
 
 
-@given(held=st.none() | progress, new=progress, writer=any_writer, report=reports,
+@given(stored=st.none() | progress, new=progress, writer=any_writer, report=reports,
        now=moments, grace=graces)
-def test_nobody_elses_status_is_replaced_by_any_change(held: int | None, new: int,
+def test_nobody_elses_status_is_replaced_by_any_change(stored: int | None, new: int,
                                                        writer: Writer | None,
                                                        report: Report, now: float,
                                                        grace: float) -> None:
-    """Nothing held, no writer known, or our own write: a different report is written."""
-    assume(held != new)
-    assume(held is None or writer is None or writer.ours)
-    there = None if held is None else _status(held)
+    """Nothing stored, no writer known, or our own write: a different report is written."""
+    assume(stored != new)
+    assume(stored is None or writer is None or writer.ours)
+    there = None if stored is None else _status(stored)
     changed = Report(_status(new), report.seen, report.final, report.finished_at)
     assert decide(there, writer, changed, now=now, grace=grace) is WriteVerdict.WRITE
 
 
-@given(held=progress, new=progress, writer=foreign_writers,
+@given(stored=progress, new=progress, writer=foreign_writers,
        seen=moments | st.just(float("-inf")), age=st.floats(-1e6, 3600.0),
        grace=st.floats(0.001, 3600.0))
-def test_rule_2_a_live_writer_keeps_the_field(held: int, new: int, writer: Writer,
+def test_rule_2_a_live_writer_keeps_the_field(stored: int, new: int, writer: Writer,
                                               seen: float, age: float,
                                               grace: float) -> None:
     """A non-final change while the other writer's change is younger than the grace
     (a negative age included: seen ahead of this clock) is not written, however new the
     report."""
-    assume(held != new and age < grace)
-    verdict = decide(_status(held), writer, Report(_status(new), seen),
+    assume(stored != new and age < grace)
+    verdict = decide(_status(stored), writer, Report(_status(new), seen),
                      now=writer.seen + age, grace=grace)
     assert verdict is WriteVerdict.OTHER_WRITER
 
 
-@given(held=progress, new=progress, writer=foreign_writers,
+@given(stored=progress, new=progress, writer=foreign_writers,
        seen=moments | st.just(float("-inf")), extra=st.floats(0.0, 1e6), grace=graces)
 def test_rule_3_a_quiet_writers_status_is_replaced_only_by_news(
-        held: int, new: int, writer: Writer, seen: float, extra: float,
+        stored: int, new: int, writer: Writer, seen: float, extra: float,
         grace: float) -> None:
     """Once the grace has passed: written exactly when the report's content was first
     seen after the other writer's write."""
-    assume(held != new)
+    assume(stored != new)
     now = writer.seen + grace + extra
     assume(now - writer.seen >= grace)  # float rounding of the sum
-    verdict = decide(_status(held), writer, Report(_status(new), seen), now=now, grace=grace)
+    verdict = decide(_status(stored), writer, Report(_status(new), seen), now=now, grace=grace)
     assert verdict is (WriteVerdict.WRITE if seen > writer.seen else WriteVerdict.NOT_NEWS)
 
 
-@given(held=progress, new=progress, writer=foreign_writers, report=reports,
+@given(stored=progress, new=progress, writer=foreign_writers, report=reports,
        now=moments, later=st.floats(0.0, 1e6), grace=graces)
-def test_a_live_writer_only_ever_goes_quiet(held: int, new: int, writer: Writer,
+def test_a_live_writer_only_ever_goes_quiet(stored: int, new: int, writer: Writer,
                                            report: Report, now: float, later: float,
                                            grace: float) -> None:
     """Time passing never makes a writer live again: no OTHER_WRITER after a verdict
     that was not."""
-    assume(held != new)
+    assume(stored != new)
     changed = Report(_status(new), report.seen, report.final, report.finished_at)
-    first = decide(_status(held), writer, changed, now=now, grace=grace)
-    then = decide(_status(held), writer, changed, now=now + later, grace=grace)
+    first = decide(_status(stored), writer, changed, now=now, grace=grace)
+    then = decide(_status(stored), writer, changed, now=now + later, grace=grace)
     assert first is WriteVerdict.OTHER_WRITER or then is not WriteVerdict.OTHER_WRITER
 
 
-@given(held=progress, new=progress, writer=foreign_writers, finished=finishes,
+@given(stored=progress, new=progress, writer=foreign_writers, finished=finishes,
        now=moments, seen=moments | st.just(float("-inf")), grace=graces)
 def test_rule_4_a_final_is_delivered_unless_the_other_writer_wrote_after_the_end(
-        held: int, new: int, writer: Writer, finished: float | None, now: float,
+        stored: int, new: int, writer: Writer, finished: float | None, now: float,
         seen: float, grace: float) -> None:
     """A final over another writer's different status: DELIVERED when that writer wrote
     more than the margin after the container ended, else written; never kept out by a
     live writer or for want of news."""
-    assume(held != new)
+    assume(stored != new)
     final = Report(_status(new), seen, final=True, finished_at=finished)
-    verdict = decide(_status(held), writer, final, now=now, grace=grace)
+    verdict = decide(_status(stored), writer, final, now=now, grace=grace)
     delivered = finished is not None and writer.time > finished + FINAL_MARGIN
     assert verdict is (WriteVerdict.DELIVERED if delivered else WriteVerdict.WRITE)
 
 
-@given(held=progress, writer=any_writer, report=reports, now=moments, grace=graces)
+@given(stored=progress, writer=any_writer, report=reports, now=moments, grace=graces)
 def test_each_reason_to_keep_a_report_out_belongs_to_one_kind_of_report(
-        held: int, writer: Writer | None, report: Report, now: float,
+        stored: int, writer: Writer | None, report: Report, now: float,
         grace: float) -> None:
     """DELIVERED only for a final; OTHER_WRITER and NOT_NEWS only for a non-final; all
     three only over another writer's status."""
-    verdict = decide(_status(held), writer, report, now=now, grace=grace)
+    verdict = decide(_status(stored), writer, report, now=now, grace=grace)
     if verdict is WriteVerdict.DELIVERED:
         assert report.final
     if verdict in (WriteVerdict.OTHER_WRITER, WriteVerdict.NOT_NEWS):
@@ -337,7 +337,7 @@ class RuleWriter:
     """A TrainJob and a writer that decides with the real rule (no queue, no API)."""
 
     clock: list[float]
-    held: TrainerStatus | None = None
+    stored: TrainerStatus | None = None
     writer: Writer | None = None
     written: list[tuple[float, TrainerStatus, float]] = field(default_factory=list)
 
@@ -346,18 +346,18 @@ class RuleWriter:
                     finished_at: float | None = None) -> WriteOutcome:
         now = self.clock[0]
         report = Report(status, now if seen is None else seen, final, finished_at)
-        verdict = decide(self.held, self.writer, report, now=now, grace=GRACE)
+        verdict = decide(self.stored, self.writer, report, now=now, grace=GRACE)
         if verdict is WriteVerdict.UNCHANGED:
             return WriteOutcome.UNCHANGED
         if verdict is not WriteVerdict.WRITE:
             return WriteOutcome.DEFERRED
         self.written.append((now, status, report.seen))
-        self.held, self.writer = status, Writer(OUR_FIELD_MANAGER, now, now)
+        self.stored, self.writer = status, Writer(OUR_FIELD_MANAGER, now, now)
         return WriteOutcome.WRITTEN
 
     def foreign(self, status: TrainerStatus) -> None:
         now = self.clock[0]
-        self.held, self.writer = status, Writer("trainer-status", now, now)
+        self.stored, self.writer = status, Writer("trainer-status", now, now)
 
 
 class NoEvents:
@@ -429,7 +429,7 @@ def test_loop_and_rule_over_any_order(script: list[tuple[str, int]], etags: bool
             if (foreign_at is not None and not late_answer
                     and clock[0] - foreign_at >= GRACE and model_seen > foreign_at):
                 # And the other side of rule 3: news after a quiet writer is written.
-                assert same_content(writer.held, exporter.status), (writer.held, foreign_at)
+                assert same_content(writer.stored, exporter.status), (writer.stored, foreign_at)
             for at, written, seen in writer.written[before:]:
                 if foreign_at is not None:
                     # Rule 2: nothing while the other writer is live.

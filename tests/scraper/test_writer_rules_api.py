@@ -132,11 +132,11 @@ def test_apply_carrying_a_stale_resource_version_is_refused_409(
 
 async def test_time_never_moves_back_silently(kube_api: client.ApiClient,
                                               namespace: str) -> None:
-    """Issue 21, input 3: a report one hour older than the held status, with changed
+    """Issue 21, input 3: a report one hour older than the stored status, with changed
     values, is written with the scraper's arrival time, logged, counted and evented;
     then a foreign status from 10 minutes in the future is replaced (once its writer is
     quiet, by news) by an exporter status from an hour in the past: the arrival time
-    again, the held time named as in the future."""
+    again, the stored time named as in the future."""
     objects.create_trainjob(kube_api, namespace, "clock")
     skews: list[str] = []
     held_at = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
@@ -148,9 +148,9 @@ async def test_time_never_moves_back_silently(kube_api: client.ApiClient,
                              last_updated_time=held_at - timedelta(hours=1))
         before = datetime.now(UTC).replace(microsecond=0)
         assert await writer.apply_and_wait(namespace, "clock", back) is WriteOutcome.WRITTEN
-        held = TrainerStatus.from_api(trainer_status(kube_api, namespace, "clock") or {})
-        assert held.progress_percentage == 20  # the values are kept
-        assert before <= held.last_updated_time <= datetime.now(UTC), held
+        stored = TrainerStatus.from_api(trainer_status(kube_api, namespace, "clock") or {})
+        assert stored.progress_percentage == 20  # the values are kept
+        assert before <= stored.last_updated_time <= datetime.now(UTC), stored
         assert skews == ["back"]
         await _until(lambda: [e for e in events(kube_api, namespace, "clock")
                               if e.reason == REASON_CLOCK_SKEW], 10, "the ClockSkew Event")
@@ -168,18 +168,18 @@ async def test_time_never_moves_back_silently(kube_api: client.ApiClient,
         newer = old.model_copy(update={"progress_percentage": 41})  # news: changed now
         arrival = datetime.now(UTC).replace(microsecond=0)
         assert await writer.apply_and_wait(namespace, "clock", newer) is WriteOutcome.WRITTEN
-        held = TrainerStatus.from_api(trainer_status(kube_api, namespace, "clock") or {})
-        assert held.progress_percentage == 41
-        assert arrival <= held.last_updated_time < future, held
+        stored = TrainerStatus.from_api(trainer_status(kube_api, namespace, "clock") or {})
+        assert stored.progress_percentage == 41
+        assert arrival <= stored.last_updated_time < future, stored
         assert skews == ["back", "back"]
     messages = [e.message for e in events(kube_api, namespace, "clock")
                 if e.reason == REASON_CLOCK_SKEW]
-    assert any("older than the held" in m for m in messages), messages
+    assert any("older than the stored" in m for m in messages), messages
     assert any("in the future" in m for m in messages), messages
 
 
-def _manager(held: TrainJobRecord | None) -> str:
-    return held.status_by.manager if held is not None and held.status_by else ""
+def _manager(stored: TrainJobRecord | None) -> str:
+    return stored.status_by.manager if stored is not None and stored.status_by else ""
 
 
 async def _until(predicate: Callable[[], Any], seconds: float, what: str) -> None:
@@ -348,10 +348,10 @@ async def test_a_write_first_seen_in_a_list_is_aged_by_its_managed_fields_time(
     skews: list[str] = []
     async with running_writer(kube_api, namespace, other_writer_grace=2.5,
                               on_skew=skews.append) as (writer, _):
-        held = writer.store.get(namespace, "listed")
-        assert held is not None and held.status_by is not None
-        assert held.status_by.manager == PUSH_MANAGER
-        assert writer.store.clock() - held.status_by.seen >= 3.0  # aged, not "seen now"
+        record = writer.store.get(namespace, "listed")
+        assert record is not None and record.status_by is not None
+        assert record.status_by.manager == PUSH_MANAGER
+        assert writer.store.clock() - record.status_by.seen >= 3.0  # aged, not "seen now"
         report = TrainerStatus(progress_percentage=40, last_updated_time=datetime.now(UTC))
         # "fresh" is live; "listed" is quiet, and a report of unknown age is no news.
         assert await writer.apply(namespace, "fresh", report) is WriteOutcome.DEFERRED
