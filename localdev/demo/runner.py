@@ -47,6 +47,9 @@ TRAINJOB = "demo-train"
 FINAL_STATUS_TIMEOUT_SECONDS = 60.0
 #: Longest wait for the scraper's /readyz in cluster mode (seconds).
 READY_TIMEOUT_SECONDS = 60.0
+#: Seconds the cluster-mode probe of the API server may take before the demo says it
+#: cannot reach it (the scraper keeps trying up to :data:`READY_TIMEOUT_SECONDS`).
+PROBE_TIMEOUT_SECONDS = 5.0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -315,6 +318,20 @@ def _follow(console: Console, read: Callable[[], list[dict[str, Any]]], *,
         time.sleep(0.5)
 
 
+def _probe(console: Console, api: client.ApiClient) -> None:
+    """Say at once when the kubeconfig's API server does not answer, rather than only
+    after the scraper's readiness wait (a newcomer waited 61 s for the first word)."""
+    host = api.configuration.host
+    try:
+        version = client.VersionApi(api).get_code(_request_timeout=PROBE_TIMEOUT_SECONDS)
+    except Exception as exc:  # any failure is reported the same way, then waited out
+        reason = " ".join(str(exc).split())[:300]
+        console.print(f"[yellow]cannot reach the API server {host} yet ({reason}); the "
+                      f"scraper keeps trying for up to {READY_TIMEOUT_SECONDS:g}s[/]")
+        return
+    console.print(f"API server {host}: Kubernetes {version.git_version}")
+
+
 def _cluster_mode(console: Console, kubeconfig: Path, args: argparse.Namespace) -> int:
     # --duration counts from the start: a scraper slow to get ready eats into it.
     deadline = None if args.duration is None else time.monotonic() + args.duration
@@ -324,6 +341,7 @@ def _cluster_mode(console: Console, kubeconfig: Path, args: argparse.Namespace) 
     except (config.ConfigException, OSError) as exc:
         console.print(f"[red]cannot use kubeconfig {kubeconfig}: {exc}[/]")
         return 2
+    _probe(console, api)
     objects = client.CustomObjectsApi(api)
 
     def read() -> list[dict[str, Any]]:

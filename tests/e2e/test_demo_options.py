@@ -42,10 +42,11 @@ def test_duration_counts_from_the_start_even_when_the_scraper_never_gets_ready(
     # gets ready.  Before, --duration started only once it was ready (60 s wait, then
     # an error); now the demo ends when the duration is over and says so.
     kubeconfig = tmp_path / "kubeconfig"
+    server = f"https://127.0.0.1:{free_port()}"
     kubeconfig.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "x",
         "clusters": [{"name": "x", "cluster": {
-            "server": f"https://127.0.0.1:{free_port()}", "insecure-skip-tls-verify": True}}],
+            "server": server, "insecure-skip-tls-verify": True}}],
         "users": [{"name": "x", "user": {"token": "t"}}],
         "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}))
     result = run_demo("--kubeconfig", str(kubeconfig), "--duration", "3",
@@ -53,3 +54,5 @@ def test_duration_counts_from_the_start_even_when_the_scraper_never_gets_ready(
     out = " ".join(result.stdout.split())
     assert result.returncode == 1, out + result.stderr
     assert "--duration 3s ended before the scraper was ready" in out, out
+    # ...and it said at once that the API server does not answer, naming it.
+    assert f"cannot reach the API server {server} yet" in out, out
