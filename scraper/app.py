@@ -96,7 +96,7 @@ class ScraperApp:
         self.scopes: list[str | None] = list(s.namespaces) or [None]
         self.trainjobs = store if store is not None else TrainJobStore(
             self.scopes, on_gone=self._trainjob_gone, on_seen=self._trainjob_seen,
-            on_change=lambda ns, name, held: self.writer.on_trainjob_change(ns, name, held))
+            on_change=lambda ns, name, record: self.writer.on_trainjob_change(ns, name, record))
         # Writing by significance: the flags' policy, overridden per TrainJob.
         self.policies = PolicyResolver(s.write_policy())
         # Recovery (issue 21, input 6): writes and watches retry once the API answers.
@@ -235,7 +235,7 @@ class ScraperApp:
             log.info("stopping: no new scrapes; waiting up to %gs for in-flight writes",
                      s.shutdown_timeout)
             self.manager.leading = False  # closes the write fence for anything not yet started
-            self.manager.stop_holding()  # scrapes branch (issue 14.1): held requests end now
+            self.manager.stop_holding()  # held requests end now, not at their max-wait
             # Wait for in-flight writes before shutting the scheduler down: its
             # shutdown cancels the running scrape jobs, and so the writes inside them.
             # Meanwhile jobs that fire return at once (not leading).
@@ -271,14 +271,14 @@ class ScraperApp:
         """A TrainJob's write policy: its target pod's annotations, then its own, then
         the flags (:class:`scraper.write.policy.PolicyResolver`)."""
         target = self.manager.target_of(namespace, name)
-        held = self.trainjobs.get(namespace, name)
+        record = self.trainjobs.get(namespace, name)
         return self.policies.policy(target.policy if target is not None else (),
-                                    held.policy if held is not None else (),
+                                    record.policy if record is not None else (),
                                     where=f"TrainJob {namespace}/{name}")
 
     def _trainjob_source(self, namespace: str, name: str) -> str | None:
-        held = self.trainjobs.get(namespace, name)
-        return held.source if held is not None else None
+        record = self.trainjobs.get(namespace, name)
+        return record.source if record is not None else None
 
     def _exporter_answered(self, target: Target) -> None:
         state = self.manager.states.get(target.key)

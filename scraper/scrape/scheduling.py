@@ -132,7 +132,7 @@ class TargetScheduler:
         """Count a run of ``key`` that did not scrape because the scraper is behind.
 
         Calls ``on_skipped(key)`` every time and logs a WARNING at most once a minute
-        (``why`` says what held the run up).
+        (``why`` says what delayed the run).
         """
         if self._on_skipped is not None:
             self._on_skipped(key)
