@@ -5,6 +5,12 @@ CPU per scrape with discovery, API writes in a window without changes (should be
 Then M more TrainJobs whose pods point at real exporters that change every ~2.5
 intervals: p50/p99 freshness (exporter update -> the TrainJob's status, seen through
 a watch) and API writes versus real status changes.
+
+Each window records its schedule as the other runs of ``python -m benchmarks`` do:
+``expected`` scrapes (the nginx targets' polls, targets x window / interval; the live
+exporters offer waiting scrapes, so theirs are answers per change on top) and the
+scraper's own ``trainjob_scraper_skipped_runs_total`` over the window (``skipped``), so
+a window that fell behind says so in the report.
 """
 
 from __future__ import annotations
@@ -112,6 +118,10 @@ class _Scraper:
         return (_metric_sum(text, "trainjob_scraper_scrapes_total"),
                 _metric_sum(text, "trainjob_scraper_status_writes_total", 'result="written"'))
 
+    def skipped(self) -> float:
+        """Scheduled runs skipped so far (the scraper fell behind)."""
+        return self.metric("trainjob_scraper_skipped_runs_total")
+
     def wait_for(self, predicate: Any, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -197,11 +207,14 @@ def measure(static_ports: list[int], interval: float, live: int, warmup: float,
             raise RuntimeError(f"scraper did not write {n} initial statuses; see its log")
         time.sleep(warmup)
         pid = scraper.proc.pid
+        k0 = scraper.skipped()
         (s0, w0), c0, t0 = scraper.counts(), cpu_seconds(pid), time.monotonic()
         time.sleep(window)
         (s1, w1), c1, t1 = scraper.counts(), cpu_seconds(pid), time.monotonic()
         out["unchanged"] = {"window": t1 - t0, "cpu_seconds": c1 - c0, "scrapes": s1 - s0,
-                            "writes": w1 - w0, "real_changes": 0, "rss": rss_bytes(pid)}
+                            "writes": w1 - w0, "real_changes": 0, "rss": rss_bytes(pid),
+                            "expected": n * (t1 - t0) / interval,
+                            "skipped": scraper.skipped() - k0}
 
         # Live exporters: each changes every ~2.5 intervals at its own phase.
         live_window = max(window, 8 * interval)
@@ -214,9 +227,11 @@ def measure(static_ports: list[int], interval: float, live: int, warmup: float,
         if not scraper.wait_for(lambda: scraper.counts()[1] >= n + live, 60):
             raise RuntimeError("scraper did not pick up the live TrainJobs")
         time.sleep(warmup)
+        k0 = scraper.skipped()
         (s0, w0), c0, a = scraper.counts(), cpu_seconds(pid), time.time()
         time.sleep(live_window)
         (s1, w1), c1, b = scraper.counts(), cpu_seconds(pid), time.time()
+        k1 = scraper.skipped()
         time.sleep(interval + 2)  # let the last changes of the window land
         farm.stop()
         watcher.stop()
@@ -233,6 +248,7 @@ def measure(static_ports: list[int], interval: float, live: int, warmup: float,
         fresh = [first_seen[c] - c[1] for c in changes if c in first_seen]
         out["changing"] = {
             "window": b - a, "cpu_seconds": c1 - c0, "scrapes": s1 - s0, "writes": w1 - w0,
+            "expected": n * (b - a) / interval, "skipped": k1 - k0,
             "real_changes_in_window": sum(1 for ss in stamps.values() for s in ss if a <= s <= b),
             "changes_checked": len(changes), "changes_seen": len(fresh),
             "writes_checked": writes_checked,

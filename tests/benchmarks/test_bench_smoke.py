@@ -108,6 +108,32 @@ def test_a_run_with_targets_down_or_failed_scrapes_gets_no_ratio() -> None:
     assert "| 5 us | 200 us | n/a | <= 0.5x | n/a |" in table(res)
 
 
+def test_control_plane_windows_that_fell_behind_say_so() -> None:
+    """Issue 28: ``benchmarks/cp.py``'s windows carry their schedule; a window with
+    skipped runs or short of its expected scrapes is marked in its row and listed."""
+    def window(scrapes: float, skipped: float) -> dict[str, float]:
+        return {"window": 10.0, "cpu_seconds": 1.0, "scrapes": scrapes, "writes": 0.0,
+                "expected": 10000.0, "skipped": skipped}
+
+    res: dict[str, object] = {
+        "targets": 1000, "interval": 1.0, "series": 15, "machine": "test",
+        "loadavg_start": "0", "payload_bytes": {"text": 1, "json": 1},
+        "controlplane": {"targets": 1000, "live_targets": 50,
+                         "unchanged": window(10000.0, 0.0),
+                         "changing": window(9000.0, 845.0)},
+    }
+    report = table(res)
+    rows = {line.split(" | ")[0]: line for line in report.splitlines() if "discovery" in line}
+    unchanged = rows["| CPU per scrape with discovery (control plane, unchanged)"]
+    assert "100 us |" in unchanged and "behind" not in unchanged
+    changing = next(line for key, line in rows.items() if "changing" in key)
+    assert "1000 unchanged nginx targets and 50 changing exporters" in changing
+    assert "111 us (behind schedule)" in changing  # 1 CPU-s / 9000 scrapes
+    assert ("- ours with discovery, changing, real writes: behind schedule: 9000 of 10000 "
+            "expected scrapes, 845 runs skipped") in report
+    assert "ours with discovery, unchanged:" not in report
+
+
 def test_capacity_verdict_only_for_what_was_tried() -> None:
     def step(rate: int, ok: bool) -> dict[str, object]:
         return {"targets": rate, "interval": 1.0, "sustained": ok}
