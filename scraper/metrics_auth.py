@@ -48,6 +48,7 @@ from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry, Counter
 
 from scraper.kube import calls as kube_calls
+from scraper.kube.client import request_timeout
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,9 @@ class KubeReviewer:
         api: the scraper's ApiClient; its identity needs ``create`` on ``tokenreviews``
             and ``subjectaccessreviews`` (the chart's ``-metrics-auth`` ClusterRole, the
             same grants as the built-in ``system:auth-delegator``).
-        timeout: deadline of each call, seconds.
+        timeout: seconds each of the call's connect and read may take
+            (:func:`scraper.kube.client.request_timeout`); the whole call is cut at twice
+            that (:func:`scraper.kube.calls.deadline_of`) and counts as an error.
         on_call: called with (``"TokenReview"`` or ``"SubjectAccessReview"``, ``"ok"`` or
             ``"error"``) after every call, to count them.
     """
@@ -114,7 +117,7 @@ class KubeReviewer:
                  on_call: Callable[[str, str], None] = lambda kind, result: None) -> None:
         self._authn = k8s.AuthenticationV1Api(api)
         self._authz = k8s.AuthorizationV1Api(api)
-        self._timeout = timeout
+        self._timeout = request_timeout(timeout)
         self._on_call = on_call
 
     async def _call(self, kind: str, fn: Callable[[], Any]) -> dict[str, Any]:
@@ -129,7 +132,7 @@ class KubeReviewer:
             return loaded if isinstance(loaded, dict) else {}
 
         try:
-            result = await kube_calls.call(call)
+            result = await kube_calls.call(call, deadline=kube_calls.deadline_of(self._timeout))
         except Exception as exc:  # ApiException, urllib3 errors, timeouts, bad JSON
             self._on_call(kind, "error")
             status = getattr(exc, "status", None)

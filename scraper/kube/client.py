@@ -21,6 +21,18 @@ from kubernetes.client import rest as k8s_rest
 REQUEST_TIMEOUT = (5, 20)
 
 
+def request_timeout(seconds: float) -> tuple[float, float]:
+    """The ``_request_timeout`` that bounds a call's connect and its read by ``seconds``
+    each, as a ``(connect, read)`` pair.
+
+    Never pass a bare float: the official client's ``rest.py`` (kubernetes 35.0.0)
+    honours an ``int`` or a pair and silently drops anything else, so a call given
+    ``_request_timeout=5.0`` has no timeout at all (a hung API server held such a call
+    forever).  ``tests/scraper/test_kube_timeouts.py`` checks both halves of this.
+    """
+    return (seconds, seconds)
+
+
 def load_client(kubeconfig: Path | None) -> k8s.ApiClient:
     """An ApiClient from ``kubeconfig``, else in-cluster, else the default kubeconfig,
     without urllib3 retries (:func:`without_retries`).

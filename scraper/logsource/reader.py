@@ -36,6 +36,7 @@ from kubernetes.client.exceptions import ApiException
 from exporter_lib.status import StatusError, TrainerStatus
 from scraper.discovery.targets import Target
 from scraper.kube.calls import call
+from scraper.kube.client import request_timeout
 from scraper.logsource.progress import LogProgress
 from scraper.scrape.exporter import Failure, FailureKind, Fresh, NothingYet, ScrapeResult
 
@@ -169,7 +170,7 @@ class LogScraper:
             path_params={"namespace": namespace, "name": pod}, query_params=query,
             header_params={"Accept": "*/*"}, auth_settings=["BearerToken"],
             _preload_content=False, _return_http_data_only=True,
-            _request_timeout=self.limits.timeout)
+            _request_timeout=request_timeout(self.limits.timeout))
         try:
             # The server stops at limitBytes; one more entry's worth guards a server that
             # does not (the read stays bounded either way).
