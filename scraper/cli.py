@@ -106,8 +106,11 @@ async def _serve(settings: ScraperSettings) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         app = ScraperApp(settings)
-    except Exception as exc:
-        print(f"trainjob-scraper: cannot reach Kubernetes: {exc}", file=sys.stderr)
+    except Exception as exc:  # building the parts reads the kubeconfig; no request yet
+        source = f"--kubeconfig {settings.kubeconfig}" if settings.kubeconfig else \
+            "the in-cluster ServiceAccount or the default kubeconfig"
+        print(f"trainjob-scraper: cannot load the Kubernetes configuration from {source}: "
+              f"{' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     try:
         await app.run(stop)

@@ -127,12 +127,16 @@ class _KeyTwice(yaml.YAMLError):
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses a key given twice in one mapping: ``safe_load``
-    keeps the last silently, so ``write-qps: 2`` then ``write-qps: 5`` would say 5."""
+    keeps the last silently, so ``write-qps: 2`` then ``write-qps: 5`` would say 5.
+    A merge key (``<<: *defaults``) still works as in ``safe_load``: the mapping's own
+    keys override the merged ones (YAML's merge-key type)."""
 
 
 def _unique_keys(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            continue  # merged keys may be overridden here: construct_mapping merges them
         key = loader.construct_object(key_node)
         line = key_node.start_mark.line + 1
         if isinstance(key, str | int | float | bool) and key in seen:
@@ -142,6 +146,7 @@ def _unique_keys(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, 
     return loader.construct_mapping(node)
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_keys)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from typing import IO, Any
@@ -58,6 +59,21 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", help="kubeconfig context (default: the current one)")
 
 
+def _seconds(text: str) -> float:
+    """``--timeout``'s value: a finite number of seconds above 0.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else, naming the value and the limit.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``kubectl-trainjob`` (``progress`` and ``watch``)."""
     parser = argparse.ArgumentParser(
@@ -79,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "it reports 100 percent: a live bar on a terminal, one row (or JSON/YAML "
                     "document) per change otherwise.")
     follow.add_argument("name", help="the TrainJob")
-    follow.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+    follow.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
                         help="give up after this many seconds (default: no limit)")
     _common(follow)
     return parser

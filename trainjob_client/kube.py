@@ -16,15 +16,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import urllib3
+import yaml
 from kubernetes import client, config, watch
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
+from scraper.kube.client import REQUEST_TIMEOUT, without_retries
 
 RESOURCE = f"{TRAINJOB_PLURAL}.{API_GROUP}"
 #: In-cluster namespace file of the pod's ServiceAccount (Kubernetes documents this path).
 SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 #: Seconds one watch request stays open before it is renewed (the server may end it sooner).
 WATCH_REQUEST_SECONDS = 300
+#: Seconds a watch's read may wait past the server's own ``timeoutSeconds`` before the
+#: connection counts as dead (the server ends a quiet watch itself).
+WATCH_READ_SLACK_SECONDS = 30
 
 
 class TrainJobReadError(RuntimeError):
@@ -92,6 +98,12 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Connec
         api_client = config.new_client_from_config(config_file=config_file, context=context)
     except config.ConfigException as exc:
         raise KubeconfigError(f"kubeconfig {config_file}: {exc}") from None
+    except yaml.YAMLError as exc:
+        reason = " ".join(str(exc).split())
+        raise KubeconfigError(f"kubeconfig {config_file} is not valid YAML: {reason}") from None
+    # No hidden urllib3 retries: an API server that does not answer is reported after
+    # one request timeout, not four.
+    without_retries(api_client)
     namespace = ((chosen or {}).get("context") or {}).get("namespace") or "default"
     return Connection(api_client, namespace)
 
@@ -137,14 +149,28 @@ def translate(exc: client.ApiException, verb: str, namespace: str | None,
         f"{verb} {what} {where} failed: HTTP {exc.status} {_api_message(exc) or exc.reason}")
 
 
+def unreachable(exc: urllib3.exceptions.HTTPError, host: str, verb: str,
+                namespace: str | None, name: str | None) -> TrainJobReadError:
+    """The :class:`TrainJobReadError` for a request that got no HTTP answer (refused,
+    timed out, cut), naming the API server."""
+    where = f'in namespace "{namespace}"' if namespace else "in all namespaces"
+    what = f'{RESOURCE} "{name}"' if name else RESOURCE
+    reason = getattr(exc, "reason", None) or exc
+    return TrainJobReadError(f"cannot {verb} {what} {where}: the API server {host} did not "
+                             f"answer ({' '.join(str(reason).split())[:300]})")
+
+
 class TrainJobs:
     """get, list and watch TrainJobs through one API client.
 
-    Every method raises :class:`TrainJobReadError` subclasses, never ``ApiException``.
+    Every method raises :class:`TrainJobReadError` subclasses, never ``ApiException``
+    or a urllib3 error.  Each request has a timeout (``REQUEST_TIMEOUT``, connect and
+    read seconds, from :mod:`scraper.kube.client`).
     """
 
     def __init__(self, api_client: client.ApiClient) -> None:
         self._custom = client.CustomObjectsApi(api_client)
+        self._host = str(api_client.configuration.host)
 
     def get(self, namespace: str, name: str) -> dict[str, Any]:
         """The TrainJob ``namespace/name`` as a ``dict``.
@@ -154,9 +180,12 @@ class TrainJobs:
         """
         try:
             result: dict[str, Any] = self._custom.get_namespaced_custom_object(
-                API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, name)
+                API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, name,
+                _request_timeout=REQUEST_TIMEOUT)
         except client.ApiException as exc:
             raise translate(exc, "get", namespace, name) from None
+        except urllib3.exceptions.HTTPError as exc:
+            raise unreachable(exc, self._host, "get", namespace, name) from None
         return result
 
     def list(self, namespace: str | None) -> list[dict[str, Any]]:
@@ -168,12 +197,15 @@ class TrainJobs:
         try:
             if namespace is None:
                 result = self._custom.list_cluster_custom_object(
-                    API_GROUP, API_VERSION, TRAINJOB_PLURAL)
+                    API_GROUP, API_VERSION, TRAINJOB_PLURAL, _request_timeout=REQUEST_TIMEOUT)
             else:
                 result = self._custom.list_namespaced_custom_object(
-                    API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL)
+                    API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL,
+                    _request_timeout=REQUEST_TIMEOUT)
         except client.ApiException as exc:
             raise translate(exc, "list", namespace, None) from None
+        except urllib3.exceptions.HTTPError as exc:
+            raise unreachable(exc, self._host, "list", namespace, None) from None
         items: list[dict[str, Any]] = result.get("items", [])
         return sorted(items, key=lambda t: (t["metadata"].get("namespace", ""),
                                             t["metadata"]["name"]))
@@ -203,7 +235,8 @@ class TrainJobs:
                         self._custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
                         namespace, TRAINJOB_PLURAL, field_selector=f"metadata.name={name}",
                         resource_version=version, timeout_seconds=left,
-                        allow_watch_bookmarks=True):
+                        allow_watch_bookmarks=True,
+                        _request_timeout=(REQUEST_TIMEOUT[0], left + WATCH_READ_SLACK_SECONDS)):
                     obj = event["object"]
                     version = obj["metadata"]["resourceVersion"]
                     if event["type"] == "DELETED":
@@ -219,6 +252,8 @@ class TrainJobs:
                 current = self.get(namespace, name)
                 version = current["metadata"]["resourceVersion"]
                 yield current
+            except urllib3.exceptions.HTTPError as exc:
+                raise unreachable(exc, self._host, "watch", namespace, name) from None
             finally:
                 # Also when the caller stops iterating: close the open HTTP response.
                 watcher.stop()
@@ -235,4 +270,5 @@ __all__ = [
     "TrainJobs",
     "connect",
     "translate",
+    "unreachable",
 ]

@@ -87,9 +87,12 @@ def row(item: TrainJobProgress, metrics: Sequence[str], *, now: datetime | None 
 
 
 def header(metrics: Sequence[str], *, all_namespaces: bool = False) -> list[str]:
-    """Column titles, upper-case like kubectl's; metric columns keep the metric's name."""
+    """Column titles, upper-case like kubectl's; metric columns too, unless two names
+    differ only in case (``loss`` and ``Loss``): then every metric column keeps its name."""
     titles = ["NAMESPACE"] if all_namespaces else []
-    return [*titles, "NAME", "STATE", "PROGRESS", "ETA", "UPDATED", *[m.upper() for m in metrics]]
+    upper = [m.upper() for m in metrics]
+    named = upper if len(set(upper)) == len(upper) else list(metrics)
+    return [*titles, "NAME", "STATE", "PROGRESS", "ETA", "UPDATED", *named]
 
 
 def render(items: Sequence[TrainJobProgress], metrics: Sequence[str] = (), *,

@@ -33,6 +33,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client, config
 from rich.console import Console
 from rich.live import Live
@@ -41,6 +42,7 @@ from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, Trainer
 from localdev.cluster.processes import free_port
 from localdev.demo.display import render, summary_line, trainer_status
 from localdev.demo.processes import Child, start_scraper, wait_http_ok
+from scraper.kube.client import REQUEST_TIMEOUT, request_timeout, without_retries
 
 NAMESPACE = "trainjob-demo"
 TRAINJOB = "demo-train"
@@ -318,17 +320,25 @@ def _follow(console: Console, read: Callable[[], list[dict[str, Any]]], *,
         time.sleep(0.5)
 
 
-def _probe(console: Console, api: client.ApiClient) -> None:
+def _probe(console: Console, kubeconfig: Path, wait: float) -> None:
     """Say at once when the kubeconfig's API server does not answer, rather than only
-    after the scraper's readiness wait (a newcomer waited 61 s for the first word)."""
+    after the scraper's readiness wait (a newcomer waited 61 s for the first word).
+
+    One request, no retries, its connect and its read each bounded by half of
+    :data:`PROBE_TIMEOUT_SECONDS`; ``wait``: the seconds the scraper then still gets.
+    """
+    api = without_retries(config.new_client_from_config(config_file=str(kubeconfig)))
     host = api.configuration.host
     try:
-        version = client.VersionApi(api).get_code(_request_timeout=PROBE_TIMEOUT_SECONDS)
+        version = client.VersionApi(api).get_code(
+            _request_timeout=request_timeout(PROBE_TIMEOUT_SECONDS / 2))
     except Exception as exc:  # any failure is reported the same way, then waited out
         reason = " ".join(str(exc).split())[:300]
         console.print(f"[yellow]cannot reach the API server {host} yet ({reason}); the "
-                      f"scraper keeps trying for up to {READY_TIMEOUT_SECONDS:g}s[/]")
+                      f"scraper keeps trying for up to {wait:.0f}s[/]")
         return
+    finally:
+        api.close()
     console.print(f"API server {host}: Kubernetes {version.git_version}")
 
 
@@ -336,20 +346,36 @@ def _cluster_mode(console: Console, kubeconfig: Path, args: argparse.Namespace) 
     # --duration counts from the start: a scraper slow to get ready eats into it.
     deadline = None if args.duration is None else time.monotonic() + args.duration
     console.rule(f"[bold]trainjob-progress demo against {kubeconfig}")
+    if not kubeconfig.is_file():
+        console.print(f"[red]cannot use kubeconfig {kubeconfig}: no such file[/]")
+        return 2
     try:
         api = config.new_client_from_config(config_file=str(kubeconfig))
     except (config.ConfigException, OSError) as exc:
         console.print(f"[red]cannot use kubeconfig {kubeconfig}: {exc}[/]")
         return 2
-    _probe(console, api)
+    except yaml.YAMLError as exc:
+        reason = " ".join(str(exc).split())
+        console.print(f"[red]cannot use kubeconfig {kubeconfig}: not valid YAML: {reason}[/]")
+        return 2
+
+    def ready_wait() -> float:
+        """Seconds the scraper may take to get ready: 60, or what --duration leaves."""
+        if deadline is None:
+            return READY_TIMEOUT_SECONDS
+        return float(min(READY_TIMEOUT_SECONDS, max(0.0, deadline - time.monotonic())))
+
+    _probe(console, kubeconfig, ready_wait())
     objects = client.CustomObjectsApi(api)
 
     def read() -> list[dict[str, Any]]:
         if args.namespace:
             listed = objects.list_namespaced_custom_object(
-                API_GROUP, API_VERSION, args.namespace, TRAINJOB_PLURAL)
+                API_GROUP, API_VERSION, args.namespace, TRAINJOB_PLURAL,
+                _request_timeout=REQUEST_TIMEOUT)
         else:
-            listed = objects.list_cluster_custom_object(API_GROUP, API_VERSION, TRAINJOB_PLURAL)
+            listed = objects.list_cluster_custom_object(API_GROUP, API_VERSION, TRAINJOB_PLURAL,
+                                                        _request_timeout=REQUEST_TIMEOUT)
         return list(listed.get("items", []))
 
     with ExitStack() as stack:
@@ -360,12 +386,9 @@ def _cluster_mode(console: Console, kubeconfig: Path, args: argparse.Namespace) 
         scraper_child = start_scraper(workdir, kubeconfig=kubeconfig, port=free_port(),
                                       options=options)
         stack.callback(scraper_child.stop)
-        ready_timeout = READY_TIMEOUT_SECONDS
-        if deadline is not None:
-            ready_timeout = min(ready_timeout, max(0.0, deadline - time.monotonic()))
         try:
             wait_http_ok(scraper_child.extra["base_url"] + "/readyz", scraper_child,
-                         timeout=ready_timeout)
+                         timeout=ready_wait())
         except RuntimeError as exc:  # e.g. the cluster's API server cannot be reached
             if deadline is not None and time.monotonic() >= deadline:
                 console.print(f"[red]--duration {args.duration}s ended before the scraper "

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -160,3 +161,61 @@ def test_importing_the_package_loads_no_client_extra() -> None:
     loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True,
                             capture_output=True, text=True, timeout=60).stdout.strip()
     assert loaded == "[]"
+
+
+def test_metric_columns_that_differ_only_in_case_keep_their_names() -> None:
+    """A newcomer's find: ``--metrics loss,Loss`` had two columns both titled LOSS."""
+    from trainjob_client.table import header
+
+    assert header(["loss", "acc"])[-2:] == ["LOSS", "ACC"]
+    assert header(["loss", "Loss"])[-2:] == ["loss", "Loss"]
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "soon"])
+def test_watch_timeout_must_be_seconds_above_zero(
+        bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainjob_client.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["watch", "x", f"--timeout={bad}"])
+    assert exited.value.code == 2
+    assert f"argument --timeout: {bad!r} is not a number of seconds > 0" in capsys.readouterr().err
+
+
+def _kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "x", "cluster": {"server": server}}],
+        "users": [{"name": "x", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}))
+    return path
+
+
+def test_an_api_server_that_does_not_answer_is_an_error_line_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Against a loopback port where nothing listens (refused at once): exit 1 and one
+    ``error:`` line naming the server, as documented, for each command."""
+    from localdev.cluster.processes import free_port
+    from trainjob_client.cli import main
+
+    server = f"http://127.0.0.1:{free_port()}"
+    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", server)
+    for argv, verb in ((["progress"], "list"), (["progress", "-A"], "list"),
+                       (["watch", "x"], "get")):
+        assert main([*argv, "--kubeconfig", str(kubeconfig)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: cannot {verb} trainjobs.trainer.kubeflow.org"), err
+        assert f"the API server {server} did not answer" in err, err
+        assert "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+def test_a_kubeconfig_that_is_not_yaml_is_named_in_the_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainjob_client.cli import main
+
+    bad = tmp_path / "bad.kubeconfig"
+    bad.write_text("this: is: not: yaml: [\n")
+    assert main(["progress", "--kubeconfig", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: kubeconfig {bad} is not valid YAML: "), err
+    assert "Traceback" not in err

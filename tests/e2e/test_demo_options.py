@@ -4,6 +4,7 @@ would be ignored)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import yaml
 
 from localdev.cluster.processes import free_port
 from tests.helpers.demo import run_demo
+from tests.helpers.silent_server import SilentServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,14 +43,8 @@ def test_duration_counts_from_the_start_even_when_the_scraper_never_gets_ready(
     # An API server address where nothing listens: the scraper keeps retrying and never
     # gets ready.  Before, --duration started only once it was ready (60 s wait, then
     # an error); now the demo ends when the duration is over and says so.
-    kubeconfig = tmp_path / "kubeconfig"
     server = f"https://127.0.0.1:{free_port()}"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "x",
-        "clusters": [{"name": "x", "cluster": {
-            "server": server, "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "x", "user": {"token": "t"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}))
+    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", server)
     result = run_demo("--kubeconfig", str(kubeconfig), "--duration", "3",
                       timeout=DEMO_TIMEOUT_SECONDS)
     out = " ".join(result.stdout.split())
@@ -56,3 +52,55 @@ def test_duration_counts_from_the_start_even_when_the_scraper_never_gets_ready(
     assert "--duration 3s ended before the scraper was ready" in out, out
     # ...and it said at once that the API server does not answer, naming it.
     assert f"cannot reach the API server {server} yet" in out, out
+
+
+def _kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "x", "cluster": {
+            "server": server, "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "x", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}))
+    return path
+
+
+def test_an_api_server_that_accepts_and_never_answers_is_named_within_the_probe_timeout(
+    tmp_path: Path,
+) -> None:
+    """A newcomer's find: the probe's float timeout was dropped by the official client,
+    so a server that accepts connections and never answers (here over TLS: the
+    handshake hangs) held the demo past ``--duration``."""
+    server = SilentServer()
+    try:
+        address = f"https://127.0.0.1:{server.port}"
+        kubeconfig = _kubeconfig(tmp_path / "kubeconfig", address)
+        started = time.monotonic()
+        result = run_demo("--kubeconfig", str(kubeconfig), "--duration", "8",
+                          timeout=DEMO_TIMEOUT_SECONDS)
+        took = time.monotonic() - started
+    finally:
+        server.stop()
+    out = " ".join(result.stdout.split())
+    assert result.returncode == 1, out + result.stderr
+    assert f"cannot reach the API server {address} yet" in out, out
+    # The scraper's readiness wait is what --duration leaves after the probe, not 60 s.
+    assert "keeps trying for up to 60s" not in out, out
+    assert "--duration 8s ended before the scraper was ready" in out, out
+    assert took < 8 + 15, took  # the duration, plus start-up and the teardown
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (None, "no such file"),
+    ("this: is: not: yaml: [\n", "not valid YAML"),
+])
+def test_a_missing_or_malformed_kubeconfig_is_refused_with_the_reason(
+    tmp_path: Path, content: str | None, says: str,
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    if content is not None:
+        kubeconfig.write_text(content)
+    result = run_demo("--kubeconfig", str(kubeconfig), timeout=DEMO_TIMEOUT_SECONDS)
+    out = " ".join(result.stdout.split())
+    assert result.returncode == 2, out + result.stderr
+    assert f"cannot use kubeconfig {kubeconfig}: {says}" in out, out
+    assert "Traceback" not in result.stdout + result.stderr

@@ -13,7 +13,6 @@ changes, the first test says so) and the product's use of it.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from kubernetes import client as k8s
 
 from scraper.kube.client import request_timeout, without_retries
 from scraper.metrics_auth import KubeReviewer, ReviewError
+from tests.helpers.silent_server import SilentServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,36 +32,6 @@ pytestmark = pytest.mark.timeout(60)
 BOUNDED_SECONDS = 5.0
 #: Seconds an unbounded call is watched before the test calls it unbounded.
 WATCHED_SECONDS = 3.0
-
-
-class SilentServer:
-    """Accepts TCP connections on 127.0.0.1 and never answers; closes them on stop."""
-
-    def __init__(self) -> None:
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self._sock.settimeout(0.2)
-        self.port = self._sock.getsockname()[1]
-        self._held: list[socket.socket] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self._held.append(conn)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        for conn in self._held:
-            conn.close()
-        self._sock.close()
 
 
 @pytest.fixture

@@ -169,6 +169,11 @@ def test_an_option_twice_in_the_config_file_is_refused(tmp_path: Path) -> None:
         load_settings({}, cfg)
     assert twice.value.problems == [
         f"config={str(cfg)!r}: option 'write-qps' given twice (lines 1 and 3)"]
+    # A YAML merge key still works (a newcomer's find: the loader lost it): the
+    # mapping's own key overrides the merged one, the other merged key stays.
+    cfg.write_text("<<: {write-qps: 2, interval: 45s}\nwrite-qps: 5\n")
+    merged = load_settings({}, cfg)
+    assert (merged.write_qps, merged.interval) == (5, 45)
 
 
 def test_a_bad_value_in_the_config_file_names_the_file(
@@ -566,3 +571,16 @@ async def test_a_run_waits_for_a_slot_at_most_one_scrape_timeout() -> None:
         await scraper.close()
         closed.close()
         server.close()
+
+
+def test_a_kubeconfig_that_does_not_parse_is_called_that_not_unreachable(
+        tmp_path: Path) -> None:
+    """A newcomer's find: a YAML error in the kubeconfig said "cannot reach Kubernetes"."""
+    bad = tmp_path / "bad.kubeconfig"
+    bad.write_text("this: is: not: yaml: [\n")
+    run = subprocess.run([sys.executable, "-m", "scraper", "run", "--kubeconfig", str(bad)],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1, run.stderr
+    assert (f"trainjob-scraper: cannot load the Kubernetes configuration from --kubeconfig "
+            f"{bad}: mapping values are not allowed here") in run.stderr, run.stderr
+    assert "cannot reach" not in run.stderr
