@@ -1,4 +1,4 @@
-"""What each TrainJob holds: the TrainJob informer's store.
+"""What each TrainJob stores: the TrainJob informer's store.
 
 One list+watch of TrainJobs per scope (all namespaces, or each of ``--namespaces``;
 :class:`scraper.kube.informer.ListWatch`) keeps, per TrainJob, its UID, its
@@ -105,7 +105,7 @@ class TrainJobGone(Exception):
 
 @dataclass(frozen=True)
 class TrainJobRecord:
-    """What a TrainJob holds, as last read.
+    """What a TrainJob stores, as last read.
 
     Attributes:
         uid: the object's UID.
@@ -292,7 +292,7 @@ class TrainJobStore:
         return len(self._records)
 
     def get(self, namespace: str, name: str) -> TrainJobRecord | None:
-        """What the TrainJob holds; None when it does not exist (or before the first list)."""
+        """What the TrainJob stores; None when it does not exist (or before the first list)."""
         return self._records.get((namespace, name))
 
     def items(self) -> list[tuple[TrainJobKey, TrainJobRecord]]:
@@ -305,7 +305,7 @@ class TrainJobStore:
         return record.uid if record else ""
 
     async def record(self, namespace: str, name: str) -> TrainJobRecord:
-        """What the TrainJob holds, once every scope was listed.
+        """What the TrainJob stores, once every scope was listed.
 
         Raises:
             TrainJobGone: the TrainJob does not exist.
@@ -317,14 +317,14 @@ class TrainJobStore:
         return record
 
     def store(self, namespace: str, name: str, obj: dict[str, Any]) -> None:
-        """Keep what an API answer (e.g. a GET) says the TrainJob holds (its writes not
+        """Keep what an API answer (e.g. a GET) says the TrainJob stores (its writes not
         seen before are aged by their managedFields time, as in a list)."""
         key = (namespace, name)
         self.keep(namespace, name, self._seen(self._records.get(key), record_from_object(obj),
                                               listed=True))
 
     def keep(self, namespace: str, name: str, new: TrainJobRecord) -> None:
-        """Keep ``new`` as what the TrainJob holds (an apply's result), unless the store
+        """Keep ``new`` as what the TrainJob stores (an apply's result), unless the store
         already has a newer resourceVersion of the same object."""
         old = self._records.get((namespace, name))
         if old is not None and old.uid == new.uid and older(new.resource_version,

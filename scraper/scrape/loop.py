@@ -30,7 +30,7 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
   the ETag, is logged once per target, counted by reason and recorded as a Warning
   Event (as other failures, at most once per :data:`EVENT_REPEAT_SECONDS`).
 * Final status: a terminated pod's final status is owed (:class:`FinalDue`) until the
-  writer finds it needs no write: the TrainJob holds it, another writer's newer status
+  writer finds it needs no write: the TrainJob stores it, another writer's newer status
   stands, the CRD cannot store it, or the TrainJob is gone
   (:func:`scraper.scrape.finals.finalize` says which).  The caller
   (:class:`scraper.scrape.finals.OwedFinals`) starts one finalize at a time per pod and

@@ -56,7 +56,7 @@ class Deferrals:
                 self._deferring.discard(key)
                 log.info("TrainJob %s/%s: no longer deferring to another writer of %s: %s",
                          *key, place.value, "the status is written" if verdict is
-                         WriteVerdict.WRITE else "it holds the same content")
+                         WriteVerdict.WRITE else "it stores the same content")
             return verdict
         self._on_deferred(verdict.value)
         if key not in self._deferring and writer is not None:

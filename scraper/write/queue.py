@@ -13,7 +13,7 @@ Order of :meth:`WriteQueue.get` (the rule, tested in ``tests/scraper/test_write_
    ``gap`` (the progress floor) after the key's last write ended, a metrics-only change
    not before its ``metrics_due`` (the staleness bound);
 2. final statuses first, oldest first (in the order the pods ended);
-3. then by class, first statuses (the TrainJob holds none of ours yet), progress
+3. then by class, first statuses (the TrainJob stores none of ours yet), progress
    changes, metrics-only changes (metrics or the remaining time), where each
    :data:`AGE_SECONDS` of waiting moves an item up one class: a metrics-only change
    that waited 20 s ranks with a fresh progress change, so under a saturated budget no

@@ -6,7 +6,7 @@ its decision part, used by :class:`scraper.write.writer.StatusWriter` and
 source (exporter JSON, Prometheus text, termination messages, push-compat) and tested
 with hypothesis (``tests/scraper/test_writer_rules.py``):
 
-* :func:`decide`: whether a report is written where the TrainJob holds ``there``,
+* :func:`decide`: whether a report is written where the TrainJob stores ``there``,
   last written by ``writer`` (:class:`scraper.discovery.trainjobs.Writer`: the API server's
   clock and the store's monotonic clock order writes, never a writer's own
   ``lastUpdatedTime``);
@@ -48,7 +48,7 @@ class WriteVerdict(enum.Enum):
     counted (``status_writes_deferred_total{reason}``)."""
 
     WRITE = "write"
-    UNCHANGED = "unchanged"  # the TrainJob holds the same content
+    UNCHANGED = "unchanged"  # the TrainJob stores the same content
     OTHER_WRITER = "other_writer"  # another writer is live: no progress write
     NOT_NEWS = "not_news"  # a quiet writer's status; the report did not change since
     DELIVERED = "delivered"  # a final another writer wrote well after the container ended
@@ -74,7 +74,7 @@ class Report:
 
 
 def same_content(stored: TrainerStatus | None, new: TrainerStatus) -> bool:
-    """True when applying ``new`` would not change what the TrainJob holds.
+    """True when applying ``new`` would not change what the TrainJob stores.
 
     ``lastUpdatedTime`` is ignored (a repeat of the same values is no news).  A field
     ``new`` leaves unset is ignored as well: the apply would not send it, so a value
@@ -91,7 +91,7 @@ def same_content(stored: TrainerStatus | None, new: TrainerStatus) -> bool:
 
 def decide(there: TrainerStatus | None, writer: Writer | None, report: Report, *,
            now: float, grace: float = OTHER_WRITER_GRACE_SECONDS) -> WriteVerdict:
-    """Whether ``report`` is written where the TrainJob holds ``there``, written by
+    """Whether ``report`` is written where the TrainJob stores ``there``, written by
     ``writer`` (docs/scraper.md, "Other writers and time", rules 2 to 4).
 
     Args:

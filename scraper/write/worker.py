@@ -18,8 +18,8 @@ apply, retrying until each is applied, superseded, or its TrainJob is gone.
   ``lastUpdatedTime`` to write is settled (:meth:`scraper.write.notices.Notices.settled`).
 * Every apply carries the ``metadata.resourceVersion`` its decision was made against:
   the API server answers 409 Conflict when the TrainJob changed since (measured on
-  kube-apiserver v1.37.2, ``tests/scraper/test_writer_rules_api.py``), so a write record on
-  the wire (a dead leader's) can never land over a newer status.  On 409 the TrainJob is
+  kube-apiserver v1.37.2, ``tests/scraper/test_writer_rules_api.py``), so a write still in
+  flight (a dead leader's) can never land over a newer status.  On 409 the TrainJob is
   read again and the write decided again at once (a final is never dropped).
 * A failed write stays queued and is retried with backoff (0.2 s doubling to 30 s,
   never sooner than ``Retry-After``) until it is applied, superseded by a newer
@@ -195,7 +195,7 @@ class WriteWorker:
 
     Args:
         queue: the write queue it drains.
-        store: the TrainJob informer's store (what each TrainJob holds).
+        store: the TrainJob informer's store (what each TrainJob stores).
         custom: the client that reads a TrainJob the informer has not delivered yet.
         crd: what is known of the TrainJob CRD.
         limiter: the token bucket of the writes.
@@ -368,7 +368,7 @@ class WriteWorker:
             return await self._not_stored(item, record)
         if place is Place.STATUS and self.crd.supported is not True:
             self.crd.mark_supported()
-        # What the TrainJob holds now is what was sent (SSA with force owns every field
+        # What the TrainJob stores now is what was sent (SSA with force owns every field
         # sent), unless another manager keeps a field this status leaves unset: only then
         # is the answer's trainerStatus read (no second validation on the common path).
         status = stored_after_apply(obj, place, status)

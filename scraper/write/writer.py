@@ -2,7 +2,7 @@
 server-side apply, only on change.  The queue side and the wiring of the write stage.
 
 * :meth:`StatusWriter.apply` never waits for the API: it decides at once whether the
-  status is news (:func:`already_holds`, against the TrainJob informer's store,
+  status is news (:func:`already_stored`, against the TrainJob informer's store,
   :mod:`scraper.discovery.trainjobs`) and queues it (:mod:`scraper.write.queue`: one pending
   status per TrainJob, newest wins; finals, then first statuses, then progress, then
   metrics-only changes; aging so none starves).  So a scrape never waits for a write.
@@ -73,13 +73,13 @@ from scraper.write.queue import Priority, WriteQueue
 from scraper.write.rules import OTHER_WRITER_GRACE_SECONDS, Report, WriteVerdict, same_content
 from scraper.write.worker import OurWrite, StatusApply, StatusRequest, WriteWorker, writers_for
 
-__all__ = ["StatusWriter", "already_holds", "priority_of"]
+__all__ = ["StatusWriter", "already_stored", "priority_of"]
 
 log = logging.getLogger(__name__)
 
 
 def priority_of(current: TrainerStatus | None, new: TrainerStatus, *, final: bool) -> Priority:
-    """The write class of ``new`` against what the TrainJob holds (:mod:`scraper.write.queue`):
+    """The write class of ``new`` against what the TrainJob stores (:mod:`scraper.write.queue`):
     a change of the integer percentage is :attr:`Priority.PROGRESS`
     (:func:`scraper.write.policy.significant`); one of metrics or the remaining time
     alone is :attr:`Priority.METRICS`."""
@@ -92,8 +92,8 @@ def priority_of(current: TrainerStatus | None, new: TrainerStatus, *, final: boo
     return Priority.METRICS
 
 
-def already_holds(current: TrainerStatus | None, new: TrainerStatus) -> bool:
-    """True when applying ``new`` would not change what the TrainJob holds
+def already_stored(current: TrainerStatus | None, new: TrainerStatus) -> bool:
+    """True when applying ``new`` would not change what the TrainJob stores
     (:func:`scraper.write.rules.same_content`; the exporter never unsets a field once
     reported, so ignoring unset fields cannot hide a removal of our own)."""
     return same_content(current, new)
@@ -104,7 +104,7 @@ class StatusWriter:
 
     Args:
         api_client: a configured Kubernetes client.
-        store: the TrainJob informer's store (what each TrainJob holds); whoever builds
+        store: the TrainJob informer's store (what each TrainJob stores); whoever builds
             it passes :meth:`on_trainjob_change` as its ``on_change`` (the drift check).
         crd: what is known of the TrainJob CRD (shared with the CRD re-check).
         events: where "unsupported CRD" and ``ClockSkew`` Events go.
@@ -359,7 +359,7 @@ class StatusWriter:
         if ours.place is not self.place():
             return  # --status-target auto switched places: the old one is not ours to keep
         there = status_in(record, ours.place)
-        if there is not None and already_holds(there, ours.status):
+        if there is not None and already_stored(there, ours.status):
             return
         if older(record.resource_version, ours.resource_version):
             return

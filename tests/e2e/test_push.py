@@ -112,7 +112,7 @@ def test_unmodified_transformers_training_pushes_to_the_real_status_server(
                                               "uid": pod.metadata.uid}
     assert (written / "ca.crt").read_bytes() == push_stack.trainer_ca_cert
 
-    # The status the TrainJob holds, written by upstream's status server only.
+    # The status the TrainJob stores, written by upstream's status server only.
     live = trainjobs.get(push_api, ns, name)
     assert owners(live) == {PUSH_MANAGER}, trainer_status_entries(live)
     [entry] = trainer_status_entries(live)

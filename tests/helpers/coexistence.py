@@ -86,7 +86,7 @@ def run_both_writers(cluster: Cluster, api: client.ApiClient, namespace: str, wo
                      scraper_env: dict[str, str] | None = None) -> Run:
     """Run one training with both writers and watch its TrainJob; return what was seen.
 
-    ``down_at_progress``: once the TrainJob holds at least that progress, stop the
+    ``down_at_progress``: once the TrainJob stores at least that progress, stop the
     Trainer controller (with it the status server) until the pod ended and the
     final status arrived (or :data:`FINAL_TIMEOUT_SECONDS` passed), then start it
     again.  ``scraper_options``/``scraper_env`` go to the scraper's command line and

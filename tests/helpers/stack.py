@@ -140,7 +140,7 @@ class TrainJobRecorder:
 
     def statuses_through(self, final: TrainerStatus, uid: str, timeout: float,
                          what: str) -> list[TrainerStatus]:
-        """Wait until the TrainJob holds ``final``; the distinct statuses of ``uid`` up to
+        """Wait until the TrainJob stores ``final``; the distinct statuses of ``uid`` up to
         and including it (:meth:`statuses`).
 
         Raises:

@@ -4,7 +4,7 @@ The neighbours (the exporter scraper, the Event recorder, the scheduler) are in-
 fakes of their Protocols in :mod:`scraper.scrape.loop` and :mod:`scraper.scrape.manager`; the real
 ones are exercised against real exporters and the real API server by the other tests of
 this folder.  The status writer is the real :class:`~scraper.write.queue.WriteQueue`
-behind a stand-in for the API server (:class:`QueueWriter`: what each TrainJob holds,
+behind a stand-in for the API server (:class:`QueueWriter`: what each TrainJob stores,
 in memory), so a final waits in the queue as it does in production and leadership
 changes clear it as ``ScraperApp`` does; tests of the loop's reaction to one writer
 outcome script that outcome instead.  The clock is a fake too, so backoff and Event
@@ -99,7 +99,7 @@ class QueueWriter:
     """The write side as the loop sees it, over the real write queue.
 
     ``apply`` decides as :meth:`scraper.write.writer.StatusWriter.apply` does against
-    what the TrainJob holds (``held``, standing in for the API server, shared by the
+    what the TrainJob stores (``held``, standing in for the API server, shared by the
     replicas of a test): the same content and nothing queued is UNCHANGED, anything
     else is queued (QUEUED).  :meth:`flush` plays the writer tasks: each due item is
     decided again and written (``writes``).  :meth:`stop_leading` clears the queue, as
@@ -477,7 +477,7 @@ async def test_final_status_applied_once(rig: Rig) -> None:
     await rig.settle()
     assert rig.writer.flush() == 1
     rig.manager.set_leading(False)
-    rig.manager.set_leading(True)  # leadership comes back: the TrainJob holds it
+    rig.manager.set_leading(True)  # leadership comes back: the TrainJob stores it
     rig.manager.on_pod(ended, deleted=True)  # deleted after its final status was written
     await rig.settle()
     rig.writer.flush()
@@ -524,7 +524,7 @@ async def test_final_queued_when_leadership_is_lost_is_written_once_when_it_come
     await rig.settle()
     assert rig.writer.flush() == 1
     assert rig.finals() == [100]
-    rig.manager.on_pod(ended, deleted=False)  # the TrainJob holds it: settled, no write
+    rig.manager.on_pod(ended, deleted=False)  # the TrainJob stores it: settled, no write
     await rig.settle()
     rig.lose()
     rig.gain()
@@ -574,7 +574,7 @@ async def test_the_standby_writes_what_the_leader_lost_and_nothing_twice(rig: Ri
     standby.gain()
     await standby.settle()
     assert standby.writer.flush() == 1
-    rig.gain()  # the old leader wins back later: the TrainJob holds the final
+    rig.gain()  # the old leader wins back later: the TrainJob stores the final
     await rig.settle()
     assert rig.writer.flush() == 0
     assert [s.progress_percentage for *_k, s, final in standby.writer.writes if final] == [100]

@@ -81,7 +81,7 @@ def test_time_never_moves_back_silently(reported: int, stored: int | None,
 
 def test_time_named_cases_of_issue_21() -> None:
     arrival = BASE
-    # One hour older than what the TrainJob holds: the arrival time, counted as "back".
+    # One hour older than what the TrainJob stores: the arrival time, counted as "back".
     assert settle_time(BASE - timedelta(hours=1), BASE - timedelta(minutes=1), arrival) == (
         arrival, Skew.BACK)
     # The stored status came from 10 minutes in the future; the report is an hour old: the
