@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -33,6 +34,27 @@ _LIST_FIELDS = {"namespaces"}
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _attach_dashed_values(given: list[str]) -> list[str]:
+    """``--resync-interval -1s`` as ``--resync-interval=-1s``: argparse takes a value
+    that starts with a dash and is not a plain number (``-1s``, ``-5m``) for an unknown
+    option and says only "expected one argument", so the option's own check (which
+    names the value and the limit) never ran.  Only flags that take a value are joined."""
+    takes_value = {"--config"} | {_flag(name) for name, info in
+                                  ScraperSettings.model_fields.items()
+                                  if info.annotation is not bool}
+    out: list[str] = []
+    i = 0
+    while i < len(given):
+        if (given[i] in takes_value and i + 1 < len(given)
+                and re.match(r"-[\d.]", given[i + 1])):
+            out.append(f"{given[i]}={given[i + 1]}")
+            i += 2
+            continue
+        out.append(given[i])
+        i += 1
+    return out
 
 
 def add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -152,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if hint:  # argparse alone would say only "unrecognized arguments"
             print(f"trainjob-scraper: {flag} was removed: {hint}", file=sys.stderr)
             return 2
-    args = build_parser().parse_args(given)
+    args = build_parser().parse_args(_attach_dashed_values(given))
     handler: Handler = args.handler
     return handler(args)
 

@@ -18,6 +18,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
+import annotated_types
 import yaml
 from pydantic import Field, FilePath, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -540,7 +541,35 @@ def _describe(exc: ValidationError, from_env: Mapping[str, str]) -> list[str]:
         elif msg.endswith("(must be >= 0)") and err["loc"][0] in POSITIVE_DURATIONS:
             # Negative, for an option that 0 does not satisfy either: its one limit.
             problems.append(f"{option}={value!r}: must be > 0")
+        elif msg.endswith("(must be >= 0)"):
+            # A negative duration is a duration, below its limit.
+            problems.append(f"{option}={value!r}: must be >= 0")
         else:
+            bounds = _bounds_of(str(err["loc"][0]))
+            # A value that is not a number at all is told the limits too.
+            if bounds and err["type"] in _NOT_A_NUMBER:
+                msg = f"{msg}; {bounds}"
             problems.append(f"{option}={value!r}: {msg}")
     return problems
+
+
+#: pydantic error types of a value that is no number at all (its own message has no limit).
+_NOT_A_NUMBER = frozenset({"float_parsing", "float_type", "int_parsing", "int_type",
+                           "int_from_float"})
+
+
+def _bounds_of(name: str) -> str:
+    """``"must be between 0.01 and 1000"`` (or one side) from the field's ``ge``/``le``
+    (``gt``/``lt``); empty when the field has none or does not exist."""
+    info = ScraperSettings.model_fields.get(name)
+    if info is None:
+        return ""
+    low = next((f">= {m.ge:g}" for m in info.metadata if isinstance(m, annotated_types.Ge)), "")
+    low = low or next((f"> {m.gt:g}" for m in info.metadata
+                       if isinstance(m, annotated_types.Gt)), "")
+    high = next((m.le for m in info.metadata if isinstance(m, annotated_types.Le)), None)
+    if low.startswith(">=") and high is not None:
+        return f"must be between {low[3:]} and {high:g}"
+    parts = [p for p in (low, "" if high is None else f"<= {high:g}") if p]
+    return f"must be {' and '.join(parts)}" if parts else ""
 

@@ -584,3 +584,25 @@ def test_a_kubeconfig_that_does_not_parse_is_called_that_not_unreachable(
     assert (f"trainjob-scraper: cannot load the Kubernetes configuration from --kubeconfig "
             f"{bad}: mapping values are not allowed here") in run.stderr, run.stderr
     assert "cannot reach" not in run.stderr
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    # argparse took "-1s" for an unknown option: "expected one argument", no limit.
+    (["--resync-interval", "-1s"], "resync-interval='-1s': must be >= 0"),
+    (["--metrics-staleness", "-1s"], "metrics-staleness='-1s': must be between 0s and 3600s"),
+    (["--scrape-timeout", "-1"], "scrape-timeout='-1': must be > 0"),
+    # Was "not a duration: '-1' (must be >= 0)": a negative duration is a duration.
+    (["--backoff-max=-1"], "backoff-max='-1': must be >= 0"),
+    # A value that is no number at all is told the limits too (a newcomer's finds).
+    (["--write-qps", "lots"], "write-qps='lots': Input should be a valid number, unable to "
+                              "parse string as a number; must be between 0.01 and 1000"),
+    (["--concurrency", "x"], "concurrency='x': Input should be a valid integer, unable to "
+                             "parse string as an integer; must be between 1 and 1024"),
+])
+def test_a_rejected_flag_names_the_option_the_value_and_the_limit(
+        argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from scraper.cli import main
+
+    assert main(["run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"trainjob-scraper: invalid configuration: {expected}" in err, err
