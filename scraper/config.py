@@ -16,13 +16,14 @@ import socket
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import annotated_types
 import yaml
 from pydantic import Field, FilePath, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
@@ -168,7 +169,7 @@ class _FileSource(PydanticBaseSettingsSource):
             data = yaml.load(self.path.read_text(), Loader=_UniqueKeyLoader)
         except _KeyTwice as exc:
             raise ConfigError([f"config={str(self.path)!r}: {exc}"]) from None
-        except (OSError, yaml.YAMLError) as exc:
+        except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: not UTF-8
             raise ConfigError([f"config={str(self.path)!r}: cannot read ({exc})"]) from None
         if data is None:
             return {}
@@ -210,7 +211,10 @@ class ScraperSettings(BaseSettings):
         description="kubeconfig file; unset: in-cluster service account, then "
         "$KUBECONFIG / ~/.kube/config",
     )
-    namespaces: list[str] = Field(
+    # NoDecode: the environment's value reaches _split_namespaces as the string it is
+    # (a,b), not parsed as JSON first (pydantic-settings' rule for list fields), which
+    # failed with a traceback on the documented comma form.
+    namespaces: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="namespaces to watch (comma-separated); empty: all namespaces",
     )
@@ -555,7 +559,13 @@ def _describe(exc: ValidationError, from_env: Mapping[str, str]) -> list[str]:
 
 #: pydantic error types of a value that is no number at all (its own message has no limit).
 _NOT_A_NUMBER = frozenset({"float_parsing", "float_type", "int_parsing", "int_type",
-                           "int_from_float"})
+                           "int_from_float", "finite_number"})
+
+
+def _number(value: object) -> str:
+    """A bound as written in the code: 67108864, not 6.71089e+07."""
+    number = float(str(value))
+    return str(int(number)) if number.is_integer() else f"{number:g}"
 
 
 def _bounds_of(name: str) -> str:
@@ -564,12 +574,13 @@ def _bounds_of(name: str) -> str:
     info = ScraperSettings.model_fields.get(name)
     if info is None:
         return ""
-    low = next((f">= {m.ge:g}" for m in info.metadata if isinstance(m, annotated_types.Ge)), "")
-    low = low or next((f"> {m.gt:g}" for m in info.metadata
+    low = next((f">= {_number(m.ge)}" for m in info.metadata
+                if isinstance(m, annotated_types.Ge)), "")
+    low = low or next((f"> {_number(m.gt)}" for m in info.metadata
                        if isinstance(m, annotated_types.Gt)), "")
     high = next((m.le for m in info.metadata if isinstance(m, annotated_types.Le)), None)
     if low.startswith(">=") and high is not None:
-        return f"must be between {low[3:]} and {high:g}"
-    parts = [p for p in (low, "" if high is None else f"<= {high:g}") if p]
+        return f"must be between {low[3:]} and {_number(high)}"
+    parts = [p for p in (low, "" if high is None else f"<= {_number(high)}") if p]
     return f"must be {' and '.join(parts)}" if parts else ""
 

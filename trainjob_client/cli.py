@@ -120,8 +120,6 @@ def run_progress(args: argparse.Namespace, trainjobs: TrainJobs, namespace: str,
         NoTrainerStatus: ``NAME`` was given and it has no trainer status yet.
         TrainJobReadError: the read failed.
     """
-    if args.all_namespaces and args.name:
-        raise TrainJobReadError("a TrainJob NAME and -A/--all-namespaces exclude each other")
     if args.name:
         item = trainjob_progress(trainjobs.get(namespace, args.name))
         if item.status is None:
@@ -232,7 +230,10 @@ def _print_change(args: argparse.Namespace, item: TrainJobProgress, *, first: bo
 
 def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
     """Run ``kubectl-trainjob`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "all_namespaces", False) and getattr(args, "name", None):
+        parser.error("a TrainJob NAME and -A/--all-namespaces exclude each other")  # exit 2
     args.metrics = list(dict.fromkeys(args.metrics))  # a name given twice is one column
     out = out or sys.stdout
     try:

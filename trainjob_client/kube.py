@@ -73,34 +73,50 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Connec
     """Connect like kubectl does (see the module docstring).
 
     Raises:
-        KubeconfigError: the named file is missing or invalid, the context does not
-            exist, or there is neither a kubeconfig nor an in-cluster ServiceAccount.
+        KubeconfigError: the named file is missing or invalid (not YAML, not UTF-8, not
+            a kubeconfig's shape, a directory), the context does not exist, or there is
+            neither a kubeconfig nor a usable in-cluster ServiceAccount.
     """
-    files = kubeconfig or os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
+    try:
+        return _connect(kubeconfig, context)
+    except KubeconfigError:
+        raise
+    except config.ConfigException as exc:
+        raise KubeconfigError(f"kubeconfig {_files(kubeconfig)}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise KubeconfigError(f"kubeconfig {_files(kubeconfig)} is not valid YAML: "
+                              f"{' '.join(str(exc).split())}") from None
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        # ValueError: not UTF-8; TypeError, AttributeError, KeyError: YAML that is not a
+        # kubeconfig's mapping (a list, a scalar); OSError: a directory, unreadable.
+        raise KubeconfigError(f"kubeconfig {_files(kubeconfig)} cannot be used: "
+                              f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
+
+
+def _files(kubeconfig: str | None) -> str:
+    return kubeconfig or os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
+
+
+def _connect(kubeconfig: str | None, context: str | None) -> Connection:
+    files = _files(kubeconfig)
     existing = [p for p in files.split(os.pathsep) if p and Path(p).expanduser().exists()]
     if not existing:
         if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             configuration = client.Configuration()
             config.load_incluster_config(client_configuration=configuration)
             namespace = SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip() or "default"
-            return Connection(client.ApiClient(configuration), namespace)
+            return Connection(without_retries(client.ApiClient(configuration)), namespace)
         raise KubeconfigError(f"no kubeconfig found (looked at {files}) and not in a cluster")
     config_file = os.pathsep.join(existing)
-    try:
-        contexts, active = config.list_kube_config_contexts(config_file)
-        chosen = active
-        if context is not None:
-            chosen = next((c for c in contexts if c.get("name") == context), None)
-            if chosen is None:
-                names = ", ".join(str(c.get("name")) for c in contexts)
-                raise KubeconfigError(
-                    f'context "{context}" not found in {config_file} (contexts: {names})')
-        api_client = config.new_client_from_config(config_file=config_file, context=context)
-    except config.ConfigException as exc:
-        raise KubeconfigError(f"kubeconfig {config_file}: {exc}") from None
-    except yaml.YAMLError as exc:
-        reason = " ".join(str(exc).split())
-        raise KubeconfigError(f"kubeconfig {config_file} is not valid YAML: {reason}") from None
+    contexts, active = config.list_kube_config_contexts(config_file)
+    chosen = active
+    if context is not None:
+        chosen = next((c for c in contexts if c.get("name") == context), None)
+        if chosen is None:
+            names = ", ".join(str(c.get("name")) for c in contexts)
+            raise KubeconfigError(
+                f'context "{context}" not found in {config_file} (contexts: {names})')
+    api_client = config.new_client_from_config(config_file=config_file, context=context)
     # No hidden urllib3 retries: an API server that does not answer is reported after
     # one request timeout, not four.
     without_retries(api_client)
@@ -132,6 +148,9 @@ def translate(exc: client.ApiException, verb: str, namespace: str | None,
     """The :class:`TrainJobReadError` for an API error of ``verb`` on a TrainJob (or list)."""
     where = f'in namespace "{namespace}"' if namespace else "in all namespaces"
     what = f'{RESOURCE} "{name}"' if name else RESOURCE
+    if not exc.status:  # no HTTP answer: the client's own failure (TLS verification)
+        return TrainJobReadError(f"cannot {verb} {what} {where}: "
+                                 f"{' '.join(str(exc.reason or exc).split())[:300]}")
     if exc.status == 404 and name is not None and namespace and _is_status_not_found(exc):
         return TrainJobNotFound(namespace, name)
     if exc.status == 404:
@@ -172,21 +191,33 @@ class TrainJobs:
         self._custom = client.CustomObjectsApi(api_client)
         self._host = str(api_client.configuration.host)
 
-    def get(self, namespace: str, name: str) -> dict[str, Any]:
-        """The TrainJob ``namespace/name`` as a ``dict``.
+    def get(self, namespace: str, name: str,
+            timeout: tuple[float, float] = REQUEST_TIMEOUT) -> dict[str, Any]:
+        """The TrainJob ``namespace/name`` as a ``dict``; ``timeout``: (connect, read)
+        seconds of the request.
 
         Raises:
             TrainJobNotFound, TrainJobForbidden, TrainJobApiMissing, TrainJobReadError.
         """
         try:
-            result: dict[str, Any] = self._custom.get_namespaced_custom_object(
+            result = self._custom.get_namespaced_custom_object(
                 API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL, name,
-                _request_timeout=REQUEST_TIMEOUT)
+                _request_timeout=timeout)
         except client.ApiException as exc:
             raise translate(exc, "get", namespace, name) from None
         except urllib3.exceptions.HTTPError as exc:
             raise unreachable(exc, self._host, "get", namespace, name) from None
-        return result
+        return self._object(result, "get", namespace, name)
+
+    def _object(self, answer: Any, verb: str, namespace: str | None,
+                name: str | None) -> dict[str, Any]:
+        """``answer`` when it is a JSON object, as every Kubernetes answer is."""
+        if not isinstance(answer, dict):
+            what = f'{RESOURCE} "{name}"' if name else RESOURCE
+            raise TrainJobReadError(f"cannot {verb} {what}: the server {self._host} answered "
+                                    f"{type(answer).__name__}, not a Kubernetes object "
+                                    "(is it an API server?)")
+        return answer
 
     def list(self, namespace: str | None) -> list[dict[str, Any]]:
         """TrainJobs of ``namespace`` (all namespaces for ``None``), sorted by namespace, name.
@@ -206,7 +237,8 @@ class TrainJobs:
             raise translate(exc, "list", namespace, None) from None
         except urllib3.exceptions.HTTPError as exc:
             raise unreachable(exc, self._host, "list", namespace, None) from None
-        items: list[dict[str, Any]] = result.get("items", [])
+        items: list[dict[str, Any]] = self._object(result, "list", namespace, None).get(
+            "items", [])
         return sorted(items, key=lambda t: (t["metadata"].get("namespace", ""),
                                             t["metadata"]["name"]))
 
@@ -223,7 +255,15 @@ class TrainJobs:
             TrainJobForbidden, TrainJobApiMissing, TrainJobReadError.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        current = self.get(namespace, name)
+
+        def within(connect: float, read: float) -> tuple[float, float]:
+            # A request never outlives the caller's timeout (a hung server included).
+            if deadline is None:
+                return (connect, read)
+            left = max(0.1, deadline - time.monotonic())
+            return (min(connect, left), min(read, left))
+
+        current = self.get(namespace, name, timeout=within(*REQUEST_TIMEOUT))
         yield current
         version = current["metadata"]["resourceVersion"]
         while deadline is None or time.monotonic() < deadline:
@@ -236,7 +276,8 @@ class TrainJobs:
                         namespace, TRAINJOB_PLURAL, field_selector=f"metadata.name={name}",
                         resource_version=version, timeout_seconds=left,
                         allow_watch_bookmarks=True,
-                        _request_timeout=(REQUEST_TIMEOUT[0], left + WATCH_READ_SLACK_SECONDS)):
+                        _request_timeout=within(REQUEST_TIMEOUT[0],
+                                                left + WATCH_READ_SLACK_SECONDS)):
                     obj = event["object"]
                     version = obj["metadata"]["resourceVersion"]
                     if event["type"] == "DELETED":
@@ -249,10 +290,12 @@ class TrainJobs:
                 if exc.status != 410:
                     raise translate(exc, "watch", namespace, name) from None
                 # Our resourceVersion is too old to resume from: read the object again.
-                current = self.get(namespace, name)
+                current = self.get(namespace, name, timeout=within(*REQUEST_TIMEOUT))
                 version = current["metadata"]["resourceVersion"]
                 yield current
             except urllib3.exceptions.HTTPError as exc:
+                if deadline is not None and time.monotonic() >= deadline - 1:
+                    return  # the caller's timeout cut a quiet watch, not a dead server
                 raise unreachable(exc, self._host, "watch", namespace, name) from None
             finally:
                 # Also when the caller stops iterating: close the open HTTP response.

@@ -219,3 +219,84 @@ def test_a_kubeconfig_that_is_not_yaml_is_named_in_the_error(
     err = capsys.readouterr().err
     assert err.startswith(f"error: kubeconfig {bad} is not valid YAML: "), err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("content", [b"- a\n- b\n", b"just a string\n", b"\x00\xff\xfe"])
+def test_a_file_that_is_no_kubeconfig_is_an_error_line(
+        tmp_path: Path, content: bytes, capsys: pytest.CaptureFixture[str]) -> None:
+    """A YAML list, a scalar, bytes that are not UTF-8: one ``error:`` line each (they
+    were TypeError and UnicodeDecodeError tracebacks)."""
+    from trainjob_client.cli import main
+
+    bad = tmp_path / "kubeconfig"
+    bad.write_bytes(content)
+    assert main(["progress", "--kubeconfig", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: kubeconfig {bad}"), err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+def test_a_server_that_is_no_api_server_is_an_error_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A loopback HTTP server answering 200 text/plain to everything."""
+    import http.server
+    import threading
+
+    from trainjob_client.cli import main
+
+    class Plain(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"hello"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Plain)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        address = f"http://127.0.0.1:{server.server_address[1]}"
+        kubeconfig = _kubeconfig(tmp_path / "kubeconfig", address)
+        assert main(["progress", "--kubeconfig", str(kubeconfig)]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot list trainjobs.trainer.kubeflow.org: the server "
+                          f"{address} answered str, not a Kubernetes object"), err
+
+
+def test_a_name_with_all_namespaces_is_a_bad_argument(capsys: pytest.CaptureFixture[str]) -> None:
+    from trainjob_client.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["progress", "train", "-A"])
+    assert exited.value.code == 2
+    assert "a TrainJob NAME and -A/--all-namespaces exclude each other" in capsys.readouterr().err
+
+
+def test_watch_gives_up_within_its_timeout_against_a_hung_api_server(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A server that accepts and never answers: ``watch --timeout 3`` took 21 s (the
+    request's own 20 s read timeout) before each request was bounded by it."""
+    import time
+
+    from tests.helpers.silent_server import SilentServer
+    from trainjob_client.cli import main
+
+    server = SilentServer()
+    try:
+        kubeconfig = _kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{server.port}")
+        started = time.monotonic()
+        code = main(["watch", "x", "--timeout", "3", "--kubeconfig", str(kubeconfig)])
+        took = time.monotonic() - started
+    finally:
+        server.stop()
+    assert code == 1
+    assert took < 3 + 2, took
+    assert "did not answer" in capsys.readouterr().err

@@ -598,6 +598,12 @@ def test_a_kubeconfig_that_does_not_parse_is_called_that_not_unreachable(
                               "parse string as a number; must be between 0.01 and 1000"),
     (["--concurrency", "x"], "concurrency='x': Input should be a valid integer, unable to "
                              "parse string as an integer; must be between 1 and 1024"),
+    (["--write-qps", "nan"], "write-qps='nan': Input should be a finite number; must be "
+                             "between 0.01 and 1000"),
+    # The bound as written, not 6.71089e+07.
+    (["--max-body-bytes", "1KiB"], "max-body-bytes='1KiB': Input should be a valid integer, "
+                                   "unable to parse string as an integer; must be between "
+                                   "1024 and 67108864"),
 ])
 def test_a_rejected_flag_names_the_option_the_value_and_the_limit(
         argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -606,3 +612,23 @@ def test_a_rejected_flag_names_the_option_the_value_and_the_limit(
     assert main(["run", *argv]) == 2
     err = capsys.readouterr().err
     assert f"trainjob-scraper: invalid configuration: {expected}" in err, err
+
+
+def test_namespaces_from_the_environment_take_the_documented_comma_form(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newcomer's find: pydantic-settings parsed a list variable as JSON, so
+    ``TRAINJOB_SCRAPER_NAMESPACES=a,b`` ended in a traceback."""
+    monkeypatch.setenv("TRAINJOB_SCRAPER_NAMESPACES", "team-a, team-b")
+    assert load_settings({}, None).namespaces == ["team-a", "team-b"]
+    monkeypatch.setenv("TRAINJOB_SCRAPER_NAMESPACES", "[1")
+    with pytest.raises(ConfigError) as err:
+        load_settings({}, None)
+    assert err.value.problems == ["TRAINJOB_SCRAPER_NAMESPACES='[1': '[1' is not a namespace name"]
+
+
+def test_a_config_file_that_is_not_utf8_is_refused_by_name(tmp_path: Path) -> None:
+    cfg = tmp_path / "scraper.yaml"
+    cfg.write_bytes(b"\x00\xff")
+    with pytest.raises(ConfigError) as err:
+        load_settings({}, cfg)
+    assert err.value.problems[0].startswith(f"config={str(cfg)!r}: cannot read ("), err.value
