@@ -33,6 +33,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import urllib3
 import yaml
 from kubernetes import client, config
 from rich.console import Console
@@ -42,7 +43,7 @@ from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, Trainer
 from localdev.cluster.processes import free_port
 from localdev.demo.display import render, summary_line, trainer_status
 from localdev.demo.processes import Child, start_scraper, wait_http_ok
-from scraper.kube.client import REQUEST_TIMEOUT, request_timeout, without_retries
+from scraper.kube.client import request_timeout, without_retries
 
 NAMESPACE = "trainjob-demo"
 TRAINJOB = "demo-train"
@@ -61,7 +62,8 @@ def main(args: argparse.Namespace) -> int:
         console.soft_wrap = True  # a log or pipe: keep paths and lines whole
     kubeconfig = args.kubeconfig
     if kubeconfig is None and os.environ.get("KUBECONFIG") and not args.local:
-        kubeconfig = Path(os.environ["KUBECONFIG"].split(os.pathsep)[0])
+        kubeconfig = Path(next((p for p in os.environ["KUBECONFIG"].split(os.pathsep) if p),
+                               "KUBECONFIG is empty"))
         console.print(f"KUBECONFIG is set: cluster mode against {kubeconfig} "
                       "(--local runs the local control plane instead)")
     # SIGTERM ends the demo like Ctrl-C, so the ExitStack tears everything down; SIGINT
@@ -320,12 +322,12 @@ def _follow(console: Console, read: Callable[[], list[dict[str, Any]]], *,
         time.sleep(0.5)
 
 
-def _probe(console: Console, kubeconfig: Path, wait: float) -> None:
+def _probe(console: Console, kubeconfig: Path, wait: Callable[[], float]) -> None:
     """Say at once when the kubeconfig's API server does not answer, rather than only
     after the scraper's readiness wait (a newcomer waited 61 s for the first word).
 
     One request, no retries, its connect and its read each bounded by half of
-    :data:`PROBE_TIMEOUT_SECONDS`; ``wait``: the seconds the scraper then still gets.
+    :data:`PROBE_TIMEOUT_SECONDS`; ``wait()``: the seconds the scraper then still gets.
     """
     api = without_retries(config.new_client_from_config(config_file=str(kubeconfig)))
     host = api.configuration.host
@@ -335,7 +337,7 @@ def _probe(console: Console, kubeconfig: Path, wait: float) -> None:
     except Exception as exc:  # any failure is reported the same way, then waited out
         reason = " ".join(str(exc).split())[:300]
         console.print(f"[yellow]cannot reach the API server {host} yet ({reason}); the "
-                      f"scraper keeps trying for up to {wait:.0f}s[/]")
+                      f"scraper keeps trying for up to {wait():.0f}s[/]")
         return
     finally:
         api.close()
@@ -347,16 +349,23 @@ def _cluster_mode(console: Console, kubeconfig: Path, args: argparse.Namespace) 
     deadline = None if args.duration is None else time.monotonic() + args.duration
     console.rule(f"[bold]trainjob-progress demo against {kubeconfig}")
     if not kubeconfig.is_file():
-        console.print(f"[red]cannot use kubeconfig {kubeconfig}: no such file[/]")
+        why = "not a file" if kubeconfig.exists() else "no such file"
+        console.print(f"[red]cannot use kubeconfig {kubeconfig}: {why}[/]")
         return 2
     try:
-        api = config.new_client_from_config(config_file=str(kubeconfig))
+        # No hidden retries: a server that stops answering is told within one timeout.
+        api = without_retries(config.new_client_from_config(config_file=str(kubeconfig)))
     except (config.ConfigException, OSError) as exc:
         console.print(f"[red]cannot use kubeconfig {kubeconfig}: {exc}[/]")
         return 2
     except yaml.YAMLError as exc:
         reason = " ".join(str(exc).split())
         console.print(f"[red]cannot use kubeconfig {kubeconfig}: not valid YAML: {reason}[/]")
+        return 2
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        # Not UTF-8 (ValueError), or YAML that is no kubeconfig's mapping (a list, a scalar).
+        console.print(f"[red]cannot use kubeconfig {kubeconfig}: not a kubeconfig "
+                      f"({type(exc).__name__}: {' '.join(str(exc).split())})[/]")
         return 2
 
     def ready_wait() -> float:
@@ -365,18 +374,34 @@ def _cluster_mode(console: Console, kubeconfig: Path, args: argparse.Namespace) 
             return READY_TIMEOUT_SECONDS
         return float(min(READY_TIMEOUT_SECONDS, max(0.0, deadline - time.monotonic())))
 
-    _probe(console, kubeconfig, ready_wait())
+    _probe(console, kubeconfig, ready_wait)
     objects = client.CustomObjectsApi(api)
+    shown: list[dict[str, Any]] = []
+    unanswered: list[str] = []  # the last failure, told once until the server answers
 
     def read() -> list[dict[str, Any]]:
-        if args.namespace:
-            listed = objects.list_namespaced_custom_object(
-                API_GROUP, API_VERSION, args.namespace, TRAINJOB_PLURAL,
-                _request_timeout=REQUEST_TIMEOUT)
-        else:
-            listed = objects.list_cluster_custom_object(API_GROUP, API_VERSION, TRAINJOB_PLURAL,
-                                                        _request_timeout=REQUEST_TIMEOUT)
-        return list(listed.get("items", []))
+        # Short timeouts: the live view (and --duration) never waits long on a read.
+        timeout = request_timeout(PROBE_TIMEOUT_SECONDS / 2)
+        try:
+            if args.namespace:
+                listed = objects.list_namespaced_custom_object(
+                    API_GROUP, API_VERSION, args.namespace, TRAINJOB_PLURAL,
+                    _request_timeout=timeout)
+            else:
+                listed = objects.list_cluster_custom_object(
+                    API_GROUP, API_VERSION, TRAINJOB_PLURAL, _request_timeout=timeout)
+        except (urllib3.exceptions.HTTPError, client.ApiException) as exc:
+            if not unanswered:
+                reason = " ".join(str(getattr(exc, "reason", None) or exc).split())[:200]
+                console.print(f"[yellow]the API server {api.configuration.host} did not "
+                              f"answer ({reason}); showing the last list, trying again[/]")
+            unanswered[:] = [str(exc)]
+            return shown
+        if unanswered:
+            console.print("[green]the API server answers again[/]")
+            unanswered.clear()
+        shown[:] = list(listed.get("items", []))
+        return shown
 
     with ExitStack() as stack:
         workdir = stack.enter_context(_workdir(args.keep))

@@ -91,14 +91,21 @@ def test_an_api_server_that_accepts_and_never_answers_is_named_within_the_probe_
 
 @pytest.mark.parametrize(("content", "says"), [
     (None, "no such file"),
-    ("this: is: not: yaml: [\n", "not valid YAML"),
+    (b"this: is: not: yaml: [\n", "not valid YAML"),
+    # A newcomer's finds: these were TypeError and UnicodeDecodeError tracebacks.
+    (b"- a\n- b\n", "not a kubeconfig"),
+    (b"just a string\n", "not a kubeconfig"),
+    (b"\x00\xff\xfe", "not a kubeconfig"),
+    ("directory", "not a file"),
 ])
 def test_a_missing_or_malformed_kubeconfig_is_refused_with_the_reason(
-    tmp_path: Path, content: str | None, says: str,
+    tmp_path: Path, content: bytes | str | None, says: str,
 ) -> None:
     kubeconfig = tmp_path / "kubeconfig"
-    if content is not None:
-        kubeconfig.write_text(content)
+    if content == "directory":
+        kubeconfig.mkdir()
+    elif isinstance(content, bytes):
+        kubeconfig.write_bytes(content)
     result = run_demo("--kubeconfig", str(kubeconfig), timeout=DEMO_TIMEOUT_SECONDS)
     out = " ".join(result.stdout.split())
     assert result.returncode == 2, out + result.stderr
