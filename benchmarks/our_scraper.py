@@ -45,7 +45,7 @@ from scraper.scrape.loop import TargetState
 from scraper.telemetry import JobView
 from scraper.write.annotation_target import Place
 from scraper.write.outcome import WriteOutcome
-from scraper.write.writer import StatusWriter, already_holds
+from scraper.write.writer import StatusWriter, already_stored
 
 NAMESPACE = "bench"
 
@@ -90,8 +90,8 @@ class ScrapeOnlyWriter(StatusWriter):
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
                     final: bool = False, uid: str = "", seen: float | None = None,
                     finished_at: float | None = None) -> WriteOutcome:
-        held = self.store.get(namespace, name)
-        if held is None or not already_holds(held.status, status):
+        record = self.store.get(namespace, name)
+        if record is None or not already_stored(record.status, status):
             self.store._records[(namespace, name)] = TrainJobRecord("uid", status)
         return WriteOutcome.UNCHANGED
 
