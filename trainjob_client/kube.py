@@ -31,6 +31,12 @@ WATCH_REQUEST_SECONDS = 300
 #: Seconds a watch's read may wait past the server's own ``timeoutSeconds`` before the
 #: connection counts as dead (the server ends a quiet watch itself).
 WATCH_READ_SLACK_SECONDS = 30
+#: A watch request that ends sooner than this with no event counts as cut short (a
+#: proxy that closes long requests, a server that is not an API server): the next one
+#: waits, from the first pause up to the last, doubling, so the plugin never loops hot.
+WATCH_SHORT_SECONDS = 1.0
+WATCH_PAUSE_FIRST_SECONDS = 0.5
+WATCH_PAUSE_MAX_SECONDS = 5.0
 
 
 class TrainJobReadError(RuntimeError):
@@ -266,10 +272,12 @@ class TrainJobs:
         current = self.get(namespace, name, timeout=within(*REQUEST_TIMEOUT))
         yield current
         version = current["metadata"]["resourceVersion"]
+        pause = WATCH_PAUSE_FIRST_SECONDS
         while deadline is None or time.monotonic() < deadline:
             left = WATCH_REQUEST_SECONDS if deadline is None else \
                 max(1, min(WATCH_REQUEST_SECONDS, int(deadline - time.monotonic()) + 1))
             watcher = watch.Watch()
+            started, events = time.monotonic(), 0
             try:
                 for event in watcher.stream(
                         self._custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
@@ -278,8 +286,18 @@ class TrainJobs:
                         allow_watch_bookmarks=True,
                         _request_timeout=within(REQUEST_TIMEOUT[0],
                                                 left + WATCH_READ_SLACK_SECONDS)):
-                    obj = event["object"]
-                    version = obj["metadata"]["resourceVersion"]
+                    events += 1
+                    obj = event.get("object") if isinstance(event, dict) else None
+                    if not isinstance(obj, dict):
+                        raise TrainJobReadError(
+                            f'cannot watch {RESOURCE} "{name}" in namespace "{namespace}": '
+                            f"the server {self._host} sent an event that is not a "
+                            "Kubernetes object (is it an API server?)")
+                    if event.get("type") == "ERROR":  # a Status, e.g. the watch expired
+                        raise TrainJobReadError(
+                            f'watch of {RESOURCE} "{name}" in namespace "{namespace}" '
+                            f"failed: {obj.get('message') or obj}")
+                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
                     if event["type"] == "DELETED":
                         raise TrainJobNotFound(namespace, name)
                     if event["type"] in ("ADDED", "MODIFIED"):
@@ -300,6 +318,13 @@ class TrainJobs:
             finally:
                 # Also when the caller stops iterating: close the open HTTP response.
                 watcher.stop()
+            if events or time.monotonic() - started >= WATCH_SHORT_SECONDS:
+                pause = WATCH_PAUSE_FIRST_SECONDS
+                continue
+            wait = pause if deadline is None else min(pause, deadline - time.monotonic())
+            if wait > 0:
+                time.sleep(wait)
+            pause = min(2 * pause, WATCH_PAUSE_MAX_SECONDS)
 
 
 __all__ = [

@@ -61,9 +61,10 @@ def main(args: argparse.Namespace) -> int:
     if not console.is_terminal:
         console.soft_wrap = True  # a log or pipe: keep paths and lines whole
     kubeconfig = args.kubeconfig
-    if kubeconfig is None and os.environ.get("KUBECONFIG") and not args.local:
-        kubeconfig = Path(next((p for p in os.environ["KUBECONFIG"].split(os.pathsep) if p),
-                               "KUBECONFIG is empty"))
+    # Its first non-blank path; a KUBECONFIG of separators or blanks counts as unset.
+    listed = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p.strip()]
+    if kubeconfig is None and listed and not args.local:
+        kubeconfig = Path(listed[0])
         console.print(f"KUBECONFIG is set: cluster mode against {kubeconfig} "
                       "(--local runs the local control plane instead)")
     # SIGTERM ends the demo like Ctrl-C, so the ExitStack tears everything down; SIGINT
@@ -334,10 +335,13 @@ def _probe(console: Console, kubeconfig: Path, wait: Callable[[], float]) -> Non
     try:
         version = client.VersionApi(api).get_code(
             _request_timeout=request_timeout(PROBE_TIMEOUT_SECONDS / 2))
-    except Exception as exc:  # any failure is reported the same way, then waited out
+    except Exception as exc:  # any failure is reported, then waited out
         reason = " ".join(str(exc).split())[:300]
-        console.print(f"[yellow]cannot reach the API server {host} yet ({reason}); the "
-                      f"scraper keeps trying for up to {wait():.0f}s[/]")
+        what = (f"cannot reach the API server {host} yet" if isinstance(
+                    exc, urllib3.exceptions.HTTPError | OSError)
+                else f"{host} answered, but not as a Kubernetes API server")
+        console.print(f"[yellow]{what} ({reason}); the scraper keeps trying for up to "
+                      f"{wait():.0f}s[/]")
         return
     finally:
         api.close()

@@ -95,7 +95,13 @@ class CrdSupport:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             log.warning("cannot read CRD %s (%s); will retry", CRD_NAME, exc)
             return None
-        ok = schema_has_trainer_status(json.loads(resp.data))
+        try:
+            crd = json.loads(resp.data)
+        except ValueError:  # not JSON: whatever answered is no API server (a proxy page)
+            log.warning("cannot read CRD %s (the answer is not JSON: %r); will retry",
+                        CRD_NAME, bytes(resp.data[:80]))
+            return None
+        ok = schema_has_trainer_status(crd)
         if not ok:
             self.mark_unsupported("its openAPIV3Schema has no status.trainerStatus")
         elif self.supported is False:

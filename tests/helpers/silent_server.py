@@ -1,8 +1,11 @@
-"""A loopback TCP listener that accepts connections and never answers: a hung API
-server, or a load balancer in front of a dead one, for timeout tests."""
+"""Loopback servers that are not API servers, for the tests of what a client says of
+them: :class:`SilentServer` accepts connections and never answers (a hung API server,
+or a load balancer in front of a dead one); :class:`PlainTextServer` answers every GET
+with 200 ``text/plain`` (a proxy's page)."""
 
 from __future__ import annotations
 
+import http.server
 import socket
 import threading
 
@@ -35,3 +38,31 @@ class SilentServer:
         for conn in self._held:
             conn.close()
         self._sock.close()
+
+
+class PlainTextServer:
+    """Answers every GET on 127.0.0.1 with 200 ``text/plain`` "hello"; ``url`` is its
+    address.  Stops on :meth:`stop`."""
+
+    def __init__(self) -> None:
+        class Plain(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = b"hello"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Plain)
+        self.port = self._server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -23,7 +23,7 @@ from kubernetes import client as k8s
 
 from scraper.kube.client import request_timeout, without_retries
 from scraper.metrics_auth import KubeReviewer, ReviewError
-from tests.helpers.silent_server import SilentServer
+from tests.helpers.silent_server import PlainTextServer, SilentServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,3 +94,20 @@ def test_a_token_review_against_a_hung_api_server_fails_within_its_timeout(
 
     took = asyncio.run(review())
     assert took < BOUNDED_SECONDS, took
+
+
+def test_a_crd_answer_that_is_not_json_is_unread_not_a_crash() -> None:
+    """A newcomer's find: a server answering 200 text/plain (no API server) ended the
+    scraper with a JSONDecodeError traceback at start-up; now the CRD is unread and
+    checked again later, as for a server that does not answer."""
+    from kubernetes.client import ApiextensionsV1Api
+
+    from scraper.kube.crd import CrdSupport
+
+    server = PlainTextServer()
+    try:
+        crd = CrdSupport(ApiextensionsV1Api(_api(server.port)))
+        assert asyncio.run(crd.check()) is None
+        assert crd.supported is None
+    finally:
+        server.stop()
