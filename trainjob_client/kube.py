@@ -21,7 +21,6 @@ import yaml
 from kubernetes import client, config, watch
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
-from scraper.kube.client import REQUEST_TIMEOUT, without_retries
 
 RESOURCE = f"{TRAINJOB_PLURAL}.{API_GROUP}"
 #: In-cluster namespace file of the pod's ServiceAccount (Kubernetes documents this path).
@@ -31,6 +30,10 @@ WATCH_REQUEST_SECONDS = 300
 #: Seconds a watch's read may wait past the server's own ``timeoutSeconds`` before the
 #: connection counts as dead (the server ends a quiet watch itself).
 WATCH_READ_SLACK_SECONDS = 30
+#: ``(connect, read)`` seconds of each get and list, the scraper's own figures
+#: (``scraper/kube/client.py``; this package does not import the scraper).  Always a
+#: pair: the official client drops a bare float timeout.
+REQUEST_TIMEOUT = (5, 20)
 #: A watch request that ends sooner than this with no event counts as cut short (a
 #: proxy that closes long requests, a server that is not an API server): the next one
 #: waits, from the first pause up to the last, doubling, so the plugin never loops hot.
@@ -110,8 +113,9 @@ def _connect(kubeconfig: str | None, context: str | None) -> Connection:
         if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             configuration = client.Configuration()
             config.load_incluster_config(client_configuration=configuration)
+            configuration.retries = False  # see below
             namespace = SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip() or "default"
-            return Connection(without_retries(client.ApiClient(configuration)), namespace)
+            return Connection(client.ApiClient(configuration), namespace)
         raise KubeconfigError(f"no kubeconfig found (looked at {files}) and not in a cluster")
     config_file = os.pathsep.join(existing)
     contexts, active = config.list_kube_config_contexts(config_file)
@@ -122,10 +126,13 @@ def _connect(kubeconfig: str | None, context: str | None) -> Connection:
             names = ", ".join(str(c.get("name")) for c in contexts)
             raise KubeconfigError(
                 f'context "{context}" not found in {config_file} (contexts: {names})')
-    api_client = config.new_client_from_config(config_file=config_file, context=context)
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=config_file, context=context,
+                            client_configuration=configuration)
     # No hidden urllib3 retries: an API server that does not answer is reported after
     # one request timeout, not four.
-    without_retries(api_client)
+    configuration.retries = False
+    api_client = client.ApiClient(configuration)
     namespace = ((chosen or {}).get("context") or {}).get("namespace") or "default"
     return Connection(api_client, namespace)
 
