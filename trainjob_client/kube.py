@@ -156,11 +156,16 @@ def _is_status_not_found(exc: client.ApiException) -> bool:
         (body.get("details") or {}).get("kind") == TRAINJOB_PLURAL
 
 
+def _subject(namespace: str | None, name: str | None) -> tuple[str, str]:
+    """What a request was about and where, as every error names them."""
+    where = f'in namespace "{namespace}"' if namespace else "in all namespaces"
+    return (f'{RESOURCE} "{name}"' if name else RESOURCE), where
+
+
 def translate(exc: client.ApiException, verb: str, namespace: str | None,
               name: str | None) -> TrainJobReadError:
     """The :class:`TrainJobReadError` for an API error of ``verb`` on a TrainJob (or list)."""
-    where = f'in namespace "{namespace}"' if namespace else "in all namespaces"
-    what = f'{RESOURCE} "{name}"' if name else RESOURCE
+    what, where = _subject(namespace, name)
     if not exc.status:  # no HTTP answer: the client's own failure (TLS verification)
         return TrainJobReadError(f"cannot {verb} {what} {where}: "
                                  f"{' '.join(str(exc.reason or exc).split())[:300]}")
@@ -185,8 +190,7 @@ def unreachable(exc: urllib3.exceptions.HTTPError, host: str, verb: str,
                 namespace: str | None, name: str | None) -> TrainJobReadError:
     """The :class:`TrainJobReadError` for a request that got no HTTP answer (refused,
     timed out, cut), naming the API server."""
-    where = f'in namespace "{namespace}"' if namespace else "in all namespaces"
-    what = f'{RESOURCE} "{name}"' if name else RESOURCE
+    what, where = _subject(namespace, name)
     reason = getattr(exc, "reason", None) or exc
     return TrainJobReadError(f"cannot {verb} {what} {where}: the API server {host} did not "
                              f"answer ({' '.join(str(reason).split())[:300]})")
@@ -197,7 +201,7 @@ class TrainJobs:
 
     Every method raises :class:`TrainJobReadError` subclasses, never ``ApiException``
     or a urllib3 error.  Each request has a timeout (``REQUEST_TIMEOUT``, connect and
-    read seconds, from :mod:`scraper.kube.client`).
+    read seconds).
     """
 
     def __init__(self, api_client: client.ApiClient) -> None:
@@ -226,7 +230,7 @@ class TrainJobs:
                 name: str | None) -> dict[str, Any]:
         """``answer`` when it is a JSON object, as every Kubernetes answer is."""
         if not isinstance(answer, dict):
-            what = f'{RESOURCE} "{name}"' if name else RESOURCE
+            what, _ = _subject(namespace, name)
             raise TrainJobReadError(f"cannot {verb} {what}: the server {self._host} answered "
                                     f"{type(answer).__name__}, not a Kubernetes object "
                                     "(is it an API server?)")

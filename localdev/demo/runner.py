@@ -323,14 +323,14 @@ def _follow(console: Console, read: Callable[[], list[dict[str, Any]]], *,
         time.sleep(0.5)
 
 
-def _probe(console: Console, kubeconfig: Path, wait: Callable[[], float]) -> None:
+def _probe(console: Console, api: client.ApiClient, wait: Callable[[], float]) -> None:
     """Say at once when the kubeconfig's API server does not answer, rather than only
     after the scraper's readiness wait (a newcomer waited 61 s for the first word).
 
-    One request, no retries, its connect and its read each bounded by half of
-    :data:`PROBE_TIMEOUT_SECONDS`; ``wait()``: the seconds the scraper then still gets.
+    One request on ``api`` (built without retries), its connect and its read each bounded
+    by half of :data:`PROBE_TIMEOUT_SECONDS`; ``wait()``: the seconds the scraper then
+    still gets.
     """
-    api = without_retries(config.new_client_from_config(config_file=str(kubeconfig)))
     host = api.configuration.host
     try:
         version = client.VersionApi(api).get_code(
@@ -343,8 +343,6 @@ def _probe(console: Console, kubeconfig: Path, wait: Callable[[], float]) -> Non
         console.print(f"[yellow]{what} ({reason}); the scraper keeps trying for up to "
                       f"{wait():.0f}s[/]")
         return
-    finally:
-        api.close()
     console.print(f"API server {host}: Kubernetes {version.git_version}")
 
 
@@ -378,7 +376,7 @@ def _cluster_mode(console: Console, kubeconfig: Path, args: argparse.Namespace) 
             return READY_TIMEOUT_SECONDS
         return float(min(READY_TIMEOUT_SECONDS, max(0.0, deadline - time.monotonic())))
 
-    _probe(console, kubeconfig, ready_wait)
+    _probe(console, api, ready_wait)
     objects = client.CustomObjectsApi(api)
     shown: list[dict[str, Any]] = []
     unanswered: list[str] = []  # the last failure, told once until the server answers
