@@ -574,13 +574,12 @@ def _bounds_of(name: str) -> str:
     info = ScraperSettings.model_fields.get(name)
     if info is None:
         return ""
-    low = next((f">= {_number(m.ge)}" for m in info.metadata
-                if isinstance(m, annotated_types.Ge)), "")
-    low = low or next((f"> {_number(m.gt)}" for m in info.metadata
-                       if isinstance(m, annotated_types.Gt)), "")
-    high = next((m.le for m in info.metadata if isinstance(m, annotated_types.Le)), None)
-    if low.startswith(">=") and high is not None:
-        return f"must be between {low[3:]} and {_number(high)}"
-    parts = [p for p in (low, "" if high is None else f"<= {_number(high)}") if p]
+    ge = next((m.ge for m in info.metadata if isinstance(m, annotated_types.Ge)), None)
+    gt = next((m.gt for m in info.metadata if isinstance(m, annotated_types.Gt)), None)
+    le = next((m.le for m in info.metadata if isinstance(m, annotated_types.Le)), None)
+    if ge is not None and le is not None:
+        return f"must be between {_number(ge)} and {_number(le)}"
+    parts = [f"{sign} {_number(bound)}" for sign, bound in
+             ((">=", ge), (">", gt), ("<=", le)) if bound is not None]
     return f"must be {' and '.join(parts)}" if parts else ""
 
