@@ -134,6 +134,11 @@ class _Server:
     # -- connections -----------------------------------------------------------
 
     async def connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one accepted connection until it closes (asyncio's stream callback).
+
+        Never raises: a peer that vanishes ends the connection quietly (debug log), any
+        other error is one warning in the training log and the server goes on.
+        """
         conn = Connection(reader, writer)
         writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
         self.slots.admit(conn)
