@@ -13,12 +13,12 @@ test:
 	scripts/bootstrap test
 	@echo "==> scraper image (buildah; the first build debootstraps its base: several minutes; log .venv/image-build.log)"
 	@scripts/image build >.venv/image-build.log 2>&1 || { tail -n 60 .venv/image-build.log; exit 1; }
-	.venv/bin/ruff check exporter_lib scraper trainjob_client localdev tests benchmarks
+	.venv/bin/ruff check exporter_lib scraper trainjob_client localdev tests benchmarks charts/trainjob-scraper/dashboards
 	.venv/bin/mypy
 	.venv/bin/pytest $(ARGS)
 
 lint:
-	.venv/bin/ruff check exporter_lib scraper trainjob_client localdev tests benchmarks
+	.venv/bin/ruff check exporter_lib scraper trainjob_client localdev tests benchmarks charts/trainjob-scraper/dashboards
 	.venv/bin/mypy
 
 bench:

@@ -1,6 +1,7 @@
 """Which TrainJob this pod belongs to, as far as the pod itself is told.
 
-The push endpoint checks that a push names this pod's TrainJob (issue 13, input 14).
+The push endpoint checks that a push names this pod's TrainJob (why: ``docs/decisions.md``,
+"A push must name the pod's own TrainJob").
 Kubernetes tells a container nothing about its owners by itself; what reaches the
 environment, in the order used here:
 

@@ -24,7 +24,7 @@ def service_account_namespace(path: Path | str = SERVICE_ACCOUNT_NAMESPACE) -> s
         return None
 
 
-# -- which pod answers (issue 21, input 2) --------------------------------------------
+# -- which pod answers ----------------------------------------------------------------
 
 #: Response header naming the pod that answers, on every exporter answer: an RFC 8941
 #: dictionary of strings, each member present only when known, e.g.

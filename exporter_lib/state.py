@@ -184,7 +184,7 @@ class State:
         """The metrics that pass validation one by one; each other one is dropped and logged.
 
         A safety net behind the inline checks: one bad metric must never take the others
-        with it (issue 13, input 6).
+        with it.
         """
         kept = []
         for item in metrics:

@@ -187,7 +187,7 @@ def parse_json_object(body: bytes | str, what: str = "body",
     * UTF-8 (RFC 8259 section 8.1), without a byte order mark;
     * JSON only: ``NaN``/``Infinity`` (which Python's parser would take) are refused;
     * nesting deeper than Python's recursion limit is refused as not JSON, instead
-      of the ``RecursionError`` the parser raises (issue 13, input 5);
+      of the ``RecursionError`` the parser raises;
     * the top level is an object.
 
     Raises:

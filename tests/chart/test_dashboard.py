@@ -6,18 +6,57 @@ Prometheus in test_chart_rbac_e2e.py; here the file itself is checked.
 
 from __future__ import annotations
 
+import importlib.util
 import re
+from types import ModuleType
 from typing import Any
 
 from tests.helpers.chart import (
     CORE_PANELS,
+    DASHBOARD,
     dashboard,
     dashboard_expressions,
     dashboard_panels,
     scraper_series,
+    variable_query,
 )
 
 REQUIRED_VARIABLES = {"datasource", "namespace", "trainjob"}
+
+
+def _generator() -> ModuleType:
+    """charts/trainjob-scraper/dashboards/generate.py (a script beside the JSON, not a
+    package), loaded from its path."""
+    path = DASHBOARD.with_name("generate.py")
+    spec = importlib.util.spec_from_file_location("dashboard_generate", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_dashboard_is_the_generators_output() -> None:
+    # The JSON is generated with grafana-foundation-sdk; an edit by hand, or a change of
+    # the generator without running it, fails here.
+    assert DASHBOARD.read_text() == _generator().render(), (
+        "trainjob-progress.json differs from its generator: run "
+        "charts/trainjob-scraper/dashboards/generate.py")
+
+
+def test_generator_keeps_every_panel_id_and_grid_place() -> None:
+    board = dashboard()
+    panels = dashboard_panels(board)
+    assert len(panels) == 24
+    assert sorted(p["id"] for p in panels) == list(range(1, 25))
+    # No two panels overlap on Grafana's 24-column grid.
+    cells: set[tuple[int, int]] = set()
+    for panel in panels:
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
+        mine = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"])
+                for y in range(grid["y"], grid["y"] + grid["h"])}
+        assert not cells & mine, f"panel {panel['title']!r} overlaps another"
+        cells |= mine
 
 
 def test_dashboard_has_the_sidecar_friendly_shape() -> None:
@@ -81,7 +120,7 @@ def test_dashboard_uses_only_series_the_scraper_exports() -> None:
 
 
 def _variable_queries(board: dict[str, Any]) -> list[str]:
-    return [v["definition"] for v in board["templating"]["list"] if v["type"] == "query"]
+    return [variable_query(v) for v in board["templating"]["list"] if v["type"] == "query"]
 
 
 def test_variable_queries_use_label_values_of_exported_series() -> None:

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import exporter_lib
-from exporter_lib import api, server
+from exporter_lib import api, protocol, server
 from exporter_lib.files import (
     TERMINATION_MESSAGE_MAX_BYTES,
     StatusFileSource,
@@ -220,7 +220,7 @@ def test_host_header_rules_of_rfc_9112(metrics_url: str, version: str, hosts: in
 def test_slow_senders_meet_a_whole_head_deadline(metrics_url: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # Before: the 30 s idle timeout restarted on every byte, so a trickle never ended.
-    monkeypatch.setattr(server, "HEADER_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(protocol, "HEADER_TIMEOUT_SECONDS", 1.0)
     request = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200 + b"\r\n\r\n"
     start = time.monotonic()
     code, parsed, _ = raw_request(metrics_url, request, pace=0.05, chunk=1, timeout=20)

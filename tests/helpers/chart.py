@@ -215,6 +215,13 @@ def dashboard_panels(board: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def variable_query(variable: dict[str, Any]) -> str:
+    """The query text of a ``query`` template variable: its ``query`` field, a string or
+    Grafana's ``{"query": ...}`` object."""
+    query = variable["query"]
+    return str(query["query"] if isinstance(query, dict) else query)
+
+
 def dashboard_expressions(board: dict[str, Any]) -> list[tuple[str, str]]:
     """``(panel title, expr)`` of every query, plus ``("variable <name>", selector)``
     for each ``label_values(...)`` template variable (the series selector it lists)."""
@@ -226,7 +233,7 @@ def dashboard_expressions(board: dict[str, Any]) -> list[tuple[str, str]]:
     for variable in board["templating"]["list"]:
         if variable["type"] != "query":
             continue
-        match = re.fullmatch(r"label_values\((.+), *[a-z_]+\)", variable["definition"])
+        match = re.fullmatch(r"label_values\((.+), *[a-z_]+\)", variable_query(variable))
         assert match, f"variable {variable['name']}: not a label_values query"
         out.append((f"variable {variable['name']}", match.group(1)))
     return out
