@@ -139,6 +139,10 @@ class TrainerStatus(BaseModel):
         ``lastCheckpointTime`` when set."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
+    def to_api_json(self) -> bytes:
+        """Return :meth:`to_api` as compact UTF-8 JSON bytes (what a TrainJob stores)."""
+        return json.dumps(self.to_api(), separators=(",", ":"), ensure_ascii=False).encode()
+
     def to_json(self) -> bytes:
         """Return :meth:`to_wire` as compact UTF-8 JSON bytes (the exporter's JSON body,
         status files, termination messages)."""

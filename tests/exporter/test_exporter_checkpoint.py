@@ -116,3 +116,18 @@ def test_not_reporting_rank_ignores_checkpoints(monkeypatch: object) -> None:
         assert exporter_lib.current_status() is None
     finally:
         api._reset_for_tests()
+
+
+def test_the_trainjob_annotation_holds_the_api_fields_only() -> None:
+    """The annotation the scraper writes on a TrainJob of Trainer before v2.2 is
+    ``status.trainerStatus`` as the API stores it: no ``lastCheckpointTime``."""
+    from exporter_lib.status_annotation import decode_annotation, encode_annotation
+
+    state = State()
+    state.update(progress_percentage=7)
+    state.checkpoint_saved(1_700_000_000)
+    status = state.status()
+    assert status is not None
+    value = encode_annotation(status)
+    assert "lastCheckpointTime" not in value
+    assert decode_annotation(value).progress_percentage == 7
