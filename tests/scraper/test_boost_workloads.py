@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter_lib.status import TrainerStatus
 from localdev.cluster import objects
 from localdev.cluster.assets import ensure_assets
 from localdev.cluster.crds import install_crd, load_yaml_file
-from scraper.boost.watch import BoostWatch
+from scraper.boost.watch import BoostCollector, BoostWatch
 from scraper.boost.workload import (
     KUEUE_GROUP,
     KUEUE_VERSION,
@@ -107,6 +108,7 @@ class Leader:
         self.uids = uids
         self.namespace = namespace
         self.now = NOW
+        self.leading = True
         self.writes: list[tuple[str, int]] = []
         self.tasks: list[Coroutine[Any, Any, None]] = []
         real_write = functools.partial(write_boost, api)
@@ -118,7 +120,7 @@ class Leader:
         self.watch = BoostWatch(
             max_boost=10, signals=self.signals, uid_of=lambda ns, name: None,
             list_workloads=lambda: list_workloads(api, [namespace]), write_boost=write,
-            leading=lambda: True, ready=lambda: True, spawn=self.tasks.append,
+            leading=lambda: self.leading, ready=lambda: True, spawn=self.tasks.append,
             wall=lambda: self.now)
 
     def signals(self) -> list[Observed]:
@@ -154,6 +156,17 @@ async def test_boosts_are_written_recomputed_by_a_new_leader_and_never_reset(
         "trainjob-evicted": "0"}  # not admitted: nothing at risk
     assert sorted(first.writes) == [("trainjob-cpus", 4), ("trainjob-evicted", 0),
                                     ("trainjob-gpus", 7)]
+    registry = CollectorRegistry()
+    registry.register(BoostCollector(first.watch))
+    text = generate_latest(registry).decode()
+    assert (f'trainjob_priority_boost{{namespace="{namespace}",trainjob="gpus"}} 7.0'
+            in text)
+    assert (f'trainjob_work_at_risk_resource_seconds{{namespace="{namespace}",'
+            f'resource="accelerator",trainjob="gpus"}} 9600.0' in text)
+    assert 'trainjob="silent"' not in text
+    first.leading = False  # the term ends: nothing kept, nothing shown
+    await first.check()
+    assert "trainjob_priority_boost{" not in generate_latest(registry).decode()
 
     # A new leader (the first one SIGKILLed): nothing written before its own scrapes
     # answered, then the same values from the same facts: no write at all.
