@@ -29,6 +29,7 @@ from pydantic_settings import (
 )
 
 from exporter_lib.pod import service_account_namespace
+from scraper.boost.rule import MAX_BOOST_LIMIT
 from scraper.stall.rule import StallSettingError, parse_stall_after
 from scraper.syntax import (
     check_interval,
@@ -325,7 +326,7 @@ class ScraperSettings(BaseSettings):
         "on trainjobs); false: Events and /metrics only",
     )
     priority_boost_max: int = Field(
-        default=0, ge=0, le=1_000_000,
+        default=0, ge=0, le=MAX_BOOST_LIMIT,
         description="checkpoint-aware preemption: the largest kueue.x-k8s.io/priority-boost "
         "written on a TrainJob's Kueue Workload, one step per doubling of the work a "
         "preemption would throw away (from one accelerator- or CPU-minute); keep it below "

@@ -175,27 +175,28 @@ class BoostWatch:
             if mono < self._failed.get(workload.uid, float("-inf")):
                 continue
             self._busy.add(workload.uid)
-            self._spawn(self._write_one(signal.trainjob, workload, boost, work))
+            self._spawn(self._write_one(f"TrainJob {signal.trainjob[0]}/{signal.trainjob[1]}",
+                                        workload, boost, work))
         for workload in by_owner.values():
             if (workload.admitted_at is None and workload.boost not in (None, "0")
                     and workload.uid not in self._busy
                     and mono >= self._failed.get(workload.uid, float("-inf"))):
                 self._busy.add(workload.uid)
-                self._spawn(self._write_one(("", workload.owner_uid), workload, 0, 0.0))
+                self._spawn(self._write_one("not admitted", workload, 0, 0.0))
         self.decisions = decisions
         live = {w.uid for w in by_owner.values()}
         for uid in [u for u in self._failed if u not in live]:
             del self._failed[uid]
 
-    async def _write_one(self, key: TrainJobKey, workload: WorkloadView, boost: int,
+    async def _write_one(self, why: str, workload: WorkloadView, boost: int,
                          work: float) -> None:
         try:
             async with self._limiter:
                 await self._write(workload.namespace, workload.name, workload.uid, boost)
             self._failed.pop(workload.uid, None)
-            log.info("Workload %s/%s (TrainJob %s): %s set to %d (%.0f resource-seconds at "
-                     "risk)", workload.namespace, workload.name, key[1],
-                     PRIORITY_BOOST_ANNOTATION, boost, work)
+            log.info("Workload %s/%s (%s): %s set to %d (%.0f resource-seconds at risk)",
+                     workload.namespace, workload.name, why, PRIORITY_BOOST_ANNOTATION, boost,
+                     work)
         except Exception as exc:
             self._failed[workload.uid] = self._clock() + RETRY_SECONDS
             self._log_failure(f"set the priority boost of Workload {workload.namespace}/"
