@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Coroutine
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,7 +34,9 @@ from scraper.boost.workload import (
     list_workloads,
     write_boost,
 )
+from scraper.kube.client import load_client
 from scraper.stall.watch import Observed
+from tests.helpers.scraper import scraper_service_account
 
 NOW = 1_780_000_000.0
 
@@ -183,3 +186,31 @@ async def test_boosts_are_written_recomputed_by_a_new_leader_and_never_reset(
     await second.check()
     assert second.writes == [("trainjob-gpus", 0)]
     assert _boosts(kube_api, namespace)["trainjob-gpus"] == "0"
+
+
+BOOST_RULES = (Path(__file__).resolve().parents[2] / "charts" / "trainjob-scraper" / "files"
+               / "boost-rules.yaml")
+
+
+@pytest.mark.parametrize("granted", [True, False], ids=["boost-rules", "default-rules"])
+async def test_the_charts_rules_allow_the_boost_only_when_granted(
+        kube_api: client.ApiClient, control_plane: Any, trainjob_crd: None,
+        workload_crd: None, namespace: str, tmp_path: Path, granted: bool) -> None:
+    """The scraper's identity with the chart's rules (files/clusterrole-rules.yaml, plus
+    files/boost-rules.yaml when config.priorityBoost.max > 0) lists the Workloads and
+    writes the boost; without the extra rules the API server refuses (403)."""
+    job = objects.create_trainjob(kube_api, namespace, "rbac")
+    name = _workload(kube_api, namespace, job, usage={"cpu": "1"}, admitted_ago=60)
+    with scraper_service_account(kube_api, control_plane, namespace,
+                                 extra_rules=BOOST_RULES if granted else None) as token:
+        api = load_client(Path(control_plane.kubeconfig_for_token(
+            token, tmp_path / "sa.kubeconfig")))
+        if granted:
+            views = await list_workloads(api, [namespace])
+            assert [(v.name, v.owner_uid) for v in views] == [(name, job["metadata"]["uid"])]
+            await write_boost(api, namespace, name, views[0].uid, 2)
+            assert _boosts(kube_api, namespace)[name] == "2"
+        else:
+            with pytest.raises(client.ApiException) as refused:
+                await list_workloads(api, [namespace])
+            assert refused.value.status == 403
