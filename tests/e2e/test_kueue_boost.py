@@ -128,6 +128,10 @@ def test_preemption_takes_the_trainjob_that_loses_least(
         stale = _create(kueue_api, ns, "stale", queue, LOW_PRIORITY, *long_run,
                         "--checkpoint-age", "1200")
         _wait("stale running", lambda: _running(kueue_api, ns, "stale"))
+        # Kueue's times have whole seconds: the order without a boost needs two.
+        admitted = {uid: view_of(w).admitted_at  # type: ignore[union-attr]
+                    for uid, w in _workloads(kueue_api, ns).items()}
+        assert admitted[stale] > admitted[saved], admitted
         if boost_max:
             boosted = _wait("the stale Workload's boost", lambda: (
                 _workloads(kueue_api, ns)[stale]["metadata"].get("annotations") or {}
