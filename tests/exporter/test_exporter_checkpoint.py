@@ -131,3 +131,26 @@ def test_the_trainjob_annotation_holds_the_api_fields_only() -> None:
     value = encode_annotation(status)
     assert "lastCheckpointTime" not in value
     assert decode_annotation(value).progress_percentage == 7
+
+
+def test_a_status_file_carries_the_checkpoint_to_the_sidecar(tmp_path: object) -> None:
+    """Sidecar mode: a program in any language writes ``lastCheckpointTime`` into its
+    status file; the sidecar's JSON and text bodies serve it."""
+    from pathlib import Path
+
+    from exporter_lib.exposition import Renderer
+    from exporter_lib.files import StatusFileSource
+
+    path = Path(str(tmp_path)) / "status.json"
+    path.write_text(json.dumps({"progressPercentage": 3, "lastUpdatedTime":
+                                "2026-01-01T00:00:00Z", "lastCheckpointTime":
+                                "2025-12-31T23:40:00Z"}))
+    renderer = Renderer(StatusFileSource(str(path)))
+    body = renderer.render("application/json")
+    assert body is not None
+    assert json.loads(body.body)["lastCheckpointTime"] == "2025-12-31T23:40:00Z"
+    text = renderer.render("text/plain")
+    assert text is not None
+    read = parse_text(text.body)
+    assert isinstance(read, Fresh)
+    assert read.status.last_checkpoint_time == datetime(2025, 12, 31, 23, 40, tzinfo=UTC)
