@@ -14,6 +14,7 @@ only when used.  See ``docs/exporter.md``.
 from exporter_lib.api import (
     DEFAULT_PORT,
     Exporter,
+    checkpoint_saved,
     current_status,
     enable_push_compat,
     get_exporter,
@@ -31,6 +32,7 @@ __all__ = [
     "ProgressTracker",
     "StatusError",
     "TrainerStatus",
+    "checkpoint_saved",
     "current_status",
     "enable_push_compat",
     "get_exporter",

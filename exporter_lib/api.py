@@ -66,6 +66,9 @@ class _NoState:
                metrics: Mapping[str, object] | None = None) -> None:
         return None
 
+    def checkpoint_saved(self, when: float | None = None) -> None:
+        return None
+
     def replace(self, status: TrainerStatus, stamp: float | None = None) -> None:
         return None
 
@@ -227,6 +230,25 @@ def update(progress_percentage: float | None = None,
     if state is None:
         state = _get_state()
     state.update(progress_percentage, estimated_remaining_seconds, metrics)
+
+
+def checkpoint_saved(when: float | None = None) -> None:
+    """Report that the training saved a checkpoint.  Thread-safe, never raises.
+
+    Args:
+        when: the save's time, unix seconds; default now.  Not a finite number from 0
+            up to year 9999, or earlier than the checkpoint already reported: ignored and
+            logged once (the last checkpoint never moves back).
+
+    Served as ``lastCheckpointTime`` (JSON) and
+    ``trainjob_last_checkpoint_timestamp_seconds`` (Prometheus text); the scraper uses it
+    for the work a preemption would lose (docs/preemption.md).  ``lastUpdatedTime``
+    becomes now.  The framework callbacks call it from their save hooks.
+    """
+    state = _state
+    if state is None:
+        state = _get_state()
+    state.checkpoint_saved(when)
 
 
 def current_status() -> TrainerStatus | None:

@@ -6,6 +6,8 @@ naming conventions):
 * ``trainjob_progress_ratio`` - progressPercentage / 100 (0..1).
 * ``trainjob_estimated_remaining_seconds`` - estimatedRemainingSeconds.
 * ``trainjob_last_update_timestamp_seconds`` - lastUpdatedTime, unix seconds.
+* ``trainjob_last_checkpoint_timestamp_seconds`` - lastCheckpointTime, unix seconds
+  (only once the training reported a checkpoint).
 * ``trainjob_metric{name}`` - a metric whose value text parses as a number.
 * ``trainjob_metric_info{name,value} 1`` - a metric whose value is other text.
 * ``trainjob_exporter_updates_total`` / ``trainjob_exporter_rejected_values_total{field}``.
@@ -68,6 +70,8 @@ _HELP = {
         "Estimated time until training ends (trainerStatus.estimatedRemainingSeconds).",
     "trainjob_last_update_timestamp_seconds":
         "Unix time of the last status update (trainerStatus.lastUpdatedTime).",
+    "trainjob_last_checkpoint_timestamp_seconds":
+        "Unix time of the training's last saved checkpoint (lastCheckpointTime).",
     "trainjob_metric": "Training metric with a numeric value (trainerStatus.metrics).",
     "trainjob_metric_info":
         "Training metric with a non-numeric value, exact text in the value label; always 1.",
@@ -117,6 +121,11 @@ class StatusCollector(Collector):
             "trainjob_last_update_timestamp_seconds",
             _HELP["trainjob_last_update_timestamp_seconds"],
             value=status.last_updated_time.timestamp(), unit="seconds")
+        if status.last_checkpoint_time is not None:
+            yield GaugeMetricFamily(
+                "trainjob_last_checkpoint_timestamp_seconds",
+                _HELP["trainjob_last_checkpoint_timestamp_seconds"],
+                value=status.last_checkpoint_time.timestamp(), unit="seconds")
         numeric = GaugeMetricFamily(
             "trainjob_metric", _HELP["trainjob_metric"],
             labels=["name"])

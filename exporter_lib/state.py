@@ -56,6 +56,8 @@ from exporter_lib.status import (
 
 log = logging.getLogger("exporter_lib")
 
+# Year 10000 starts here (unix seconds): RFC 3339 has four-digit years.
+_MAX_UNIX_SECONDS = 253402300800.0
 # An int prints within 64 characters (sign included) strictly between these.
 _INT_LOW = -(10**63)
 _INT_HIGH = 10**64
@@ -80,6 +82,7 @@ class State:
         self._remaining: int | None = None
         self._metrics: dict[str, MetricValue] = {}
         self._updated: float | None = None
+        self._checkpoint: float | None = None
         self.generation = 0
         self._cache: tuple[int, TrainerStatus | None] = (0, None)
         self._warned: set[str] = set()
@@ -122,6 +125,37 @@ class State:
         except Exception as exc:  # the training loop must never see our bugs
             self._warn_once("update", f"update() failed and was ignored: {exc!r}")
 
+    def checkpoint_saved(self, when: float | None = None) -> None:
+        """Record that the training saved a checkpoint at ``when`` (unix seconds; default
+        now).  ``lastUpdatedTime`` becomes now, as for :meth:`update`.  A time that is not
+        a finite real number, or earlier than the checkpoint already recorded, is ignored
+        and logged once (the last checkpoint never moves back).  Never raises."""
+        try:
+            stamp = self._clock()
+            if when is None:
+                saved = stamp
+            elif (isinstance(when, numbers.Real) and not isinstance(when, bool)
+                  and math.isfinite(float(when)) and 0 <= float(when) < _MAX_UNIX_SECONDS):
+                saved = float(when)
+            else:
+                self._reject("lastCheckpointTime", when,
+                             "not a unix time in seconds (a finite number from 0 up to year "
+                             "9999); dropped")
+                return
+            with self._lock:
+                if self._checkpoint is not None and saved < self._checkpoint:
+                    ignored = True
+                else:
+                    ignored = False
+                    self._checkpoint = saved
+                    self._updated = stamp
+                    self.generation += 1
+            if ignored:
+                self._warn_once("checkpoint back", "checkpoint_saved(): a time earlier than "
+                                "the last checkpoint was ignored (logged once)")
+        except Exception as exc:  # the training loop must never see our bugs
+            self._warn_once("checkpoint", f"checkpoint_saved() failed and was ignored: {exc!r}")
+
     def replace(self, status: TrainerStatus, stamp: float | None = None) -> None:
         """Make ``status`` (already validated) the whole current status.
 
@@ -136,6 +170,8 @@ class State:
             self._remaining = status.estimated_remaining_seconds
             self._metrics = metrics
             self._updated = when
+            if status.last_checkpoint_time is not None:
+                self._checkpoint = status.last_checkpoint_time.timestamp()
             self.generation += 1
 
     # -- reads ------------------------------------------------------------------
@@ -152,7 +188,9 @@ class State:
             generation = self.generation
             progress, remaining, stamp = self._progress, self._remaining, self._updated
             metrics = list(self._metrics.items())
-        status = None if stamp is None else self._build(progress, remaining, metrics, stamp)
+            checkpoint = self._checkpoint
+        status = None if stamp is None else self._build(progress, remaining, metrics, stamp,
+                                                        checkpoint)
         self._cache = (generation, status)
         return status
 
@@ -162,6 +200,7 @@ class State:
         remaining: int | None,
         metrics: list[tuple[str, MetricValue]],
         stamp: float,
+        checkpoint: float | None = None,
     ) -> TrainerStatus:
         # Validated again although the inline checks already hold: pydantic-core's
         # validation measured faster than model_construct() for 256 metrics, and it
@@ -174,6 +213,9 @@ class State:
             data["progressPercentage"] = progress
         if remaining is not None:
             data["estimatedRemainingSeconds"] = remaining
+        if checkpoint is not None:
+            # Floored first: fromtimestamp rounds to microseconds (1.9999995 -> 2.0).
+            data["lastCheckpointTime"] = datetime.fromtimestamp(math.floor(checkpoint), UTC)
         try:
             return TrainerStatus.from_api(data)
         except StatusError:  # unreachable unless an inline check has a bug

@@ -15,6 +15,14 @@ API (``TrainJobStatus.trainerStatus``):
   present (the CRD enforces it with a CEL rule).  ``metav1.Time`` keeps whole
   seconds, so this model keeps whole seconds too: a value read back from the
   API server compares equal to the one written.
+
+One field belongs to the exporter's contract only, not to the Trainer API:
+
+* ``lastCheckpointTime``: RFC 3339 timestamp of the training's last saved checkpoint,
+  optional.  Exporters and status files carry it (:meth:`TrainerStatus.to_json`); it is
+  never written to a TrainJob (:meth:`TrainerStatus.to_api` leaves it out).  A scraper
+  that does not know it ignores it (unknown fields are ignored), and a status without
+  it is read as "no checkpoint reported".
 """
 
 from __future__ import annotations
@@ -82,6 +90,10 @@ class Metric(BaseModel):
     value: StrictStr = Field(min_length=1, max_length=METRIC_VALUE_MAX_LENGTH)
 
 
+#: Fields of the exporter contract the Trainer API does not store.
+_NOT_IN_API: set[str] = {"last_checkpoint_time"}
+
+
 class TrainerStatus(BaseModel):
     """``TrainJob.status.trainerStatus``.
 
@@ -101,25 +113,40 @@ class TrainerStatus(BaseModel):
     )
     metrics: tuple[Metric, ...] = Field(default=(), max_length=METRICS_MAX_ITEMS)
     last_updated_time: datetime = Field(alias="lastUpdatedTime")
+    last_checkpoint_time: datetime | None = Field(default=None, alias="lastCheckpointTime")
 
-    @field_validator("last_updated_time")
+    @field_validator("last_updated_time", "last_checkpoint_time")
     @classmethod
-    def _whole_seconds_utc(cls, value: datetime) -> datetime:
+    def _whole_seconds_utc(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
         if value.tzinfo is None:
             raise ValueError("must carry a time zone (RFC 3339)")
         return value.astimezone(UTC).replace(microsecond=0)
 
-    @field_serializer("last_updated_time")
-    def _rfc3339(self, value: datetime) -> str:
-        return format_time(value)
+    @field_serializer("last_updated_time", "last_checkpoint_time")
+    def _rfc3339(self, value: datetime | None) -> str | None:
+        return None if value is None else format_time(value)
 
     def to_api(self) -> dict[str, Any]:
-        """Return the camelCase dict the Trainer API stores, without unset fields."""
+        """Return the camelCase dict the Trainer API stores, without unset fields
+        (and without ``lastCheckpointTime``, which the Trainer API has no field for)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json",
+                               exclude=_NOT_IN_API)
+
+    def to_wire(self) -> dict[str, Any]:
+        """Return the exporter contract's camelCase dict: :meth:`to_api` plus
+        ``lastCheckpointTime`` when set."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
-    def to_json(self) -> bytes:
-        """Return :meth:`to_api` as compact UTF-8 JSON bytes."""
+    def to_api_json(self) -> bytes:
+        """Return :meth:`to_api` as compact UTF-8 JSON bytes (what a TrainJob stores)."""
         return json.dumps(self.to_api(), separators=(",", ":"), ensure_ascii=False).encode()
+
+    def to_json(self) -> bytes:
+        """Return :meth:`to_wire` as compact UTF-8 JSON bytes (the exporter's JSON body,
+        status files, termination messages)."""
+        return json.dumps(self.to_wire(), separators=(",", ":"), ensure_ascii=False).encode()
 
     def metrics_dict(self) -> dict[str, str]:
         """Return the metrics as ``{name: value}`` (the last wins on a repeated name)."""
@@ -248,6 +275,7 @@ _FIELD_NAMES = {
     "progress_percentage": "progressPercentage",
     "estimated_remaining_seconds": "estimatedRemainingSeconds",
     "last_updated_time": "lastUpdatedTime",
+    "last_checkpoint_time": "lastCheckpointTime",
 }
 
 

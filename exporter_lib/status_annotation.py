@@ -17,7 +17,8 @@ Format (version 1), the contract readers and the writer share:
   Trainer v1alpha1 API stores it (camelCase keys ``progressPercentage``,
   ``estimatedRemainingSeconds``, ``metrics`` as a list of ``{name, value}`` strings,
   ``lastUpdatedTime`` RFC 3339 with whole seconds), the bytes of
-  :meth:`exporter_lib.status.TrainerStatus.to_json`;
+  :meth:`exporter_lib.status.TrainerStatus.to_api_json` (no ``lastCheckpointTime``: the
+  exporter contract's field is not the Trainer API's);
 * size: at most :data:`TRAINER_STATUS_ANNOTATION_MAX_BYTES` bytes, the largest JSON
   any valid status can have (:func:`largest_status_json_bytes`: 256 metrics whose
   64-character names and values are all C0 control characters, six bytes each as the
@@ -52,7 +53,7 @@ KUBERNETES_ANNOTATIONS_MAX_BYTES = 256 * 1024
 
 
 def largest_status_json_bytes() -> int:
-    """Bytes of the largest :meth:`~exporter_lib.status.TrainerStatus.to_json` a valid
+    """Bytes of the largest :meth:`~exporter_lib.status.TrainerStatus.to_api_json` a valid
     status can have, from the Trainer API limits in :mod:`exporter_lib.status`.
 
     The widest character in that JSON is a C0 control (``\\u0001``: six bytes; any
@@ -64,7 +65,7 @@ def largest_status_json_bytes() -> int:
         "progressPercentage": PROGRESS_MAX, "estimatedRemainingSeconds": REMAINING_SECONDS_MAX,
         "metrics": [metric] * METRICS_MAX_ITEMS,
         "lastUpdatedTime": datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)})
-    return len(worst.to_json())
+    return len(worst.to_api_json())
 
 
 #: Largest value (UTF-8 bytes) a writer may store and a reader accepts: the largest
@@ -88,7 +89,7 @@ def encode_annotation(status: TrainerStatus) -> str:
             (the message gives both sizes).  A valid :class:`TrainerStatus` never is;
             the check guards a change of the status limits that forgot this bound.
     """
-    body = status.to_json()
+    body = status.to_api_json()  # the Trainer API's fields only, as status.trainerStatus
     _check_size(len(body))
     return body.decode()
 

@@ -26,6 +26,8 @@ from typing import Any
 from kubernetes import client as k8s
 
 from exporter_lib.status import TrainerStatus
+from scraper.boost.watch import BoostCollector, BoostWatch
+from scraper.boost.workload import list_workloads, write_boost
 from scraper.config import ScraperSettings
 from scraper.discovery.feed import PodFeed
 from scraper.discovery.identity import Identity, Link, OwnerIndex
@@ -62,6 +64,7 @@ ROOT_LEADER = "leader-election"
 ROOT_CRD = "crd-recheck"
 ROOT_HEALTH = "api-health-probe"
 ROOT_STALL = "stall-check"
+ROOT_BOOST = "priority-boost"
 
 
 class ScraperApp:
@@ -164,6 +167,18 @@ class ScraperApp:
                            and self.trainjobs.synced.is_set()),
             spawn=lambda coro: self._spawn_named("stall-record", coro))
         t.registry.register(StallCollector(self.stalls))
+        self.boosts: BoostWatch | None = BoostWatch(
+            max_boost=s.priority_boost_max, signals=lambda: observed(self.manager.chosen()),
+            uid_of=self._trainjob_uid,
+            list_workloads=lambda: list_workloads(self.api, self.scopes),
+            write_boost=functools.partial(write_boost, self.api),
+            leading=lambda: self.manager.leading,
+            ready=lambda: (self.pod_feed.listed.event.is_set()
+                           and self.trainjobs.synced.is_set()),
+            spawn=lambda coro: self._spawn_named("priority-boost-write", coro),
+        ) if s.priority_boost_max > 0 else None
+        if self.boosts is not None:
+            t.registry.register(BoostCollector(self.boosts))
 
     # ------------------------------------------------------------ lifecycle
 
@@ -224,6 +239,8 @@ class ScraperApp:
         supervisor.root(ROOT_HEALTH, self.health.run())
         supervisor.root(ROOT_CRD, self.crd.recheck_every(CRD_RECHECK_SECONDS))
         supervisor.root(ROOT_STALL, self.stalls.run())
+        if self.boosts is not None:
+            supervisor.root(ROOT_BOOST, self.boosts.run())
         if self._elector is not None:
             supervisor.root(ROOT_LEADER, self._elector.run())
         log.info("trainjob-scraper started: selector %r, namespaces %s, interval %gs, "
@@ -246,7 +263,8 @@ class ScraperApp:
             self.scheduler.shutdown()
             await supervisor.cancel_background()
             await self.writer.stop()
-            await supervisor.cancel(ROOT_CONSUMER, ROOT_CRD, ROOT_HEALTH, ROOT_STALL)
+            await supervisor.cancel(ROOT_CONSUMER, ROOT_CRD, ROOT_HEALTH, ROOT_STALL,
+                                    *([ROOT_BOOST] if self.boosts is not None else []))
             await supervisor.cancel(ROOT_LEADER)  # last: it releases the Lease
             # All at once: each may wait up to 1 s for its blocked read.
             stops: list[Callable[[float], None]] = [w.stop for w in watchers]
@@ -265,6 +283,8 @@ class ScraperApp:
         }
         if self.logs is not None:
             parts["logs"] = self.logs.sizes()
+        if self.boosts is not None:
+            parts["boosts"] = self.boosts.sizes()
         return {f"{part}.{k}": v for part, sizes in parts.items() for k, v in sizes.items()}
 
     def policy_of(self, namespace: str, name: str) -> WritePolicy:
@@ -279,6 +299,10 @@ class ScraperApp:
     def _trainjob_source(self, namespace: str, name: str) -> str | None:
         record = self.trainjobs.get(namespace, name)
         return record.source if record is not None else None
+
+    def _trainjob_uid(self, namespace: str, name: str) -> str | None:
+        record = self.trainjobs.get(namespace, name)
+        return record.uid if record is not None else None
 
     def _exporter_answered(self, target: Target) -> None:
         state = self.manager.states.get(target.key)

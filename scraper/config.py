@@ -29,6 +29,7 @@ from pydantic_settings import (
 )
 
 from exporter_lib.pod import service_account_namespace
+from scraper.boost.rule import MAX_BOOST_LIMIT
 from scraper.stall.rule import StallSettingError, parse_stall_after
 from scraper.syntax import (
     check_interval,
@@ -323,6 +324,14 @@ class ScraperSettings(BaseSettings):
         description="write the TrainJob annotation trainjob-progress.dev/stalled-since "
         "while a training is stalled, read by the kubectl plugin and the SDK (needs patch "
         "on trainjobs); false: Events and /metrics only",
+    )
+    priority_boost_max: int = Field(
+        default=0, ge=0, le=MAX_BOOST_LIMIT,
+        description="checkpoint-aware preemption: the largest kueue.x-k8s.io/priority-boost "
+        "written on a TrainJob's Kueue Workload, one step per doubling of the work a "
+        "preemption would throw away (from one accelerator- or CPU-minute); keep it below "
+        "the gap between priority classes; 0: off.  Needs Kueue's PriorityBoost feature "
+        "gate, and list and patch on workloads.kueue.x-k8s.io",
     )
     leader_election: bool = Field(
         default=False, description="elect one leader through a coordination.k8s.io Lease"

@@ -8,6 +8,12 @@
   the first ``k`` epochs as done; validation time is excluded from step durations;
 * metrics: the batch logs every ``metrics_every_n_steps`` batches, and the epoch logs
   (``loss``, ``val_*``...) at each epoch end;
+* checkpoints: Keras has no hook that tells other callbacks of a save, so with
+  ``checkpoints=`` (a ``ModelCheckpoint``, or a path) the callback looks at the newest
+  modification time in the checkpoint's directory after each epoch and every
+  ``metrics_every_n_steps`` batches, and reports a newer one through
+  :func:`exporter_lib.checkpoint_saved`.  List it after the ``ModelCheckpoint`` so a
+  save at an epoch's end is seen at that epoch's end;
 * on train end: 100 and 0 seconds remaining when all batches ran.
 
 Without a known number of steps per epoch (a generator of unknown length) only
@@ -19,6 +25,7 @@ Raises:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from exporter_lib import api
@@ -40,12 +47,17 @@ class ExporterCallback(Callback):
     Args:
         start_server: call :func:`exporter_lib.start` at train begin (idempotent).
         port: port for that start.
-        metrics_every_n_steps: how often (batches) to report the batch logs.
+        metrics_every_n_steps: how often (batches) to report the batch logs (and to look
+            for a new checkpoint).
+        checkpoints: a ``ModelCheckpoint`` (its public ``filepath``) or a path: the file
+            or directory the training saves checkpoints to; for a file path (which may be
+            a ``{epoch}`` template) its directory is watched.  None: no checkpoints reported.
     """
 
     def __init__(self, *, start_server: bool = True, port: int | None = None,
-                 metrics_every_n_steps: int = 50) -> None:
+                 metrics_every_n_steps: int = 50, checkpoints: object = None) -> None:
         super().__init__()
+        self._checkpoints = CheckpointDirectory.of(checkpoints)
         self._start_server = start_server
         self._port = port
         self._every = max(1, metrics_every_n_steps)
@@ -74,7 +86,10 @@ class ExporterCallback(Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.tracker is None:
             return
-        metrics = scalar_metrics(logs) if (batch + 1) % self._every == 0 else None
+        every = (batch + 1) % self._every == 0
+        metrics = scalar_metrics(logs) if every else None
+        if every and self._checkpoints is not None:
+            self._checkpoints.report_new()
         self.tracker.step(self._epoch * self._steps_per_epoch + batch + 1, metrics=metrics)
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -87,6 +102,8 @@ class ExporterCallback(Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         api.update(metrics=scalar_metrics(logs))
+        if self._checkpoints is not None:
+            self._checkpoints.report_new()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         tracker = self.tracker
@@ -95,3 +112,58 @@ class ExporterCallback(Callback):
                        metrics=scalar_metrics(logs))
         else:
             api.update(metrics=scalar_metrics(logs))
+
+
+class CheckpointDirectory:
+    """The directory a training saves checkpoints to; reports each newer save once.
+
+    ``report_new()`` scans the directory's entries (``os.scandir``, one ``stat`` each) and
+    calls :func:`exporter_lib.checkpoint_saved` with the newest modification time when it
+    is newer than the last one reported.  A missing directory is no checkpoint yet.
+    Files already there when training starts count: they are checkpoints the training
+    can resume from.  Never raises.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._reported: float | None = None
+
+    @classmethod
+    def of(cls, checkpoints: object) -> CheckpointDirectory | None:
+        """From a ``ModelCheckpoint`` (anything with a ``filepath``), a path or None.
+
+        Raises:
+            TypeError: ``checkpoints`` is none of these.
+        """
+        if checkpoints is None:
+            return None
+        path = getattr(checkpoints, "filepath", checkpoints)
+        if not isinstance(path, str | os.PathLike):
+            raise TypeError(f"checkpoints={checkpoints!r}: expected a ModelCheckpoint or a "
+                            "path (str or os.PathLike)")
+        text = os.fspath(path)
+        text = text if isinstance(text, str) else os.fsdecode(text)
+        directory = text if os.path.isdir(text) else os.path.dirname(text) or "."
+        return cls(directory)
+
+    def newest(self) -> float | None:
+        """The newest modification time (unix seconds) in the directory, or None."""
+        newest: float | None = None
+        try:
+            with os.scandir(self.directory) as entries:
+                for entry in entries:
+                    try:
+                        mtime = entry.stat().st_mtime
+                    except OSError:  # removed while scanning (checkpoint rotation)
+                        continue
+                    newest = mtime if newest is None else max(newest, mtime)
+        except OSError:
+            return None
+        return newest
+
+    def report_new(self) -> None:
+        """Report the newest save when it is newer than the last one reported."""
+        newest = self.newest()
+        if newest is not None and (self._reported is None or newest > self._reported):
+            self._reported = newest
+            api.checkpoint_saved(newest)

@@ -9,6 +9,8 @@
 * metrics: the scalars of ``trainer.callback_metrics`` (what ``self.log`` recorded),
   read every ``metrics_every_n_steps`` steps (reading a GPU tensor synchronises
   the device, so not every batch), after validation and at epoch end;
+* checkpoints: each save (``on_save_checkpoint``, which Lightning calls as it builds
+  the checkpoint it then writes) is reported through :func:`exporter_lib.checkpoint_saved`;
 * on train end: 100 and 0 seconds remaining when all steps ran.
 
 Needs the ``lightning`` package (``lightning.pytorch``, 2.x).
@@ -83,6 +85,11 @@ class ExporterCallback(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.is_global_zero:
             api.update(metrics=scalar_metrics(trainer.callback_metrics))
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        if trainer.is_global_zero:
+            api.checkpoint_saved()
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.is_global_zero or self.tracker is None:

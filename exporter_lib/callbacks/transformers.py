@@ -8,6 +8,8 @@
   a resumed run starts at the checkpoint's ``global_step``);
 * metrics: every scalar of ``on_log`` (``loss``, ``learning_rate``, ``grad_norm``,
   ``epoch``...) and ``on_evaluate`` (``eval_*``), names as Transformers gives them;
+* checkpoints: each save (``on_save``, after the checkpoint is written) is reported
+  through :func:`exporter_lib.checkpoint_saved`;
 * on train end: progress 100 and 0 seconds remaining when ``global_step``
   reached ``max_steps`` (an interrupted run keeps its last progress).
 
@@ -72,6 +74,12 @@ class ExporterCallback(TrainerCallback):
                     **kwargs: Any) -> None:
         if state.is_world_process_zero and metrics:
             api.update(metrics=scalar_metrics(metrics))
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        # Transformers calls on_save after the checkpoint directory is written.
+        if state.is_world_process_zero:
+            api.checkpoint_saved()
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:

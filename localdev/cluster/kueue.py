@@ -34,6 +34,12 @@ TRAINJOB_FRAMEWORK = "trainer.kubeflow.org/trainjob"
 #: every Job create (nil queue manager); enabled, it leaves Jobs without a queue
 #: name (the JobSet's Jobs of a TrainJob) alone.
 FRAMEWORKS = ("batch/job", TRAINJOB_FRAMEWORK)
+#: Kueue feature gates set on the local cluster's command line: the visibility API server
+#: off (it would need an APIService and a fixed port); ``PriorityBoost`` (Alpha in
+#: v0.17.0, off by default) on, so the scraper's checkpoint-aware preemption can be tried
+#: here.  Without a ``kueue.x-k8s.io/priority-boost`` annotation a Workload's priority is
+#: its own, gate or not (``pkg/util/priority/priority.go``: a missing annotation is 0).
+KUEUE_FEATURE_GATES = "VisibilityOnDemand=false,PriorityBoost=true"
 #: Label that puts a TrainJob into a LocalQueue, and the one naming its priority class.
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"

@@ -69,6 +69,7 @@ from localdev.cluster.crds import (
 )
 from localdev.cluster.kueue import (
     KUEUE_BINARY,
+    KUEUE_FEATURE_GATES,
     KUEUE_METRICS_CERT_DIR,
     KUEUE_NAMESPACE,
     kueue_configuration,
@@ -683,8 +684,7 @@ class Cluster(ControlPlane):
         config.write_text(yaml.safe_dump(kueue_configuration(
             webhook_port=port, probe_port=probe, cert_dir=certs), sort_keys=False))
         args = [str(binary), f"--kubeconfig={self.kubeconfig_path}", f"--config={config}",
-                # The visibility API server would need an APIService and a fixed port.
-                "--feature-gates=VisibilityOnDemand=false", "--zap-log-level=2"]
+                f"--feature-gates={KUEUE_FEATURE_GATES}", "--zap-log-level=2"]
         # With internal cert management off, Kueue reads a metrics certificate at a
         # compiled-in path (its metrics server stays off): given in a private mount
         # namespace, as the Trainer's certificate directory is.

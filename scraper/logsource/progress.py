@@ -29,8 +29,10 @@ ETA: the bar's own remaining time, scaled to the run where the epochs are known 
 seconds per step times the steps left in all epochs; per-epoch bars: the remaining
 epochs at this epoch's pace).  Metrics: the newest value of each name from every
 parser (postfix, Keras ``name: value``, Trainer dicts, Katib lines), the first 256 names
-kept.  ``lastUpdatedTime`` is the timestamp of the line that carried the newest
-reading, so a status never claims to be newer than what the training printed.
+kept.  A framework's checkpoint-save line (:mod:`.checkpoint_lines`) sets
+``lastCheckpointTime`` to its timestamp.  ``lastUpdatedTime`` is the timestamp of the
+line that carried the newest reading, so a status never claims to be newer than
+what the training printed.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from exporter_lib.status import METRICS_MAX_ITEMS, REMAINING_SECONDS_MAX, TrainerStatus
-from scraper.logsource import katib, keras_bar, rich_bar, tqdm_bar, trainer_dicts
+from scraper.logsource import checkpoint_lines, katib, keras_bar, rich_bar, tqdm_bar, trainer_dicts
 from scraper.logsource.cursor import ReadCursor
 from scraper.logsource.reading import Reading
 from scraper.logsource.segments import Segment, parse_time, segments_of, strip
@@ -56,6 +58,7 @@ class LogProgress:
     remaining: float | None = None
     metrics: dict[str, str] = field(default_factory=dict)
     updated: datetime | None = None
+    checkpoint: datetime | None = None
     readings: int = 0
     cursor: ReadCursor = field(default_factory=ReadCursor)
     plain: bool = False  # the fraction is a plain bar's n/total (no epochs known)
@@ -84,6 +87,12 @@ class LogProgress:
         used = 0
         for segment in segments:
             if not segment.complete or segment.nested:
+                continue
+            if checkpoint_lines.is_save(segment.text):
+                saved = parse_time(segment.timestamp)
+                if saved is not None and (self.checkpoint is None or saved > self.checkpoint):
+                    self.checkpoint = saved
+                self._after_rich_row = False
                 continue
             reading = self._parse(segment.text)
             self._after_rich_row = bool(reading and reading.continues_metrics)
@@ -186,6 +195,8 @@ class LogProgress:
             percent = max(0, min(100, math.floor(self.fraction * 100 + 1e-9)))
             body["progressPercentage"] = min(percent, 99) if self.plain and (
                 self.repeating or not ended) else percent
+        if self.checkpoint is not None:
+            body["lastCheckpointTime"] = self.checkpoint.isoformat()
         if self.remaining is not None and math.isfinite(self.remaining):
             body["estimatedRemainingSeconds"] = max(
                 0, min(REMAINING_SECONDS_MAX, round(self.remaining)))

@@ -531,6 +531,7 @@ def parse_text(body: bytes, etag: str | None = None,
     ``trainjob_progress_ratio`` (0..1) becomes ``progressPercentage`` (rounded),
     ``trainjob_estimated_remaining_seconds`` ``estimatedRemainingSeconds``
     (rounded), ``trainjob_last_update_timestamp_seconds`` ``lastUpdatedTime``,
+    ``trainjob_last_checkpoint_timestamp_seconds`` ``lastCheckpointTime`` (when present),
     ``trainjob_metric{name}`` and ``trainjob_metric_info{name,value}`` the metrics.
     Without a ``trainjob_last_update_timestamp_seconds`` sample the job has not
     reported: :class:`NothingYet`.
@@ -543,6 +544,7 @@ def parse_text(body: bytes, etag: str | None = None,
     progress: float | None = None
     remaining: float | None = None
     updated: float | None = None
+    checkpoint: float | None = None
     metrics: dict[str, str] = {}
     for family in families:
         for sample in family.samples:
@@ -553,6 +555,8 @@ def parse_text(body: bytes, etag: str | None = None,
                 remaining = value
             elif name == "trainjob_last_update_timestamp_seconds":
                 updated = value
+            elif name == "trainjob_last_checkpoint_timestamp_seconds":
+                checkpoint = value
             elif name == "trainjob_metric" and "name" in labels:
                 metrics[labels["name"]] = _number_text(value)
             elif name == "trainjob_metric_info" and "name" in labels and value == 1:
@@ -560,13 +564,16 @@ def parse_text(body: bytes, etag: str | None = None,
     if updated is None:
         return NothingYet()
     try:
-        if not all(math.isfinite(v) for v in (progress or 0.0, remaining or 0.0, updated)):
+        if not all(math.isfinite(v) for v in (progress or 0.0, remaining or 0.0, updated,
+                                              checkpoint or 0.0)):
             raise StatusError(["a trainjob_* sample is NaN or infinite"])
         data = {
             "progress_percentage": None if progress is None else round(progress * 100),
             "estimated_remaining_seconds": None if remaining is None else round(remaining),
             "metrics": [{"name": k, "value": v} for k, v in metrics.items()],
             "last_updated_time": datetime.fromtimestamp(updated, UTC),
+            "last_checkpoint_time": (None if checkpoint is None
+                                     else datetime.fromtimestamp(checkpoint, UTC)),
         }
         return Fresh(TrainerStatus.from_api(data), etag, sequence=sequence)
     except (StatusError, ValueError, OverflowError) as exc:

@@ -12,7 +12,9 @@ the ``stall-after`` and ``stalled-since`` annotations).  What it does, on the le
   time) while it is stalled, removed when it moves, is suspended, its pod is gone, or
   detection is turned off: the kubectl plugin and the SDK read it from the TrainJob they
   already read.  Two writes per stall, whatever its length; a new leader keeps an
-  annotation it finds until it sees the training move (or stop being watched);
+  annotation it finds until it sees the training move (or stop being watched).  A stall
+  found by its annotation (recorded by an earlier leader or process, or for an earlier
+  pod) ends like any other: ``TrainingResumed`` when the training moves again;
 * the gauges of :class:`StallCollector` on ``/metrics``, one series per watched TrainJob.
 
 Who is watched: a TrainJob that is not suspended, whose target pod runs (a target of the
@@ -123,6 +125,9 @@ class _Watched:
     given: float | None = None
     source: str = "auto"
     watched: bool = False
+    #: The ``stalled-since`` annotation the TrainJob carried when this clock started:
+    #: a stall recorded before it, which ends with ``TrainingResumed`` when it moves.
+    inherited: str | None = None
 
 
 class StallWatch:
@@ -218,7 +223,8 @@ class StallWatch:
             if obs.status is None:
                 self.clocks.pop(key, None)
                 return
-            entry = _Watched(obs.pod_uid, StallClock.start(obs.status, now, wall))
+            entry = _Watched(obs.pod_uid, StallClock.start(obs.status, now, wall),
+                             inherited=record.stalled_since if record is not None else None)
             self.clocks[key] = entry
         elif obs.status is not None:
             entry.clock.observe(obs.status, now, wall)
@@ -228,6 +234,7 @@ class StallWatch:
         transition = entry.clock.check(now, watched=entry.watched, answers=obs.answers,
                                        given=entry.given, interval=obs.interval)
         if transition is Transition.STALLED:
+            entry.inherited = None  # this clock's own stall now; its end is its own Event
             self._record(key, record, REASON_STALLED, self._stalled_message(entry, obs, now),
                          "Warning")
         elif transition is Transition.RESUMED:
@@ -235,6 +242,10 @@ class StallWatch:
         elif transition is Transition.CLEARED:
             log.info("TrainJob %s/%s: stall ended without a change (suspended, detection "
                      "off or a longer threshold)", *key)
+        elif (entry.inherited is not None and entry.watched
+              and entry.clock.moved_since_start and not entry.clock.stalled):
+            self._record(key, record, REASON_RESUMED, self._inherited_message(entry), "Normal")
+            entry.inherited = None
 
     def _setting(self, key: TrainJobKey, record: TrainJobRecord | None) -> tuple[float | None, str]:
         """``(threshold setting, where it comes from)`` for one TrainJob."""
@@ -280,6 +291,14 @@ class StallWatch:
                     else f": progress {status.progress_percentage} %")
         return (f"training moves again after {describe_seconds(entry.clock.last_gap)} "
                 f"without a change{progress}")
+
+    @staticmethod
+    def _inherited_message(entry: _Watched) -> str:
+        status = entry.clock.status
+        progress = ("" if status.progress_percentage is None
+                    else f": progress {status.progress_percentage} %")
+        return (f"training moves again after the stall recorded since {entry.inherited} "
+                f"(found on the TrainJob when this scraper took it over){progress}")
 
     # ------------------------------------------------------------ I/O
 

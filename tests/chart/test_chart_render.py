@@ -611,3 +611,33 @@ def test_log_source_values_are_checked_by_the_schema(helm: Helm, bad: dict[str, 
     result = helm.template_result({"config": {"logSource": bad}})
     assert not result.ok, f"helm accepted {bad}"
     assert "/config/logSource" in result.stderr, result.stderr
+
+
+BOOST_GRANTS = {("kueue.x-k8s.io", "workloads", "list", ()),
+                ("kueue.x-k8s.io", "workloads", "patch", ())}
+
+
+def test_priority_boost_is_off_by_default_and_grants_workloads_only_when_on(
+        helm: Helm, tmp_path: Path) -> None:
+    default = helm.template()
+    assert _settings_from(default, tmp_path).priority_boost_max == 0
+    assert not _rules(default.one("ClusterRole", FULLNAME)) & BOOST_GRANTS
+    rendered = helm.template({"config": {"priorityBoost": {"max": 50}}})
+    assert _settings_from(rendered, tmp_path).priority_boost_max == 50
+    assert _rules(rendered.one("ClusterRole", FULLNAME)) == (
+        SCOPE_GRANTS | CRD_GRANT | ANNOTATION_GRANT | BOOST_GRANTS)
+    namespaced = helm.template({**NAMESPACED, "config": {**NAMESPACED["config"],
+                                                         "priorityBoost": {"max": 50}}})
+    roles = [r for r in namespaced.of_kind("Role") if r["metadata"]["name"] == FULLNAME]
+    assert roles and all(_rules(role) >= BOOST_GRANTS for role in roles)
+    extra = yaml.safe_load((CHART / "files" / "boost-rules.yaml").read_text())
+    assert set(_rules({"rules": extra})) == BOOST_GRANTS
+
+
+@pytest.mark.parametrize("bad", [{"max": -1}, {"max": 1_000_001}, {"max": "ten"},
+                                 {"maximum": 5}])
+def test_priority_boost_values_are_checked_by_the_schema(helm: Helm,
+                                                          bad: dict[str, Any]) -> None:
+    result = helm.template_result({"config": {"priorityBoost": bad}})
+    assert not result.ok, f"helm accepted {bad}"
+    assert "/config/priorityBoost" in result.stderr, result.stderr

@@ -6,7 +6,10 @@ metric ``run`` naming the run (``$RUN_ID``), ``rank`` (``$PET_NODE_RANK``) and
 Options for the scenarios:
 
 * ``--checkpoint PATH``: resume from the step stored there, store each step
-  (a JobSet restart resumes instead of starting over);
+  (a JobSet restart resumes instead of starting over), and report each store as a
+  checkpoint (``exporter_lib.checkpoint_saved``);
+* ``--checkpoint-age SECONDS``: report once, at the start, a checkpoint saved that long
+  ago (a training far past its last checkpoint, without waiting for it);
 * ``--fail-at STEP --fail-marker PATH``: exit 3 at that step unless the
   marker exists (created first), so only the first attempt fails;
 * ``--linger SECONDS``: on SIGTERM keep serving that long before exiting
@@ -33,6 +36,7 @@ def main() -> int:
     parser.add_argument("--fail-at", type=int)
     parser.add_argument("--fail-marker", type=Path)
     parser.add_argument("--linger", type=float, default=0.0)
+    parser.add_argument("--checkpoint-age", type=float)
     args = parser.parse_args()
     labels = {"run": os.environ.get("RUN_ID", "run"),
               "rank": os.environ.get("PET_NODE_RANK", "?"),
@@ -43,6 +47,8 @@ def main() -> int:
             time.sleep(args.linger)
             sys.exit(143)
         signal.signal(signal.SIGTERM, on_sigterm)
+    if args.checkpoint_age is not None:
+        exporter_lib.checkpoint_saved(time.time() - args.checkpoint_age)
     step = 0
     if args.checkpoint is not None and args.checkpoint.exists():
         step = int(args.checkpoint.read_text() or 0)
@@ -63,6 +69,7 @@ def main() -> int:
             tmp = args.checkpoint.with_name(args.checkpoint.name + ".tmp")
             tmp.write_text(str(step))
             tmp.replace(args.checkpoint)
+            exporter_lib.checkpoint_saved()
         time.sleep(args.step_seconds)
     return 0
 

@@ -86,3 +86,52 @@ def test_transformers_builtin_kubeflow_integration_reports_into_exporter(
     status = exporter_lib.current_status()
     assert status is not None and status.progress_percentage == 100
     assert json.loads(status.to_json())["estimatedRemainingSeconds"] == 0
+
+
+def test_trainer_saves_are_reported_as_checkpoints(exporter: api.Exporter, tmp_path: Path,
+                                                   caplog: Any) -> None:
+    """Each ``save_steps`` save becomes ``lastCheckpointTime`` (served in JSON and text),
+    at the time of the save; the log line the Trainer prints then is the one the log
+    source recognises."""
+    import logging
+    import time
+
+    from scraper.logsource.checkpoint_lines import is_save
+
+    saves: list[float] = []
+
+    class Saves(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            saves.append(time.time())
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64,
+                                       n_positions=16))
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=12, per_device_train_batch_size=4,
+        save_strategy="steps", save_steps=5, report_to="none", use_cpu=True,
+        disable_tqdm=True, dataloader_num_workers=0, log_level="info")
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(64),
+                      callbacks=[ExporterCallback(), Saves()])
+    before = time.time()
+    with caplog.at_level(logging.INFO, logger="transformers"):
+        trainer.train()
+    status = exporter_lib.current_status()
+    assert status is not None and status.last_checkpoint_time is not None
+    assert len(saves) >= 2  # steps 5, 10 (and the last, 12)
+    reported = status.last_checkpoint_time.timestamp()
+    assert int(before) <= reported <= saves[-1] + 1
+    assert reported >= int(saves[-2])  # the last save, not an earlier one
+    body = json.loads(urllib.request.urlopen(urllib.request.Request(
+        f"{exporter.url}/metrics", headers={"Accept": "application/json"}), timeout=10).read())
+    assert body["lastCheckpointTime"] == status.to_wire()["lastCheckpointTime"]
+    assert "lastCheckpointTime" not in status.to_api()  # never written to a TrainJob
+    from scraper.scrape.exporter import Fresh, parse_text
+
+    text = parse_text(urllib.request.urlopen(f"{exporter.url}/metrics", timeout=10).read())
+    assert isinstance(text, Fresh)
+    assert text.status.last_checkpoint_time == status.last_checkpoint_time
+    printed = [r.getMessage() for r in caplog.records if "checkpoint" in r.getMessage()]
+    assert printed and all(is_save(line) for line in printed
+                           if line.startswith("Saving model checkpoint")), printed
+    assert any(is_save(line) for line in printed), printed

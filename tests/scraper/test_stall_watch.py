@@ -232,10 +232,18 @@ def test_a_new_leader_keeps_an_annotation_until_it_sees_a_move_or_the_pod_goes()
     bench.make()
     bench.step(5, _status(40))
     assert bench.marks == []  # not seen moving: it may well still be stalled
+    assert bench.events == []
     bench.step(1, _status(41, "moved"))
     assert bench.marks == [None]
+    # The stall it found ends like any other: with TrainingResumed, once.
+    assert [(r, t) for r, t, _ in bench.events] == [(REASON_RESUMED, "Normal")]
+    assert "stall recorded since 2026-06-01T00:00:00Z" in bench.events[0][2]
+    assert "progress 41 %" in bench.events[0][2]
+    bench.step(3, _status(42, "again"))
+    assert len(bench.events) == 1
     bench.store.on_event("MODIFIED", _trainjob(annotations={
         STALLED_SINCE_ANNOTATION: "2026-06-01T00:00:00Z"}))
     bench.running = False
     bench.step(1)
     assert bench.marks == [None, None]
+    assert len(bench.events) == 1  # the pod went: no training to call resumed

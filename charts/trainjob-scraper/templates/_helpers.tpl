@@ -80,6 +80,7 @@ would print 1048576 as 1.048576e+06.
   "status_target" $c.statusTarget
   "stall_after" (toString $c.stall.after)
   "stall_annotate" $c.stall.annotate
+  "priority_boost_max" (int $c.priorityBoost.max)
   "log_source" $c.logSource.enabled
   "log_qps" $c.logSource.qps
   "log_burst" (int $c.logSource.burst)
@@ -155,6 +156,11 @@ also used by the scraper's own RBAC test); the chart scopes them by resource:
 {{- end }}
 {{- if .Values.config.logSource.enabled }}
 {{- range (.Files.Get "files/log-rules.yaml" | fromYamlArray) }}
+{{- $out = append $out . }}
+{{- end }}
+{{- end }}
+{{- if gt (int .Values.config.priorityBoost.max) 0 }}
+{{- range (.Files.Get "files/boost-rules.yaml" | fromYamlArray) }}
 {{- $out = append $out . }}
 {{- end }}
 {{- end }}
