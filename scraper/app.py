@@ -27,6 +27,7 @@ from kubernetes import client as k8s
 
 from exporter_lib.status import TrainerStatus
 from scraper.config import ScraperSettings
+from scraper.decide.decision import decide
 from scraper.discovery.feed import PodFeed
 from scraper.discovery.identity import Identity, Link, OwnerIndex
 from scraper.discovery.owner_watches import owner_watches
@@ -44,12 +45,12 @@ from scraper.scrape.loop import ScrapeLoop
 from scraper.scrape.manager import TargetManager
 from scraper.scrape.scheduling import TargetScheduler
 from scraper.scrape.sources import SourceScraper
+from scraper.shared.policy import PolicyResolver, WritePolicy
 from scraper.stall.marker import write_stall_marker
 from scraper.stall.watch import StallCollector, StallWatch, observed
 from scraper.supervisor import Supervisor, first_set
 from scraper.telemetry import Telemetry
 from scraper.write.annotation_target import StatusTarget
-from scraper.write.policy import PolicyResolver, WritePolicy
 from scraper.write.worker import StatusRequest
 from scraper.write.writer import StatusWriter
 
@@ -108,7 +109,7 @@ class ScraperApp:
             on_request=t.write_duration.observe, on_gone=self._drop_trainjob,
             policy=s.write_policy(), policy_of=self.policy_of,
             target=StatusTarget(s.status_target), health=self.health,
-            other_writer_grace=s.other_writer_grace,
+            decide=decide,
             on_deferred=lambda reason: t.writes_deferred.labels(reason).inc(),
             on_skew=lambda direction: t.clock_skew.labels(direction).inc(), request=request)
         # Everything not applied yet, also what a writer took and waits on the budget for.
@@ -269,7 +270,7 @@ class ScraperApp:
 
     def policy_of(self, namespace: str, name: str) -> WritePolicy:
         """A TrainJob's write policy: its target pod's annotations, then its own, then
-        the flags (:class:`scraper.write.policy.PolicyResolver`)."""
+        the flags (:class:`scraper.shared.policy.PolicyResolver`)."""
         target = self.manager.target_of(namespace, name)
         record = self.trainjobs.get(namespace, name)
         return self.policies.policy(target.policy if target is not None else (),

@@ -29,17 +29,17 @@ from pydantic_settings import (
 )
 
 from exporter_lib.pod import service_account_namespace
-from scraper.stall.rule import StallSettingError, parse_stall_after
-from scraper.syntax import (
-    check_interval,
-    parse_duration,
-)
-from scraper.write.policy import (
+from scraper.shared.policy import (
     METRICS_STALENESS_SECONDS,
     PROGRESS_FLOOR_SECONDS,
     WritePolicy,
     check_metrics_staleness,
     check_progress_floor,
+)
+from scraper.stall.rule import StallSettingError, parse_stall_after
+from scraper.syntax import (
+    check_interval,
+    parse_duration,
 )
 
 ENV_PREFIX = "TRAINJOB_SCRAPER_"
@@ -457,8 +457,10 @@ class ScraperSettings(BaseSettings):
         return (init_settings, env_settings, _FileSource(settings_cls, _config_file.get()))
 
     def write_policy(self) -> WritePolicy:
-        """The default write policy (``--progress-floor``, ``--metrics-staleness``)."""
-        return WritePolicy(self.progress_floor, self.metrics_staleness)
+        """The default write policy (``--progress-floor``, ``--metrics-staleness``,
+        ``--other-writer-grace``)."""
+        return WritePolicy(self.progress_floor, self.metrics_staleness,
+                           self.other_writer_grace)
 
     def effective_lease_namespace(self) -> str:
         """The Lease's namespace: configured, else the pod's own, else ``default``."""

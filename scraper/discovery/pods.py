@@ -32,8 +32,8 @@ from scraper.kube.calls import Backoff, call
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.health import ApiHealth
 from scraper.kube.informer import WATCH_BACKOFF, ListWatch
+from scraper.shared.policy import overrides_of
 from scraper.syntax import IntervalOutOfRange, parse_interval
-from scraper.write.policy import overrides_of
 
 log = logging.getLogger(__name__)
 

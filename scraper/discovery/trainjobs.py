@@ -55,7 +55,7 @@ from typing import Any
 from exporter_lib.status import StatusError, TrainerStatus
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, decode_annotation
 from scraper.kube.informer import ScopesListed
-from scraper.write.policy import overrides_of
+from scraper.shared.policy import overrides_of
 
 #: The stall annotations of a TrainJob (scraper/stall/rule.py).
 STALL_AFTER_ANNOTATION = "trainjob-progress.dev/stall-after"
@@ -116,7 +116,7 @@ class TrainJobRecord:
             status source of its pods that do not name their own (scraper/scrape/sources.py).
         status_by: who wrote ``status.trainerStatus`` (None: nobody owns it).
         annotated_by: who wrote the annotation (None: nobody owns it).
-        policy: its write-policy annotations as found (:mod:`scraper.write.policy`).
+        policy: its write-policy annotations as found (:mod:`scraper.shared.policy`).
         suspended: its ``spec.suspend`` is true (a queue such as Kueue holds it).
         stall_after: its ``trainjob-progress.dev/stall-after`` annotation as written
             (None when absent; scraper/stall/rule.py).

@@ -20,7 +20,7 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
   max-wait=N`` gets one held request at a time (``Prefer: wait=N`` with the ETag),
   opened no sooner than one interval after its previous answer; any failure, or an
   answer without the header, goes back to polling.  Each held request states the
-  TrainJob's write policy (:mod:`scraper.write.policy`, header
+  TrainJob's write policy (:mod:`scraper.shared.policy`, header
   :data:`~exporter_lib.hold_policy.WRITE_POLICY_HEADER`); an exporter of contract 3
   then answers only for a change that will be written, so its next request is opened
   no sooner than the *progress floor* after its previous answer instead of the
@@ -79,9 +79,9 @@ from scraper.scrape.exporter import (
     excerpt,
 )
 from scraper.scrape.sequence import Sequence, is_late
+from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
 from scraper.telemetry import JobView
 from scraper.write.outcome import WriteOutcome
-from scraper.write.policy import DEFAULT_POLICY, WritePolicy
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ _SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.NOT_STORE
 
 
 #: Outcomes of a final's apply after which it is owed no more: on the TrainJob (or found
-#: there), another writer's newer status stands (write.rules), the CRD cannot store it.
+#: there), another writer's newer status stands (decide.others), the CRD cannot store it.
 FINAL_SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.DEFERRED,
                   WriteOutcome.NOT_STORED)
 
@@ -279,7 +279,7 @@ class ScrapeLoop:
         count_wrong_pod: called with :attr:`WrongPod.reason` for each answer from
             another pod.
         policy_of: the write policy of a TrainJob by ``(namespace, name)``
-            (:class:`scraper.write.policy.PolicyResolver`), stated in held requests.
+            (:class:`scraper.shared.policy.PolicyResolver`), stated in held requests.
         on_retry: ``(target key, seconds)``: run the target again within that many
             seconds (a target still starting; :meth:`TargetScheduler.run_within`).
         pods_at: keys of the live pods known at a target URL's ``host:port``

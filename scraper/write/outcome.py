@@ -27,6 +27,6 @@ class WriteOutcome(enum.Enum):
     NOT_STORED = "not_stored"  # the CRD has no trainerStatus: nothing can be written
     FAILED = "failed"
     NOT_LEADER = "not_leader"
-    DEFERRED = "deferred"  # another writer's status is kept (write.rules: deferred_total)
+    DEFERRED = "deferred"  # another writer's status is kept (decide.others: deferred_total)
     QUEUED = "queued"  # apply(): news, queued for the writers (not counted as a write)
     RETRIED = "retried"  # a write failed and stays queued

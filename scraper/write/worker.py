@@ -13,8 +13,9 @@ apply, retrying until each is applied, superseded, or its TrainJob is gone.
   the status is meant for (a ``metadata.uid`` in the apply body is no precondition:
   kube-apiserver v1.37 accepts a status apply with a wrong UID, measured, so the check
   is ours).
-* Right before the request the rule for other writers decides again, against the
-  informer's newest (:class:`scraper.write.deferral.Deferrals`), and the
+* Right before the request the decision is asked again, against the informer's newest
+  (:class:`Decisions`: a report another writer's status now keeps out, or that the
+  TrainJob already holds, is not sent; its timing was the queue's), and the
   ``lastUpdatedTime`` to write is settled (:meth:`scraper.write.notices.Notices.settled`).
 * Every apply carries the ``metadata.resourceVersion`` its decision was made against:
   the API server answers 409 Conflict when the TrainJob changed since (measured on
@@ -69,6 +70,7 @@ from scraper.kube.calls import Backoff, call, deadline_of, is_transient, retry_a
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.crd import CrdSupport
 from scraper.kube.health import ApiHealth, answering, unreachable
+from scraper.shared.writes import Decision, Priority, Report, Skip, WriteVerdict
 from scraper.write.annotation_target import (
     Place,
     StatusTarget,
@@ -79,14 +81,12 @@ from scraper.write.annotation_target import (
     uid_precondition_failed,
     written,
 )
-from scraper.write.deferral import Deferrals
 from scraper.write.notices import Notices
 from scraper.write.outcome import FIELD_MANAGER, NotLeader, WriteOutcome
-from scraper.write.queue import Pending, Priority, WriteQueue
-from scraper.write.rules import Report, WriteVerdict
+from scraper.write.queue import Pending, WriteQueue
 
-__all__ = ["QUEUE_BACKOFF", "OurWrite", "StatusApply", "StatusRequest", "WriteWorker",
-           "writers_for"]
+__all__ = ["QUEUE_BACKOFF", "Decisions", "OurWrite", "StatusApply", "StatusRequest",
+           "WriteWorker", "writers_for"]
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,14 @@ class OurWrite:
     fresh_at: float = 0.0
 
 
+class Decisions(Protocol):
+    """Where the writer tasks ask the decision for a report right before its request
+    (:meth:`scraper.write.writer.StatusWriter.decision`)."""
+
+    def decision(self, key: TrainJobKey, record: TrainJobRecord | None, place: Place,
+                 report: Report, *, queued: bool = False) -> Decision: ...
+
+
 class StatusRequest(Protocol):
     """The apply request of one status (:meth:`apply`: a coroutine function, so
     :func:`scraper.kube.calls.call` runs it on the loop) and its connections."""
@@ -200,7 +208,7 @@ class WriteWorker:
         crd: what is known of the TrainJob CRD.
         limiter: the token bucket of the writes.
         request: the apply request (:class:`StatusApply`).
-        deferrals: the rule for other writers, decided again before each request.
+        decisions: the decision, asked again before each request.
         notices: Events and log lines told once per TrainJob.
         ours: the last status this replica applied to each TrainJob, kept up to date here
             (shared with the queue side).
@@ -226,7 +234,7 @@ class WriteWorker:
         crd: CrdSupport,
         limiter: AsyncLimiter,
         request: StatusRequest,
-        deferrals: Deferrals,
+        decisions: Decisions,
         notices: Notices,
         ours: dict[TrainJobKey, OurWrite],
         place: Callable[[], Place],
@@ -246,7 +254,7 @@ class WriteWorker:
         self.crd = crd
         self._limiter = limiter
         self._request = request
-        self._deferrals = deferrals
+        self._decisions = decisions
         self._notices = notices
         self._ours = ours
         self._place = place
@@ -328,12 +336,11 @@ class WriteWorker:
                        f"{item.uid})")
             return None, None
         place = self._place()
-        verdict = self._deferrals.verdict(item.key, record, place, Report(
+        decision = self._decisions.decision(item.key, record, place, Report(
             item.status, item.seen, item.priority is Priority.FINAL, item.finished_at))
-        if verdict is WriteVerdict.UNCHANGED:
-            return WriteOutcome.UNCHANGED, None
-        if verdict is not WriteVerdict.WRITE:
-            return WriteOutcome.DEFERRED, None
+        if isinstance(decision, Skip):  # a Wait was the queue's to keep: it is due now
+            return (WriteOutcome.UNCHANGED if decision.reason is WriteVerdict.UNCHANGED
+                    else WriteOutcome.DEFERRED), None
         if (place is Place.STATUS and self.crd.supported is False
                 and not self.crd.recheck_due()):
             await self._notices.unsupported(namespace, name, record.uid)
