@@ -42,9 +42,9 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from benchmarks.farm import NginxFarm
-from scraper.discovery.targets import Target
 from scraper.scrape.exporter import USER_AGENT, ScrapeLimits
 from scraper.scrape.scheduling import PHASES, TargetScheduler
+from scraper.shared.targets import Target
 
 WINDOW = 4.0  # default measured seconds per timed piece
 
@@ -143,9 +143,10 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
     second, as :func:`aiohttp_304`; the pure-CPU pieces in a loop of their own."""
     from exporter_lib.status import TrainerStatus
     from scraper.decide.decision import decide
-    from scraper.discovery.trainjobs import TrainJobRecord, TrainJobStore
-    from scraper.scrape.exporter import ExporterScraper, Fresh
+    from scraper.scrape.exporter import ExporterScraper
     from scraper.scrape.loop import ScrapeLoop, TargetState
+    from scraper.shared.scrapes import Fresh
+    from scraper.shared.trainjobs import TrainJobRecord, TrainJobStore
     from scraper.telemetry import JobView, Telemetry
     from scraper.write.writer import StatusWriter
 
@@ -301,12 +302,12 @@ async def status_writes(count: int) -> dict[str, float]:
     from localdev.cluster.crds import install_trainjob_crds
     from localdev.cluster.objects import create_trainjob
     from scraper.decide.decision import decide
-    from scraper.discovery.trainjobs import TrainJobStore
     from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
     from scraper.kube.calls import Retries, call
     from scraper.kube.client import REQUEST_TIMEOUT
+    from scraper.shared.outcome import FIELD_MANAGER, WriteOutcome
+    from scraper.shared.trainjobs import TrainJobStore
     from scraper.write.annotation_target import Place, apply_request
-    from scraper.write.outcome import FIELD_MANAGER, WriteOutcome
     from scraper.write.worker import StatusRequest
     from scraper.write.writer import StatusWriter
 

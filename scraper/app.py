@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from kubernetes import client as k8s
@@ -32,8 +32,6 @@ from scraper.discovery.feed import PodFeed
 from scraper.discovery.identity import Identity, Link, OwnerIndex
 from scraper.discovery.owner_watches import owner_watches
 from scraper.discovery.pods import Final, PodWatcher, WatchItem, probe_selector
-from scraper.discovery.targets import Target
-from scraper.discovery.trainjobs import TrainJobStore
 from scraper.kube.client import load_client, without_retries
 from scraper.kube.health import ApiHealth
 from scraper.kube.informer import ScopesListed
@@ -41,13 +39,15 @@ from scraper.leader import LeaseElector
 from scraper.logsource.reader import LogLimits, LogScraper
 from scraper.metrics_auth import MetricsAuth, metrics_auth_for
 from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
-from scraper.scrape.loop import ScrapeLoop
+from scraper.scrape.loop import ScrapeLoop, TargetState
 from scraper.scrape.manager import TargetManager
 from scraper.scrape.scheduling import TargetScheduler
 from scraper.scrape.sources import SourceScraper
 from scraper.shared.policy import PolicyResolver, WritePolicy
+from scraper.shared.targets import Target
+from scraper.shared.trainjobs import TrainJobKey, TrainJobStore
 from scraper.stall.marker import write_stall_marker
-from scraper.stall.watch import StallCollector, StallWatch, observed
+from scraper.stall.watch import Observed, StallCollector, StallWatch
 from scraper.supervisor import Supervisor, first_set
 from scraper.telemetry import Telemetry
 from scraper.write.annotation_target import StatusTarget
@@ -63,6 +63,19 @@ ROOT_LEADER = "leader-election"
 ROOT_CRD = "crd-recheck"
 ROOT_HEALTH = "api-health-probe"
 ROOT_STALL = "stall-check"
+
+
+
+def observed(chosen: Mapping[TrainJobKey, TargetState]) -> list[Observed]:
+    """The scraped target of every TrainJob (``TargetManager.chosen()``), as the stall
+    stage observes it now; a TrainJob whose chosen pod ended (no target) is left out."""
+    out = []
+    for key, state in chosen.items():
+        target = state.target
+        if target is not None:
+            out.append(Observed(key, target.trainjob_uid, target.pod_name, state.uid,
+                                target.interval, state.view.status, state.view.up is True))
+    return out
 
 
 class ScraperApp:

@@ -29,6 +29,7 @@ from pydantic_settings import (
 )
 
 from exporter_lib.pod import service_account_namespace
+from scraper.shared.errors import ConfigError as ConfigError
 from scraper.shared.policy import (
     METRICS_STALENESS_SECONDS,
     PROGRESS_FLOOR_SECONDS,
@@ -36,7 +37,7 @@ from scraper.shared.policy import (
     check_metrics_staleness,
     check_progress_floor,
 )
-from scraper.stall.rule import StallSettingError, parse_stall_after
+from scraper.shared.stall_setting import StallSettingError, parse_stall_after
 from scraper.syntax import (
     check_interval,
     parse_duration,
@@ -105,14 +106,6 @@ REMOVED_OPTIONS = {
 def removed_option(name: str) -> str | None:
     """What replaced option ``name`` (flag, file key or field spelling), or None."""
     return REMOVED_OPTIONS.get(name.lstrip("-").replace("-", "_").lower())
-
-
-class ConfigError(ValueError):
-    """Invalid configuration; ``problems`` holds one ``option=value: reason`` per offence."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = problems
-        super().__init__("invalid configuration: " + "; ".join(problems))
 
 
 # ---------------------------------------------------------------- settings model

@@ -20,7 +20,7 @@ from scraper.shared.policy import OTHER_WRITER_GRACE_SECONDS
 from scraper.shared.writes import Report, WriteVerdict, same_content
 
 if TYPE_CHECKING:  # no import at run time: this module stays free of Kubernetes
-    from scraper.discovery.trainjobs import Writer
+    from scraper.shared.trainjobs import Writer
 
 __all__ = ["FINAL_DELIVERED_MARGIN_SECONDS", "OTHER_WRITER_GRACE_SECONDS", "Report",
            "WriteVerdict", "decide", "same_content"]

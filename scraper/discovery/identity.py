@@ -39,8 +39,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from scraper.discovery.trainjobs import TrainJobStore
 from scraper.kube.informer import ScopesListed
+from scraper.shared.trainjobs import TrainJobStore
 
 LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 LABEL_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"

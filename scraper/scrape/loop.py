@@ -39,7 +39,7 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
   is written once.  A scrape that returns after the pod ended writes nothing, so the
   final status wins.
 * Order and news (docs/scraper.md, "Other writers and time"): an answer whose
-  exporter sequence (:data:`scraper.scrape.sequence.SEQUENCE_HEADER`) is lower than the
+  exporter sequence (:data:`scraper.shared.sequence.SEQUENCE_HEADER`) is lower than the
   last one of the same exporter process is late and dropped (``scrapes_total{result=
   "late"}``); each status goes to the writer with when its content (values, time,
   sequence) was first seen, so an exporter answering the same content again is no
@@ -64,9 +64,10 @@ from typing import Protocol
 from exporter_lib.hold_policy import format_policy
 from exporter_lib.status import TrainerStatus
 from scraper.discovery.pods import Final
-from scraper.discovery.targets import Target
-from scraper.discovery.trainjobs import TrainJobGone
-from scraper.scrape.exporter import (
+from scraper.scrape.exporter import excerpt
+from scraper.shared.outcome import WriteOutcome
+from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
+from scraper.shared.scrapes import (
     Busy,
     Failure,
     FailureKind,
@@ -76,12 +77,11 @@ from scraper.scrape.exporter import (
     ScrapeResult,
     SharedAddress,
     WrongPod,
-    excerpt,
 )
-from scraper.scrape.sequence import Sequence, is_late
-from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
+from scraper.shared.sequence import Sequence, is_late
+from scraper.shared.targets import Target
+from scraper.shared.trainjobs import TrainJobGone
 from scraper.telemetry import JobView
-from scraper.write.outcome import WriteOutcome
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class Scraper(Protocol):
 class StatusWriter(Protocol):
     """Applies (or queues) a status for a TrainJob; ``final`` for a final status.
 
-    Raises :class:`~scraper.discovery.trainjobs.TrainJobGone` when the TrainJob does not
+    Raises :class:`~scraper.shared.trainjobs.TrainJobGone` when the TrainJob does not
     exist; any other exception counts as a failed write.
     """
 

@@ -43,12 +43,12 @@ from scraper.discovery.pods import (
     final_from_deleted,
     pod_key,
 )
-from scraper.discovery.targets import SOURCES, Target
 from scraper.scrape.choice import Scheduler, TargetChoice
 from scraper.scrape.finals import OwedFinals
 from scraper.scrape.loop import ScrapeLoop, TargetState
 from scraper.scrape.pod_checks import PodChecks
 from scraper.scrape.target_table import AddressIndex, TargetTable
+from scraper.shared.targets import SOURCES, Target
 from scraper.telemetry import JobView
 
 log = logging.getLogger(__name__)

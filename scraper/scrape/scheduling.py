@@ -37,7 +37,7 @@ from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from scraper.discovery.targets import Target
+from scraper.shared.targets import Target
 
 log = logging.getLogger(__name__)
 

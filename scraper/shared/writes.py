@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 from exporter_lib.status import TrainerStatus
 
 if TYPE_CHECKING:
-    from scraper.discovery.trainjobs import Writer
     from scraper.shared.policy import WritePolicy
+    from scraper.shared.trainjobs import Writer
 
 __all__ = ["Decide", "Decision", "Priority", "Report", "Skip", "Stored", "Wait", "Write",
            "WriteVerdict", "same_content"]

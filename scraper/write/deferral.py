@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from scraper.discovery.trainjobs import TrainJobKey, Writer
 from scraper.shared.policy import OTHER_WRITER_GRACE_SECONDS
+from scraper.shared.trainjobs import TrainJobKey, Writer
 from scraper.shared.writes import Decision, Skip, WriteVerdict
 from scraper.write.annotation_target import Place
 

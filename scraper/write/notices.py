@@ -12,9 +12,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from exporter_lib.status import TrainerStatus, format_time
-from scraper.discovery.trainjobs import TrainJobKey
 from scraper.kube.crd import CRD_NAME, REASON_UNSUPPORTED
 from scraper.kube.events import EventRecorder
+from scraper.shared.trainjobs import TrainJobKey
 from scraper.write.annotation_target import Place
 from scraper.write.queue import Pending
 from scraper.write.settle import FUTURE_LIMIT_SECONDS, Skew, settle_time

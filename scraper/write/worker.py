@@ -7,7 +7,7 @@ apply, retrying until each is applied, superseded, or its TrainJob is gone.
   and is one aiohttp request on the loop (:class:`StatusApply`,
   :mod:`scraper.kube.apply_request`).
 * Writes are server-side apply patches on the ``status`` subresource with the
-  field manager :data:`scraper.write.outcome.FIELD_MANAGER` and ``force=true``
+  field manager :data:`scraper.shared.outcome.FIELD_MANAGER` and ``force=true``
   (``trainerStatus`` belongs to the scraper by contract; fields outside it are never
   sent).  Before each write the TrainJob's UID in the informer's store must be the one
   the status is meant for (a ``metadata.uid`` in the apply body is no precondition:
@@ -54,7 +54,14 @@ from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION
-from scraper.discovery.trainjobs import (
+from scraper.kube.apply_body import encode_apply_body
+from scraper.kube.apply_request import ApplyClient
+from scraper.kube.calls import Backoff, call, deadline_of, is_transient, retry_after
+from scraper.kube.client import REQUEST_TIMEOUT
+from scraper.kube.crd import CrdSupport
+from scraper.kube.health import ApiHealth, answering, unreachable
+from scraper.shared.outcome import FIELD_MANAGER, NotLeader, WriteOutcome
+from scraper.shared.trainjobs import (
     TrainJobGone,
     TrainJobKey,
     TrainJobRecord,
@@ -64,12 +71,6 @@ from scraper.discovery.trainjobs import (
     slim_trainjob,
     writers_of,
 )
-from scraper.kube.apply_body import encode_apply_body
-from scraper.kube.apply_request import ApplyClient
-from scraper.kube.calls import Backoff, call, deadline_of, is_transient, retry_after
-from scraper.kube.client import REQUEST_TIMEOUT
-from scraper.kube.crd import CrdSupport
-from scraper.kube.health import ApiHealth, answering, unreachable
 from scraper.shared.writes import Decision, Priority, Report, Skip, WriteVerdict
 from scraper.write.annotation_target import (
     Place,
@@ -82,7 +83,6 @@ from scraper.write.annotation_target import (
     written,
 )
 from scraper.write.notices import Notices
-from scraper.write.outcome import FIELD_MANAGER, NotLeader, WriteOutcome
 from scraper.write.queue import Pending, WriteQueue
 
 __all__ = ["QUEUE_BACKOFF", "Decisions", "OurWrite", "StatusApply", "StatusRequest",
@@ -170,7 +170,7 @@ class StatusApply:
 
     Its path and body (with the ``metadata.resourceVersion`` precondition):
     :func:`scraper.write.annotation_target.apply_request`; field manager
-    :data:`~scraper.write.outcome.FIELD_MANAGER`, ``force=true``.
+    :data:`~scraper.shared.outcome.FIELD_MANAGER`, ``force=true``.
     """
 
     def __init__(self, api_client: ApiClient, *, connections: int) -> None:
@@ -215,7 +215,7 @@ class WriteWorker:
         place: where the next write goes (``status`` or the annotation).
         target: ``--status-target``.
         may_write: the leader fence, checked before every write.
-        on_write: called with each :class:`~scraper.write.outcome.WriteOutcome` of a try.
+        on_write: called with each :class:`~scraper.shared.outcome.WriteOutcome` of a try.
         on_request: called with the seconds each apply request took.
         on_settled: called with ``(key, outcome)`` when a status leaves the queue
             (applied, refused, superseded), never for a retry.

@@ -3,7 +3,7 @@ server-side apply, only on change.  The queue side and the wiring of the write s
 
 * :meth:`StatusWriter.apply` never waits for the API: it decides at once whether the
   status is news (:func:`already_stored`, against the TrainJob informer's store,
-  :mod:`scraper.discovery.trainjobs`) and queues it (:mod:`scraper.write.queue`: one pending
+  :mod:`scraper.shared.trainjobs`) and queues it (:mod:`scraper.write.queue`: one pending
   status per TrainJob, newest wins; finals, then first statuses, then progress, then
   metrics-only changes; aging so none starves).  So a scrape never waits for a write.
 * Writing by significance (:mod:`scraper.shared.policy`, per TrainJob through
@@ -55,17 +55,18 @@ from aiolimiter import AsyncLimiter
 from kubernetes.client import ApiClient, ApiextensionsV1Api, CoreV1Api, CustomObjectsApi
 
 from exporter_lib.status import TrainerStatus
-from scraper.discovery.trainjobs import (
+from scraper.kube.crd import CrdSupport
+from scraper.kube.events import EventRecorder
+from scraper.kube.health import ApiHealth
+from scraper.shared.outcome import WriteOutcome
+from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
+from scraper.shared.trainjobs import (
     TrainJobGone,
     TrainJobKey,
     TrainJobRecord,
     TrainJobStore,
     older,
 )
-from scraper.kube.crd import CrdSupport
-from scraper.kube.events import EventRecorder
-from scraper.kube.health import ApiHealth
-from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
 from scraper.shared.writes import (
     Decide,
     Decision,
@@ -80,7 +81,6 @@ from scraper.shared.writes import (
 from scraper.write.annotation_target import Place, StatusTarget, place_for, status_in, writer_in
 from scraper.write.deferral import Deferrals
 from scraper.write.notices import Notices
-from scraper.write.outcome import WriteOutcome
 from scraper.write.queue import WriteQueue
 from scraper.write.worker import OurWrite, StatusApply, StatusRequest, WriteWorker, writers_for
 
@@ -107,7 +107,7 @@ class StatusWriter:
         events: where "unsupported CRD" and ``ClockSkew`` Events go.
         limiter: the token bucket of the writes.
         may_write: the leader fence, checked before every write.
-        on_write: called with each :class:`~scraper.write.outcome.WriteOutcome` of a
+        on_write: called with each :class:`~scraper.shared.outcome.WriteOutcome` of a
             write (metrics).
         on_request: called with the seconds each apply request took.
         on_gone: called with ``(namespace, name)`` when a write finds the TrainJob gone.

@@ -12,9 +12,9 @@ from kubernetes import client
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from scraper.decide.decision import decide
-from scraper.discovery.trainjobs import TrainJobStore, slim_trainjob
 from scraper.kube.informer import ListWatch
 from scraper.shared.policy import PROGRESS_FLOOR_MIN, WritePolicy
+from scraper.shared.trainjobs import TrainJobStore, slim_trainjob
 from scraper.write.annotation_target import StatusTarget
 from scraper.write.writer import StatusWriter
 

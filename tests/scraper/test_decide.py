@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from exporter_lib.hold_policy import HoldPolicy
 from exporter_lib.status import TrainerStatus
 from scraper.decide.decision import decide
-from scraper.discovery.trainjobs import Writer
 from scraper.shared.policy import WritePolicy
+from scraper.shared.trainjobs import Writer
 from scraper.shared.writes import (
     Priority,
     Report,

@@ -29,9 +29,9 @@ from exporter_lib.status import (
     format_time,
 )
 from localdev.cluster import objects
-from scraper.discovery.trainjobs import TrainJobRecord
+from scraper.shared.outcome import WriteOutcome
+from scraper.shared.trainjobs import TrainJobRecord
 from scraper.write.notices import REASON_CLOCK_SKEW
-from scraper.write.outcome import WriteOutcome
 from tests.helpers.fault_proxy import FaultProxy
 from tests.helpers.scraper import (
     FakeExporter,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 
-from scraper.discovery.trainjobs import OUR_FIELD_MANAGER
+from scraper.shared.trainjobs import OUR_FIELD_MANAGER
 
 __all__ = ["FIELD_MANAGER", "NotLeader", "WriteOutcome"]
 
