@@ -95,7 +95,7 @@ class ScraperApp:
         in memory (benchmarks/our_scraper.py)."""
         s = settings
         self.settings = settings
-        # No hidden urllib3 retries on any client (issue 13, input 11).
+        # No hidden urllib3 retries on any client: every call has a deadline (kube/calls.py).
         self.api = without_retries(api_client) if api_client else load_client(s.kubeconfig)
         self.telemetry = t = Telemetry(lambda: self.manager.views())
         self.metrics_auth: MetricsAuth | None = metrics_auth_for(
@@ -113,7 +113,7 @@ class ScraperApp:
             on_change=lambda ns, name, record: self.writer.on_trainjob_change(ns, name, record))
         # Writing by significance: the flags' policy, overridden per TrainJob.
         self.policies = PolicyResolver(s.write_policy())
-        # Recovery (issue 21, input 6): writes and watches retry once the API answers.
+        # Writes and watches retry once the API answers again (kube/health.py).
         self.health = ApiHealth.for_client(self.api)
         self.writer = writer_class.for_client(
             self.api, identity=s.identity, qps=s.write_qps, burst=s.write_burst,
@@ -269,7 +269,7 @@ class ScraperApp:
 
     def sizes(self) -> dict[str, int]:
         """Entries of every map kept per pod or TrainJob, by ``component.map``: each is
-        bounded by the live objects (issue 27, deliverable 6)."""
+        bounded by the live objects."""
         parts: dict[str, dict[str, int]] = {
             "manager": self.manager.sizes(), "writer": self.writer.sizes(),
             "scraper": self.scraper.exporter.sizes(), "scheduler": self.scheduler.sizes(),

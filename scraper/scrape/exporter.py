@@ -2,13 +2,12 @@
 
 Knows the exporter's wire contract (docs/architecture.md) and nothing of the
 Kubernetes API.  One keep-alive pool (:class:`scraper.scrape.http_exchange.ConnectionPool`,
-the scrape's own lean HTTP/1.1 client: aiohttp's cost as much CPU as Prometheus's whole
-scrape, benchmarks/reports/scrape-cost-2026-12-02.md) serves every target; each scrape
+the scrape's own lean HTTP/1.1 client) serves every target; each scrape
 has a timeout, a body-size cap, never follows redirects and waits for a slot under a
 concurrency cap.
 
-Slots come in two lanes (issue 13, input 12: 48 hung exporters beside 20 healthy
-ones took the slots, and the healthy ones got 174 of 400 scrapes).  A target whose
+Slots come in two lanes (docs/decisions.md, "Hung exporters get a lane of their
+own").  A target whose
 last :data:`HUNG_AFTER` scrapes timed out is *hung*: its scrapes take a slot of the
 small hung lane (:func:`hung_slots` of ``concurrency``) and never wait for one (a
 full lane skips the run at once), so however many exporters of one namespace
@@ -237,7 +236,7 @@ class ExporterScraper:
         Without this, every deleted pod left its idle connection pooled until the
         keep-alive ended (120 s), since the pool's cap counts only connections in use:
         under pod churn thousands of sockets, parsers and buffers to gone pods stayed
-        open (issue 13, input 8).
+        open.
         """
         if target.key in self._in_flight:
             self._gone[target.key] = target

@@ -351,8 +351,8 @@ class TargetManager:
         return self.choice.chosen()
 
     def sizes(self) -> dict[str, int]:
-        """Entries of each map kept per pod or TrainJob (issue 27, deliverable 6: each is
-        bounded by the live objects)."""
+        """Entries of each map kept per pod or TrainJob (each is bounded by the live
+        objects)."""
         return {**self.states.sizes(), **self.finals.sizes(), **self.choice.sizes(),
                 **self.checks.sizes(),
                 "deletions": len(self.deletions)}

@@ -56,9 +56,8 @@ SKIP_WARNING_PERIOD = 60.0
 SOON_SECONDS = 1.0
 #: Early first runs per second at most.  Beyond that a surge (the lists at start-up and
 #: at a Lease gain) takes turns: the k-th target over the rate runs about k / this
-#: seconds later, or at its phase when that comes first.  Before, every target over the
-#: first 50 waited for its phase: after a restart with 200 targets, 150 of them were
-#: polled for up to an interval and their percentages waited for it (issue 26).
+#: seconds later, or at its phase when that comes first (docs/decisions.md, "Early
+#: first scrapes take turns").
 SOON_PER_SECOND = 50.0
 
 

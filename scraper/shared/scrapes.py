@@ -90,7 +90,7 @@ class Busy:
 
 @dataclass(frozen=True)
 class WrongPod:
-    """The answer came from another pod than the target's (issue 21, input 2): its pod
+    """The answer came from another pod than the target's: its pod
     IP was reused while the pod watch still showed the old pod there.  Nothing of the
     answer is used.  ``reason`` (``uid``, ``name``, ``namespace``, ``hostname``) names
     the first stated part that differs; ``detail`` is one line for logs and Events."""
@@ -102,7 +102,7 @@ class WrongPod:
 @dataclass(frozen=True)
 class SharedAddress:
     """An answer that states no pod identity, while more than one live pod is known at
-    the target's address (issue 27, point 3): it may be any of them, so nothing of it is
+    the target's address: it may be any of them, so nothing of it is
     used.  Made by the loop (:class:`scraper.scrape.loop.ScrapeLoop`) from an unidentified
     :class:`Fresh`; ``pods`` are the keys (``namespace/pod``) known there."""
 

@@ -17,9 +17,10 @@ Callbacks (on the event loop):
 * ``on_seen(key)``: after every watch event of a TrainJob, whatever changed (a label is
   enough), with its ``(namespace, name)``, and after every list and relist with None, once
   the store holds what it brought: the owner-chain checks waiting on a TrainJob run again
-  (:class:`scraper.discovery.identity.ChainWaits`, issue 21 input 1: a TrainJob list answering after
-  the pod list left pods waiting forever, because the checks that ran during the list
-  still saw the store unlisted).
+  (:class:`scraper.discovery.identity.ChainWaits`: otherwise a TrainJob list answering
+  after the pod list leaves pods waiting forever, because the checks that ran during
+  the list still saw the store unlisted; docs/decisions.md, "Owner-chain checks run
+  again after every list").
 
 Who wrote each place (docs/scraper.md, "Other writers and time"): the field manager
 owning ``f:status.f:trainerStatus`` (for the annotation, its key) in

@@ -34,11 +34,11 @@ deletion), never by a scan: :meth:`WriteQueue.take`, :meth:`WriteQueue.put` and
 Coalescing: a pending final status is never replaced by a non-final one (the final
 status wins); otherwise the newest status wins and the item takes the more urgent
 class of the two.  A retry's backoff stays, except that a final status joining a
-non-final item starts afresh, due at once (issue 21, input 6: a final inherited the
-backoff of its TrainJob's failed progress writes, up to 30 s); a metrics-only change's wait ends
-when a more urgent change joins (a progress change then carries the newest metrics), and
-a first or final status has no gap.  :meth:`WriteQueue.resume` (the API server answers
-again after an outage) makes every retry due at once, its backoff started over.
+non-final item starts afresh, due at once (docs/decisions.md, "A final starts its
+retries afresh"); a metrics-only change's wait ends when a more urgent change joins (a
+progress change then carries the newest metrics), and a first or final status has no
+gap.  :meth:`WriteQueue.resume` (the API server answers again after an outage) makes
+every retry due at once, its backoff started over.
 """
 
 from __future__ import annotations
