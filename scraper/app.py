@@ -93,35 +93,38 @@ class ScraperApp:
         ``store``, ``request`` and ``writer_class`` replace the TrainJob informer's
         store, the apply request and the writer's class: the benchmarks keep TrainJobs
         in memory (benchmarks/our_scraper.py)."""
-        s = settings
         self.settings = settings
+        found, scrape, write = settings.discovery, settings.scrape, settings.write
+        stall, logs, lease, tel = (settings.stall, settings.logs, settings.lease,
+                                   settings.telemetry)
         # No hidden urllib3 retries on any client: every call has a deadline (kube/calls.py).
-        self.api = without_retries(api_client) if api_client else load_client(s.kubeconfig)
+        self.api = (without_retries(api_client) if api_client
+                    else load_client(found.kubeconfig))
         self.telemetry = t = Telemetry(lambda: self.manager.views())
         self.metrics_auth: MetricsAuth | None = metrics_auth_for(
-            self.api, ttl=s.metrics_auth_cache_ttl, size=s.metrics_auth_cache_size,
-            registry=t.registry) if s.metrics_auth else None
+            self.api, ttl=tel.metrics_auth_cache_ttl, size=tel.metrics_auth_cache_size,
+            registry=t.registry) if tel.metrics_auth else None
         self.supervisor: Supervisor | None = None
         self._elector: LeaseElector | None = LeaseElector(
-            self.api, namespace=s.effective_lease_namespace(), name=s.lease_name,
-            identity=s.identity, lease_duration=s.lease_duration,
-            renew_deadline=s.renew_deadline, retry_period=s.retry_period,
-            on_change=self._on_leadership) if s.leader_election else None
-        self.scopes: list[str | None] = list(s.namespaces) or [None]
+            self.api, namespace=lease.namespace, name=lease.name,
+            identity=lease.identity, lease_duration=lease.duration,
+            renew_deadline=lease.renew_deadline, retry_period=lease.retry_period,
+            on_change=self._on_leadership) if lease.enabled else None
+        self.scopes: list[str | None] = list(found.namespaces) or [None]
         self.trainjobs = store if store is not None else TrainJobStore(
             self.scopes, on_gone=self._trainjob_gone, on_seen=self._trainjob_seen,
             on_change=lambda ns, name, record: self.writer.on_trainjob_change(ns, name, record))
         # Writing by significance: the flags' policy, overridden per TrainJob.
-        self.policies = PolicyResolver(s.write_policy())
+        self.policies = PolicyResolver(write.policy)
         # Writes and watches retry once the API answers again (kube/health.py).
         self.health = ApiHealth.for_client(self.api)
         self.writer = writer_class.for_client(
-            self.api, identity=s.identity, qps=s.write_qps, burst=s.write_burst,
+            self.api, identity=lease.identity, qps=write.qps, burst=write.burst,
             store=self.trainjobs, may_write=self._may_write,
             on_write=lambda outcome: t.writes.labels(outcome.value).inc(),
             on_request=t.write_duration.observe, on_gone=self._drop_trainjob,
-            policy=s.write_policy(), policy_of=self.policy_of,
-            target=StatusTarget(s.status_target), health=self.health,
+            policy=write.policy, policy_of=self.policy_of,
+            target=StatusTarget(write.status_target), health=self.health,
             decide=decide,
             on_deferred=lambda reason: t.writes_deferred.labels(reason).inc(),
             on_skew=lambda direction: t.clock_skew.labels(direction).inc(), request=request)
@@ -130,26 +133,26 @@ class ScraperApp:
         self.crd = self.writer.crd
         self.events = self.writer.events
         self.logs: LogScraper | None = LogScraper(
-            self.api, LogLimits(s.log_limit_bytes, s.log_tail_lines, s.log_qps, s.log_burst,
-                                s.scrape_timeout),
+            self.api, LogLimits(logs.limit_bytes, logs.tail_lines, logs.qps, logs.burst,
+                                scrape.timeout),
             on_read=t.count_log_read,
-            on_parse_failure=t.log_parse_failures.inc) if s.log_source else None
+            on_parse_failure=t.log_parse_failures.inc) if logs.enabled else None
         self.scraper = SourceScraper(ExporterScraper(
-            ScrapeLimits(s.scrape_timeout, s.max_body_bytes, s.concurrency),
-            observe=t.scrape_duration.observe, waiting=s.wait_scrapes,
+            ScrapeLimits(scrape.timeout, scrape.max_body_bytes, scrape.concurrency),
+            observe=t.scrape_duration.observe, waiting=scrape.wait_scrapes,
         ), self.logs, on_exporter_answer=self._exporter_answered)
         t.held_scrapes.set_function(lambda: self.scraper.held)
         self.scheduler = TargetScheduler(self._run_target,
                                          on_skipped=lambda key: t.skipped_runs.inc())
         self.scrape_loop = ScrapeLoop(
-            self.scraper, self.writer, self.events, backoff_max=s.backoff_max,
+            self.scraper, self.writer, self.events, backoff_max=scrape.backoff_max,
             leading=lambda: self.manager.leading, on_gone=self._drop_trainjob,
             on_busy=lambda key: self.scheduler.note_skipped(
-                key, f"no scrape slot came free in time (all {s.concurrency} in use)"),
+                key, f"no scrape slot came free in time (all {scrape.concurrency} in use)"),
             count_scrape=lambda result: t.scrapes.labels(result).inc(),
             count_wrong_pod=lambda reason: t.wrong_pod_answers.labels(reason).inc(),
             count_write=lambda outcome: t.writes.labels(outcome.value).inc(),
-            waiting=s.wait_scrapes, on_hold=self._on_hold,
+            waiting=scrape.wait_scrapes, on_hold=self._on_hold,
             final_from_log=self._final_from_log if self.logs is not None else None,
             policy_of=self.policy_of, on_retry=self.scheduler.run_within,
             pods_at=lambda url: self.manager.addresses.pods_at(url))
@@ -160,8 +163,8 @@ class ScraperApp:
         self.identity = Identity(self.jobs, self.jobsets, self.trainjobs)
         self.manager = TargetManager(
             self.scrape_loop, self.scheduler, spawn=self._spawn, forget=self.writer.forget,
-            default_port=s.default_port, default_path=s.default_path,
-            default_interval=s.interval, leading=not s.leader_election,
+            default_port=found.default_port, default_path=found.default_path,
+            default_interval=found.default_interval, leading=not lease.enabled,
             identify=self.identity.verify, on_dropped=self.scraper.forget,
             trainjob_source=self._trainjob_source)
         self.pod_feed = PodFeed(
@@ -172,8 +175,8 @@ class ScraperApp:
             targets=lambda: observed(self.manager.chosen()), store=self.trainjobs,
             events=self.events,
             write_marker=(functools.partial(write_stall_marker, self.api)
-                          if s.stall_annotate else None),
-            given=s.stall_after, leading=lambda: self.manager.leading,
+                          if stall.annotate else None),
+            given=stall.after, leading=lambda: self.manager.leading,
             ready=lambda: (self.pod_feed.listed.event.is_set()
                            and self.trainjobs.synced.is_set()),
             spawn=lambda coro: self._spawn_named("stall-record", coro))
@@ -189,19 +192,20 @@ class ScraperApp:
             RootTaskFailed: a root task raised or ended (after the shutdown).
             OSError: the listen address is taken.
         """
-        s = self.settings
+        tel = self.settings.telemetry
         self.supervisor = supervisor = Supervisor()
         try:
             guard = [self.metrics_auth.middleware] if self.metrics_auth else []
-            port = await self.telemetry.start(s.listen_host, s.listen_port, middlewares=guard)
-            log.info("serving /metrics, /healthz, /readyz on %s:%d", s.listen_host, port)
+            port = await self.telemetry.start(tel.listen_host, tel.listen_port,
+                                              middlewares=guard)
+            log.info("serving /metrics, /healthz, /readyz on %s:%d", tel.listen_host, port)
             if self.metrics_auth is None:
                 log.warning("/metrics is open to anyone who reaches %s:%d (metrics_auth=false)",
-                            s.listen_host, port)
+                            tel.listen_host, port)
             else:
                 log.info("/metrics needs a bearer token allowed to get /metrics (TokenReview "
                          "and SubjectAccessReview, decisions cached %gs)",
-                         s.metrics_auth_cache_ttl)
+                         tel.metrics_auth_cache_ttl)
             await self._serve(stop, supervisor)
         finally:
             await self.scraper.close()
@@ -211,23 +215,23 @@ class ScraperApp:
             raise supervisor.failure
 
     async def _serve(self, stop: asyncio.Event, supervisor: Supervisor) -> None:
-        s = self.settings
+        found, shutdown = self.settings.discovery, self.settings.shutdown_timeout
         self.telemetry.leader.set(1 if self.manager.leading else 0)
         await self.crd.check()
-        scopes: list[str | None] = list(s.namespaces) or [None]
+        scopes: list[str | None] = list(found.namespaces) or [None]
         core = k8s.CoreV1Api(self.api)
-        await probe_selector(core, s.selector, scopes[0])
+        await probe_selector(core, found.selector, scopes[0])
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[WatchItem] = asyncio.Queue(maxsize=1000)
         watchers = [
-            PodWatcher(core, namespace=ns, selector=s.selector, queue=queue, loop=loop,
+            PodWatcher(core, namespace=ns, selector=found.selector, queue=queue, loop=loop,
                        on_restart=self._watch_restarted, health=self.health)
             for ns in scopes
         ]
         trainjob_watches = owner_watches(
             self.api, self.scopes, trainjobs=self.trainjobs, jobsets=self.jobsets,
             jobs=self.jobs, loop=loop, on_restart=self._watch_restarted,
-            relist_interval=s.resync_interval, health=self.health)
+            relist_interval=found.resync_interval, health=self.health)
         for tw in trainjob_watches:
             tw.start()
         self.writer.start()
@@ -241,22 +245,23 @@ class ScraperApp:
         if self._elector is not None:
             supervisor.root(ROOT_LEADER, self._elector.run())
         log.info("trainjob-scraper started: selector %r, namespaces %s, interval %gs, "
-                 "status target %s%s", s.selector, ",".join(s.namespaces) or "all", s.interval,
-                 s.status_target, ", leader election on" if self._elector else "")
+                 "status target %s%s", found.selector, ",".join(found.namespaces) or "all",
+                 found.default_interval, self.settings.write.status_target,
+                 ", leader election on" if self._elector else "")
         try:
             await first_set(stop, supervisor.failed)
         finally:
             log.info("stopping: no new scrapes; waiting up to %gs for in-flight writes",
-                     s.shutdown_timeout)
+                     shutdown)
             self.manager.leading = False  # closes the write fence for anything not yet started
             self.manager.stop_holding()  # held requests end now, not at their max-wait
             # Wait for in-flight writes before shutting the scheduler down: its
             # shutdown cancels the running scrape jobs, and so the writes inside them.
             # Meanwhile jobs that fire return at once (not leading).
-            drained = await self.writer.drain(s.shutdown_timeout)
+            drained = await self.writer.drain(shutdown)
             if not drained:
                 log.warning("in-flight status writes did not finish within %gs",
-                            s.shutdown_timeout)
+                            shutdown)
             self.scheduler.shutdown()
             await supervisor.cancel_background()
             await self.writer.stop()
