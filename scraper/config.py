@@ -373,50 +373,13 @@ class ScraperSettings(BaseSettings):
                            self.other_writer_grace)
 
     # The options by the part that uses them (scraper/config_groups.py).
-
-    @property
-    def discovery(self) -> DiscoverySettings:
-        return DiscoverySettings(
-            namespaces=tuple(self.namespaces), selector=self.selector,
-            default_port=self.default_port, default_path=self.default_path,
-            default_interval=self.interval, resync_interval=self.resync_interval,
-            kubeconfig=self.kubeconfig)
-
-    @property
-    def scrape(self) -> ScrapeSettings:
-        return ScrapeSettings(timeout=self.scrape_timeout, max_body_bytes=self.max_body_bytes,
-                              concurrency=self.concurrency, backoff_max=self.backoff_max,
-                              wait_scrapes=self.wait_scrapes)
-
-    @property
-    def write(self) -> WriteSettings:
-        return WriteSettings(qps=self.write_qps, burst=self.write_burst,
-                             status_target=self.status_target, policy=self.write_policy())
-
-    @property
-    def stall(self) -> StallSettings:
-        return StallSettings(after=self.stall_after, annotate=self.stall_annotate)
-
-    @property
-    def logs(self) -> LogSourceSettings:
-        return LogSourceSettings(enabled=self.log_source, qps=self.log_qps,
-                                 burst=self.log_burst, limit_bytes=self.log_limit_bytes,
-                                 tail_lines=self.log_tail_lines)
-
-    @property
-    def lease(self) -> LeaseSettings:
-        return LeaseSettings(enabled=self.leader_election, name=self.lease_name,
-                             namespace=self.effective_lease_namespace(),
-                             duration=self.lease_duration,
-                             renew_deadline=self.renew_deadline,
-                             retry_period=self.retry_period, identity=self.identity)
-
-    @property
-    def telemetry(self) -> TelemetrySettings:
-        return TelemetrySettings(listen_host=self.listen_host, listen_port=self.listen_port,
-                                 metrics_auth=self.metrics_auth,
-                                 metrics_auth_cache_ttl=self.metrics_auth_cache_ttl,
-                                 metrics_auth_cache_size=self.metrics_auth_cache_size)
+    discovery = property(DiscoverySettings.of)
+    scrape = property(ScrapeSettings.of)
+    write = property(WriteSettings.of)
+    stall = property(StallSettings.of)
+    logs = property(LogSourceSettings.of)
+    lease = property(LeaseSettings.of)
+    telemetry = property(TelemetrySettings.of)
 
     def effective_lease_namespace(self) -> str:
         """The Lease's namespace: configured, else the pod's own, else ``default``."""

@@ -10,7 +10,7 @@ seconds.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -22,6 +22,10 @@ __all__ = ["DiscoverySettings", "LeaseSettings", "LogSourceSettings", "ScrapeSet
 
 class _Group(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# ``of(settings)``: the group of a validated ScraperSettings (typed Any: that module
+# imports this one).
 
 
 class DiscoverySettings(_Group):
@@ -36,6 +40,13 @@ class DiscoverySettings(_Group):
     resync_interval: float
     kubeconfig: Path | None
 
+    @classmethod
+    def of(cls, s: Any) -> DiscoverySettings:
+        return cls(namespaces=tuple(s.namespaces), selector=s.selector,
+                   default_port=s.default_port, default_path=s.default_path,
+                   default_interval=s.interval, resync_interval=s.resync_interval,
+                   kubeconfig=s.kubeconfig)
+
 
 class ScrapeSettings(_Group):
     """How targets are scraped: ``--scrape-timeout``, ``--max-body-bytes``,
@@ -46,6 +57,12 @@ class ScrapeSettings(_Group):
     concurrency: int
     backoff_max: float
     wait_scrapes: bool
+
+    @classmethod
+    def of(cls, s: Any) -> ScrapeSettings:
+        return cls(timeout=s.scrape_timeout, max_body_bytes=s.max_body_bytes,
+                   concurrency=s.concurrency, backoff_max=s.backoff_max,
+                   wait_scrapes=s.wait_scrapes)
 
 
 class WriteSettings(_Group):
@@ -58,12 +75,21 @@ class WriteSettings(_Group):
     status_target: Literal["status", "annotation", "auto"]
     policy: WritePolicy
 
+    @classmethod
+    def of(cls, s: Any) -> WriteSettings:
+        return cls(qps=s.write_qps, burst=s.write_burst, status_target=s.status_target,
+                   policy=s.write_policy())
+
 
 class StallSettings(_Group):
     """Stall detection: ``--stall-after`` (None: auto, 0: off) and ``--stall-annotate``."""
 
     after: float | None
     annotate: bool
+
+    @classmethod
+    def of(cls, s: Any) -> StallSettings:
+        return cls(after=s.stall_after, annotate=s.stall_annotate)
 
 
 class LogSourceSettings(_Group):
@@ -75,6 +101,11 @@ class LogSourceSettings(_Group):
     burst: int
     limit_bytes: int
     tail_lines: int
+
+    @classmethod
+    def of(cls, s: Any) -> LogSourceSettings:
+        return cls(enabled=s.log_source, qps=s.log_qps, burst=s.log_burst,
+                   limit_bytes=s.log_limit_bytes, tail_lines=s.log_tail_lines)
 
 
 class LeaseSettings(_Group):
@@ -90,6 +121,13 @@ class LeaseSettings(_Group):
     retry_period: float
     identity: str
 
+    @classmethod
+    def of(cls, s: Any) -> LeaseSettings:
+        return cls(enabled=s.leader_election, name=s.lease_name,
+                   namespace=s.effective_lease_namespace(), duration=s.lease_duration,
+                   renew_deadline=s.renew_deadline, retry_period=s.retry_period,
+                   identity=s.identity)
+
 
 class TelemetrySettings(_Group):
     """The scraper's own server: ``--listen-host``, ``--listen-port``, and who may read
@@ -100,3 +138,10 @@ class TelemetrySettings(_Group):
     metrics_auth: bool
     metrics_auth_cache_ttl: float
     metrics_auth_cache_size: int
+
+    @classmethod
+    def of(cls, s: Any) -> TelemetrySettings:
+        return cls(listen_host=s.listen_host, listen_port=s.listen_port,
+                   metrics_auth=s.metrics_auth,
+                   metrics_auth_cache_ttl=s.metrics_auth_cache_ttl,
+                   metrics_auth_cache_size=s.metrics_auth_cache_size)
