@@ -43,6 +43,8 @@ from scraper.scrape.loop import ScrapeLoop, TargetState
 from scraper.scrape.manager import TargetManager
 from scraper.scrape.scheduling import TargetScheduler
 from scraper.scrape.sources import SourceScraper
+from scraper.scrape.target_table import AddressIndex, TargetTable
+from scraper.shared.leadership import Leadership
 from scraper.shared.policy import PolicyResolver, WritePolicy
 from scraper.shared.targets import Target
 from scraper.shared.trainjobs import TrainJobKey, TrainJobStore
@@ -100,7 +102,15 @@ class ScraperApp:
         # No hidden urllib3 retries on any client: every call has a deadline (kube/calls.py).
         self.api = (without_retries(api_client) if api_client
                     else load_client(found.kubeconfig))
-        self.telemetry = t = Telemetry(lambda: self.manager.views())
+        # Whether this replica leads, the table of targets and which pods answer at which
+        # address: built first, read by the telemetry, the scrape loop and the stall
+        # watch, kept by the target manager.
+        self.leadership = Leadership(not lease.enabled)
+        self.targets = TargetTable()
+        self.addresses = AddressIndex()
+        # One view per TrainJob; nothing on a standby (it would export stale zeros).
+        self.telemetry = t = Telemetry(
+            lambda: self.targets.views() if self.leadership() else [])
         self.metrics_auth: MetricsAuth | None = metrics_auth_for(
             self.api, ttl=tel.metrics_auth_cache_ttl, size=tel.metrics_auth_cache_size,
             registry=t.registry) if tel.metrics_auth else None
@@ -146,7 +156,7 @@ class ScraperApp:
                                          on_skipped=lambda key: t.skipped_runs.inc())
         self.scrape_loop = ScrapeLoop(
             self.scraper, self.writer, self.events, backoff_max=scrape.backoff_max,
-            leading=lambda: self.manager.leading, on_gone=self._drop_trainjob,
+            leading=self.leadership, on_gone=self._drop_trainjob,
             on_busy=lambda key: self.scheduler.note_skipped(
                 key, f"no scrape slot came free in time (all {scrape.concurrency} in use)"),
             count_scrape=lambda result: t.scrapes.labels(result).inc(),
@@ -155,7 +165,7 @@ class ScraperApp:
             waiting=scrape.wait_scrapes, on_hold=self._on_hold,
             final_from_log=self._final_from_log if self.logs is not None else None,
             policy_of=self.policy_of, on_retry=self.scheduler.run_within,
-            pods_at=lambda url: self.manager.addresses.pods_at(url))
+            pods_at=self.addresses.pods_at)
         # Any change to a link of an owner chain, and every list, re-checks the pods
         # waiting on it (scraper/discovery/identity.py, "Convergence").
         self.jobs = OwnerIndex(self.scopes, "Job", on_change=self._owners_changed)
@@ -164,9 +174,10 @@ class ScraperApp:
         self.manager = TargetManager(
             self.scrape_loop, self.scheduler, spawn=self._spawn, forget=self.writer.forget,
             default_port=found.default_port, default_path=found.default_path,
-            default_interval=found.default_interval, leading=not lease.enabled,
+            default_interval=found.default_interval, leading=self.leadership,
             identify=self.identity.verify, on_dropped=self.scraper.forget,
-            trainjob_source=self._trainjob_source)
+            trainjob_source=self._trainjob_source, addresses=self.addresses,
+            states=self.targets)
         self.pod_feed = PodFeed(
             self.manager, ScopesListed(self.scopes), on_ready=t.ready.set,
             on_failure=lambda kind: t.pod_apply_failures.labels(kind).inc(),
@@ -176,7 +187,7 @@ class ScraperApp:
             events=self.events,
             write_marker=(functools.partial(write_stall_marker, self.api)
                           if stall.annotate else None),
-            given=stall.after, leading=lambda: self.manager.leading,
+            given=stall.after, leading=self.leadership,
             ready=lambda: (self.pod_feed.listed.event.is_set()
                            and self.trainjobs.synced.is_set()),
             spawn=lambda coro: self._spawn_named("stall-record", coro))

@@ -48,6 +48,7 @@ from scraper.scrape.finals import OwedFinals
 from scraper.scrape.loop import ScrapeLoop, TargetState
 from scraper.scrape.pod_checks import PodChecks
 from scraper.scrape.target_table import AddressIndex, TargetTable
+from scraper.shared.leadership import Leadership
 from scraper.shared.targets import SOURCES, Target
 from scraper.telemetry import JobView
 
@@ -83,7 +84,13 @@ class TargetManager:
         spawn: starts a background coroutine (the final status writes) and tracks it.
         forget: called with ``(namespace, trainjob)`` when a TrainJob is gone.
         default_port, default_path, default_interval: for pods without annotations.
-        leading: whether this replica scrapes now (set through :meth:`set_leading`).
+        leading: whether this replica scrapes now (set through :meth:`set_leading`); a
+            :class:`~scraper.shared.leadership.Leadership` to share the flag with the
+            parts built before the manager.
+        addresses: the index of pods by exporter address (None: a new one), shared with
+            the scrape loop's check of answers without a pod identity.
+        states: the table of per-pod states (None: a new one), shared with the
+            telemetry's per-TrainJob views.
         identify: the owner-chain check of a pod (:class:`scraper.discovery.identity.Identity`);
             a pod that fails it is not a target; one that is not verified (yet) is
             checked again by :meth:`recheck` when a link of its chain changes.
@@ -102,10 +109,12 @@ class TargetManager:
         default_port: int,
         default_path: str,
         default_interval: float,
-        leading: bool,
+        leading: bool | Leadership,
         identify: Callable[[dict[str, Any]], Verdict] = lambda pod: Belongs(""),
         on_dropped: Callable[[Target], None] = lambda target: None,
         trainjob_source: Callable[[str, str], str | None] = lambda namespace, name: None,
+        addresses: AddressIndex | None = None,
+        states: TargetTable | None = None,
     ) -> None:
         self._trainjob_source = trainjob_source
         self._loop = loop
@@ -114,22 +123,32 @@ class TargetManager:
         self._default_port = default_port
         self._default_path = default_path
         self._default_interval = default_interval
-        self.leading = leading
+        self.leadership = (leading if isinstance(leading, Leadership)
+                           else Leadership(leading))
         #: Per-pod states by ``namespace/pod``, indexed by TrainJob: every pod event
         #: touches one TrainJob's states, never a scan of the table.
-        self.states = TargetTable()
+        self.states = states if states is not None else TargetTable()
         #: Pods by exporter address: an answer without identity is refused while two
         #: share one (scraper/scrape/loop.py, SharedAddress).
-        self.addresses = AddressIndex()
-        self.choice = TargetChoice(self.states, scheduler, lambda: self.leading)
+        self.addresses = addresses if addresses is not None else AddressIndex()
+        self.choice = TargetChoice(self.states, scheduler, self.leadership)
         self.checks = PodChecks(identify)
-        self.finals = OwedFinals(loop, spawn=spawn, leading=lambda: self.leading,
+        self.finals = OwedFinals(loop, spawn=spawn, leading=self.leadership,
                                  superseded=self.choice.superseded_by_attempt,
                                  park=self.checks.park)
         self._on_dropped = on_dropped
         # The earliest deletion request of each pod being deleted: a kubelet's grace-0
         # confirmation rewrites the pod's own (scraper/discovery/deletions.py).
         self.deletions = DeletionRequests()
+
+    @property
+    def leading(self) -> bool:
+        """Whether this replica scrapes now (:attr:`leadership`)."""
+        return self.leadership.leading
+
+    @leading.setter
+    def leading(self, leading: bool) -> None:
+        self.leadership.leading = leading
 
     async def run(self, key: str) -> None:
         """The scheduler's job for ``key``: one run of its scrape loop."""
