@@ -130,14 +130,11 @@ class ScraperApp:
         self.health = ApiHealth.for_client(self.api)
         self.writer = writer_class.for_client(
             self.api, identity=lease.identity, qps=write.qps, burst=write.burst,
-            store=self.trainjobs, may_write=self._may_write,
-            on_write=lambda outcome: t.writes.labels(outcome.value).inc(),
-            on_request=t.write_duration.observe, on_gone=self._drop_trainjob,
+            store=self.trainjobs, may_write=self._may_write, counts=t,
+            on_gone=self._drop_trainjob,
             policy=write.policy, policy_of=self.policy_of,
             target=StatusTarget(write.status_target), health=self.health,
-            decide=decide,
-            on_deferred=lambda reason: t.writes_deferred.labels(reason).inc(),
-            on_skew=lambda direction: t.clock_skew.labels(direction).inc(), request=request)
+            decide=decide, request=request)
         # Everything not applied yet, also what a writer took and waits on the budget for.
         t.writes_pending.set_function(lambda: self.writer.queue.unapplied())
         self.crd = self.writer.crd
@@ -161,7 +158,7 @@ class ScraperApp:
                 key, f"no scrape slot came free in time (all {scrape.concurrency} in use)"),
             count_scrape=lambda result: t.scrapes.labels(result).inc(),
             count_wrong_pod=lambda reason: t.wrong_pod_answers.labels(reason).inc(),
-            count_write=lambda outcome: t.writes.labels(outcome.value).inc(),
+            count_write=t.written,
             waiting=scrape.wait_scrapes, on_hold=self._on_hold,
             final_from_log=self._final_from_log if self.logs is not None else None,
             policy_of=self.policy_of, on_retry=self.scheduler.run_within,

@@ -60,7 +60,7 @@ from scraper.kube.calls import Backoff, call, deadline_of, is_transient, retry_a
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.crd import CrdSupport
 from scraper.kube.health import ApiHealth, answering, unreachable
-from scraper.shared.outcome import FIELD_MANAGER, NotLeader, WriteOutcome
+from scraper.shared.outcome import FIELD_MANAGER, NotLeader, WriteCounts, WriteOutcome
 from scraper.shared.trainjobs import (
     TrainJobGone,
     TrainJobKey,
@@ -215,8 +215,7 @@ class WriteWorker:
         place: where the next write goes (``status`` or the annotation).
         target: ``--status-target``.
         may_write: the leader fence, checked before every write.
-        on_write: called with each :class:`~scraper.shared.outcome.WriteOutcome` of a try.
-        on_request: called with the seconds each apply request took.
+        counts: where each try's outcome and each request's seconds are counted.
         on_settled: called with ``(key, outcome)`` when a status leaves the queue
             (applied, refused, superseded), never for a retry.
         on_gone: called with ``(namespace, name)`` when a write finds the TrainJob gone.
@@ -240,8 +239,7 @@ class WriteWorker:
         place: Callable[[], Place],
         target: StatusTarget,
         may_write: Callable[[], bool],
-        on_write: Callable[[WriteOutcome], None],
-        on_request: Callable[[float], None],
+        counts: WriteCounts,
         on_settled: Callable[[TrainJobKey, WriteOutcome | BaseException], None],
         on_gone: Callable[[str, str], None],
         health: ApiHealth | None = None,
@@ -260,8 +258,7 @@ class WriteWorker:
         self._place = place
         self.target = target
         self._may_write = may_write
-        self._on_write = on_write
-        self._on_request = on_request
+        self._counts = counts
         self._on_settled = on_settled
         self._on_gone = on_gone
         self._health = health
@@ -312,7 +309,7 @@ class WriteWorker:
             finally:
                 self.queue.done(item, retry_in=retry_in)
             if outcome is not None:
-                self._on_write(outcome)
+                self._counts.written(outcome)
                 if outcome is not WriteOutcome.RETRIED:
                     self._on_settled(item.key, outcome)
 
@@ -355,7 +352,7 @@ class WriteWorker:
                                      record.uid, record.resource_version,
                                      deadline=deadline_of(REQUEST_TIMEOUT))
                 finally:
-                    self._on_request(time.monotonic() - began)
+                    self._counts.request_took(time.monotonic() - began)
         except NotLeader:
             return WriteOutcome.NOT_LEADER, None
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError,

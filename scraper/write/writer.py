@@ -58,7 +58,7 @@ from exporter_lib.status import TrainerStatus
 from scraper.kube.crd import CrdSupport
 from scraper.kube.events import EventRecorder
 from scraper.kube.health import ApiHealth
-from scraper.shared.outcome import WriteOutcome
+from scraper.shared.outcome import NO_COUNTS, WriteCounts, WriteOutcome
 from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
 from scraper.shared.trainjobs import (
     TrainJobGone,
@@ -107,9 +107,8 @@ class StatusWriter:
         events: where "unsupported CRD" and ``ClockSkew`` Events go.
         limiter: the token bucket of the writes.
         may_write: the leader fence, checked before every write.
-        on_write: called with each :class:`~scraper.shared.outcome.WriteOutcome` of a
-            write (metrics).
-        on_request: called with the seconds each apply request took.
+        counts: where each outcome, request time, deferral and clock skew is counted
+            (:class:`~scraper.shared.outcome.WriteCounts`: the telemetry).
         on_gone: called with ``(namespace, name)`` when a write finds the TrainJob gone.
         policy: the default write policy (``--progress-floor``, ``--metrics-staleness``).
         policy_of: a TrainJob's write policy by ``(namespace, name)`` (its annotations
@@ -123,10 +122,6 @@ class StatusWriter:
             :meth:`decision` only.
         other_writer_grace: ``--other-writer-grace`` (seconds, docs/scraper.md, "Other
             writers and time"); None: the policy's.
-        on_deferred: called with the reason (a :class:`~scraper.shared.writes.WriteVerdict`
-            value) of each report not written because of another writer.
-        on_skew: called with ``"back"`` or ``"future"`` for each write whose
-            ``lastUpdatedTime`` is the arrival time instead of the report's own.
         wall: epoch seconds (the arrival time of a report).
         request: the apply request (default :class:`scraper.write.worker.StatusApply`
             over :attr:`writers` connections of its own).
@@ -142,8 +137,7 @@ class StatusWriter:
         limiter: AsyncLimiter,
         decide: Decide,
         may_write: Callable[[], bool] = lambda: True,
-        on_write: Callable[[WriteOutcome], None] = lambda outcome: None,
-        on_request: Callable[[float], None] = lambda seconds: None,
+        counts: WriteCounts = NO_COUNTS,
         on_gone: Callable[[str, str], None] = lambda namespace, name: None,
         policy: WritePolicy = DEFAULT_POLICY,
         policy_of: Callable[[str, str], WritePolicy] | None = None,
@@ -151,8 +145,6 @@ class StatusWriter:
         clock: Callable[[], float] = time.monotonic,
         health: ApiHealth | None = None,
         other_writer_grace: float | None = None,
-        on_deferred: Callable[[str], None] = lambda reason: None,
-        on_skew: Callable[[str], None] = lambda direction: None,
         wall: Callable[[], float] = time.time,
         request: StatusRequest | None = None,
     ) -> None:
@@ -160,7 +152,7 @@ class StatusWriter:
         self.crd = crd
         self.events = events
         self._may_write = may_write
-        self._on_write = on_write
+        self._counts = counts
         self._on_gone = on_gone
         if other_writer_grace is not None:
             policy = replace(policy, other_writer_grace=other_writer_grace)
@@ -174,16 +166,16 @@ class StatusWriter:
         self._ours: dict[TrainJobKey, OurWrite] = {}
         self._waiters: dict[TrainJobKey, list[asyncio.Future[WriteOutcome]]] = {}
         self._deferrals = Deferrals(store.clock, grace=policy.other_writer_grace,
-                                    on_deferred=on_deferred)
-        self._notices = Notices(events, on_skew=on_skew, wall=wall)
+                                    on_deferred=counts.deferred)
+        self._notices = Notices(events, on_skew=counts.skewed, wall=wall)
         self.writers = writers_for(limiter.max_rate / limiter.time_period)
         self._worker = WriteWorker(
             self.queue, store=store, custom=CustomObjectsApi(api_client), crd=crd,
             limiter=limiter,
             request=request or StatusApply(api_client, connections=self.writers),
             decisions=self, notices=self._notices, ours=self._ours,
-            place=self.place, target=target, may_write=may_write, on_write=on_write,
-            on_request=on_request, on_settled=self._settle, on_gone=self._dropped,
+            place=self.place, target=target, may_write=may_write, counts=counts,
+            on_settled=self._settle, on_gone=self._dropped,
             health=health, clock=clock, wall=wall)
         if health is not None:
             health.on_recovered(self.queue.resume)
@@ -199,16 +191,13 @@ class StatusWriter:
         store: TrainJobStore,
         decide: Decide,
         may_write: Callable[[], bool] = lambda: True,
-        on_write: Callable[[WriteOutcome], None] = lambda outcome: None,
-        on_request: Callable[[float], None] = lambda seconds: None,
+        counts: WriteCounts = NO_COUNTS,
         on_gone: Callable[[str, str], None] = lambda namespace, name: None,
         policy: WritePolicy = DEFAULT_POLICY,
         policy_of: Callable[[str, str], WritePolicy] | None = None,
         target: StatusTarget = StatusTarget.STATUS,
         health: ApiHealth | None = None,
         other_writer_grace: float | None = None,
-        on_deferred: Callable[[str], None] = lambda reason: None,
-        on_skew: Callable[[str], None] = lambda direction: None,
         request: StatusRequest | None = None,
     ) -> Self:
         """A writer with its own CRD knowledge and Event recorder; writes take tokens of a
@@ -222,10 +211,10 @@ class StatusWriter:
         crd = CrdSupport(ApiextensionsV1Api(api_client), fallback=fallback,
                          on_supported=lambda: writer.supported_again())
         writer = cls(api_client, store=store, crd=crd, events=events, limiter=limiter,
-                     decide=decide, may_write=may_write, on_write=on_write, on_request=on_request,
+                     decide=decide, may_write=may_write, counts=counts,
                      on_gone=on_gone, policy=policy, policy_of=policy_of,
                      target=target, health=health, other_writer_grace=other_writer_grace,
-                     on_deferred=on_deferred, on_skew=on_skew, request=request)
+                     request=request)
         return writer
 
     def place(self) -> Place:
@@ -295,12 +284,12 @@ class StatusWriter:
         if isinstance(decision, Skip):
             outcome = (WriteOutcome.UNCHANGED if decision.reason is WriteVerdict.UNCHANGED
                        else WriteOutcome.DEFERRED)
-            self._on_write(outcome)
+            self._counts.written(outcome)
             return outcome
         if (place is Place.STATUS and self.crd.supported is False
                 and not self.crd.recheck_due()):
             await self._notices.unsupported(namespace, name, record.uid if record else "")
-            self._on_write(WriteOutcome.NOT_STORED)
+            self._counts.written(WriteOutcome.NOT_STORED)
             return WriteOutcome.NOT_STORED
         self.queue.put(key, status, decision.priority,
                        uid=uid or (record.uid if record else ""),
