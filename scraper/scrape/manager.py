@@ -75,6 +75,20 @@ class PodsNotApplied(Exception):
         self.__cause__ = first
 
 
+def _source_of(pod: dict[str, Any], decision: Scrape | Final,
+               trainjob_source: Callable[[str, str], str | None]) -> str:
+    """The pod's own source annotation, else its TrainJob's (when valid), else the
+    default."""
+    current = decision.target.source if isinstance(decision, Scrape) else decision.source
+    if ANNOTATION_SOURCE in ((pod.get("metadata") or {}).get("annotations") or {}):
+        return current
+    namespace = (pod.get("metadata") or {}).get("namespace", "")
+    trainjob = decision.target.trainjob if isinstance(decision, Scrape) else \
+        decision.trainjob
+    inherited = trainjob_source(namespace, trainjob)
+    return inherited if inherited in SOURCES else current
+
+
 class TargetManager:
     """The table of targets and what changes it.
 
@@ -84,13 +98,10 @@ class TargetManager:
         spawn: starts a background coroutine (the final status writes) and tracks it.
         forget: called with ``(namespace, trainjob)`` when a TrainJob is gone.
         default_port, default_path, default_interval: for pods without annotations.
-        leading: whether this replica scrapes now (set through :meth:`set_leading`); a
-            :class:`~scraper.shared.leadership.Leadership` to share the flag with the
-            parts built before the manager.
-        addresses: the index of pods by exporter address (None: a new one), shared with
-            the scrape loop's check of answers without a pod identity.
-        states: the table of per-pod states (None: a new one), shared with the
-            telemetry's per-TrainJob views.
+        leading: whether this replica scrapes now (set through :meth:`set_leading`): a
+            shared :class:`~scraper.shared.leadership.Leadership`, or its value.
+        addresses, states: the pods by exporter address and the per-pod states, shared
+            with the scrape loop and the telemetry (None: new ones).
         identify: the owner-chain check of a pod (:class:`scraper.discovery.identity.Identity`);
             a pod that fails it is not a target; one that is not verified (yet) is
             checked again by :meth:`recheck` when a link of its chain changes.
@@ -270,7 +281,7 @@ class TargetManager:
             self.checks.park(key, pod, verdict.links)
             return
         self.checks.release(key)
-        source = self._source(pod, decision)
+        source = _source_of(pod, decision, self._trainjob_source)
         if isinstance(decision, Scrape):
             decision = Scrape(dataclasses.replace(decision.target, source=source,
                                                   trainjob_uid=verdict.trainjob_uid))
@@ -304,18 +315,6 @@ class TargetManager:
             self._scheduler.unschedule(key)
             self.choice.choose(state.trainjob_key)
             self.finals.start(state)
-
-    def _source(self, pod: dict[str, Any], decision: Scrape | Final) -> str:
-        """The pod's own source annotation, else its TrainJob's (when valid), else the
-        default."""
-        current = decision.target.source if isinstance(decision, Scrape) else decision.source
-        if ANNOTATION_SOURCE in ((pod.get("metadata") or {}).get("annotations") or {}):
-            return current
-        namespace = (pod.get("metadata") or {}).get("namespace", "")
-        trainjob = decision.target.trainjob if isinstance(decision, Scrape) else \
-            decision.trainjob
-        inherited = self._trainjob_source(namespace, trainjob)
-        return inherited if inherited in SOURCES else current
 
     def recheck(self, link: Link | None = None) -> None:
         """Check again the pods whose owner chain did not verify and that wait on ``link``
