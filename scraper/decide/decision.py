@@ -18,7 +18,8 @@ the time.  Its rules, in order:
    progress floor after the TrainJob's last write; a metrics-only change waits until
    the metrics staleness after the status of this scraper's last write was taken
    (:func:`exporter_lib.write_rule.metrics_wait`, the rule the exporter holds a waiting
-   scrape by).
+   scrape by: a :class:`~scraper.shared.writes.Wait` whose ``until`` has passed is due
+   now).
 
 The write stage calls it when a report arrives and again right before the request,
 against the informer's newest (a TrainJob can change while a write waits).
@@ -27,7 +28,7 @@ against the informer's newest (a TrainJob can change while a write waits).
 from __future__ import annotations
 
 from exporter_lib.status import TrainerStatus
-from exporter_lib.write_rule import metrics_wait, significant
+from exporter_lib.write_rule import significant
 from scraper.decide.others import decide as other_writers
 from scraper.shared.policy import WritePolicy
 from scraper.shared.writes import (
@@ -87,7 +88,9 @@ def decide(stored: Stored, report: Report, policy: WritePolicy, now: float) -> D
         return Write(priority)
     floor = policy.progress_floor
     taken = stored.ours_taken_at
-    if (priority is Priority.METRICS and taken is not None
-            and metrics_wait(policy.metrics_staleness, now - taken) > 0):
+    if priority is Priority.METRICS and taken is not None:
+        # Until may have passed: the write is due now, and its waiting for a turn in
+        # the queue counts from then, so a change that fell due does not rank with
+        # fresh progress changes (scraper/write/queue.py, order rule 3).
         return Wait(taken + policy.metrics_staleness, floor)
     return Write(priority, floor)

@@ -102,8 +102,10 @@ class Write:
 
 @dataclass(frozen=True)
 class Wait:
-    """Send the report no sooner than ``until`` (monotonic seconds): a metrics-only change
-    within the staleness bound.  A significant change joining it ends the wait."""
+    """Send the report no sooner than ``until`` (monotonic seconds): a metrics-only change,
+    due the staleness bound after the status of the scraper's last write was taken.
+    ``until`` may have passed (then it is due now, and its turn in the queue counts from
+    ``until``).  A significant change joining it ends the wait."""
 
     until: float
     floor: float = 0.0
