@@ -122,8 +122,7 @@ class ScraperApp:
             on_change=self._on_leadership) if lease.enabled else None
         self.scopes: list[str | None] = list(found.namespaces) or [None]
         self.trainjobs = store if store is not None else TrainJobStore(
-            self.scopes, on_gone=self._trainjob_gone, on_seen=self._trainjob_seen,
-            on_change=lambda ns, name, record: self.writer.on_trainjob_change(ns, name, record))
+            self.scopes, on_gone=self._trainjob_gone, on_seen=self._trainjob_seen)
         # Writing by significance: the flags' policy, overridden per TrainJob.
         self.policies = PolicyResolver(write.policy)
         # Writes and watches retry once the API answers again (kube/health.py).
@@ -350,8 +349,8 @@ class ScraperApp:
 
     def _may_write(self) -> bool:
         if self._elector is None:
-            return self.manager.leading
-        return self.manager.leading and self._elector.may_write()
+            return self.leadership.leading
+        return self.leadership.leading and self._elector.may_write()
 
     def _on_leadership(self, leading: bool) -> None:
         self.telemetry.leader.set(1 if leading else 0)

@@ -270,15 +270,14 @@ class TrainJobStore:
         scopes: the namespaces listed (None: all); :meth:`wait_synced` waits for each.
         clock: monotonic seconds (:attr:`Writer.seen`).
         wall: epoch seconds (the age of a write first seen in a list).
-        on_gone, on_change, on_seen: the callbacks of the module doc.
+        on_gone, on_seen: the callbacks of the module doc (``on_change`` listeners are
+            added with :meth:`on_changed`).
     """
 
     def __init__(self, scopes: list[str | None], *,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
                  on_gone: Callable[[str, str, str], None] = lambda namespace, name, uid: None,
-                 on_change: Callable[[str, str, TrainJobRecord], None] = (
-                     lambda ns, name, record: None),
                  on_seen: Callable[[TrainJobKey | None], None] = lambda key: None) -> None:
         self.clock = clock
         self.wall = wall
@@ -286,11 +285,16 @@ class TrainJobStore:
         self._listed = ScopesListed(scopes)
         self.synced = self._listed.event
         self._on_gone = on_gone
-        self._on_change = on_change
+        self._on_change: list[Callable[[str, str, TrainJobRecord], None]] = []
         self._on_seen = on_seen
 
     def __len__(self) -> int:
         return len(self._records)
+
+    def on_changed(self, listener: Callable[[str, str, TrainJobRecord], None]) -> None:
+        """Call ``listener(namespace, name, record)`` whenever a TrainJob's status or
+        annotation changes (``on_change`` of the module doc; the writer's drift check)."""
+        self._on_change.append(listener)
 
     def get(self, namespace: str, name: str) -> TrainJobRecord | None:
         """What the TrainJob stores; None when it does not exist (or before the first list)."""
@@ -407,4 +411,5 @@ class TrainJobStore:
         self._records[key] = new
         if (old is None or old.uid != new.uid or old.status != new.status
                 or old.annotated != new.annotated):
-            self._on_change(key[0], key[1], new)
+            for listener in self._on_change:
+                listener(key[0], key[1], new)

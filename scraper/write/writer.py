@@ -101,8 +101,8 @@ class StatusWriter:
 
     Args:
         api_client: a configured Kubernetes client.
-        store: the TrainJob informer's store (what each TrainJob stores); whoever builds
-            it passes :meth:`on_trainjob_change` as its ``on_change`` (the drift check).
+        store: the TrainJob informer's store (what each TrainJob stores); the writer
+            listens to its changes (:meth:`on_trainjob_change`, the drift check).
         crd: what is known of the TrainJob CRD (shared with the CRD re-check).
         events: where "unsupported CRD" and ``ClockSkew`` Events go.
         limiter: the token bucket of the writes.
@@ -179,6 +179,7 @@ class StatusWriter:
             health=health, clock=clock, wall=wall)
         if health is not None:
             health.on_recovered(self.queue.resume)
+        store.on_changed(self.on_trainjob_change)
 
     @classmethod
     def for_client(

@@ -32,9 +32,7 @@ async def running_writer(api: client.ApiClient, namespace: str, *, qps: float = 
 
     ``policy``: :data:`AT_ONCE` unless a test is about the write policy, so tests of
     other rules see each change written as soon as the budget allows."""
-    # The store's drift check is the writer's (built below: the lambda reads it late).
-    store = TrainJobStore([namespace], on_change=lambda ns, name, held:
-                          writer.on_trainjob_change(ns, name, held))
+    store = TrainJobStore([namespace])  # the writer listens to its changes (drift)
     custom = client.CustomObjectsApi(api)
     watch = ListWatch(
         functools.partial(custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
