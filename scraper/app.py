@@ -309,7 +309,7 @@ class ScraperApp:
     def _exporter_answered(self, target: Target) -> None:
         state = self.manager.states.get(target.key)
         if state is not None and state.uid == target.pod_uid:
-            state.exporter_answered = True
+            state.exporter_did_answer()
 
     async def _final_from_log(self, final: Final, answered: bool) -> TrainerStatus | None:
         assert self.logs is not None

@@ -230,10 +230,40 @@ class TargetState:
         """``(namespace, trainjob)``: the object whose status this pod reports."""
         return (self.view.namespace, self.view.trainjob)
 
-    def end(self, final: Final) -> None:
-        """The pod ended (or its end was seen again): its final is owed unless settled."""
+    def end(self, final: Final, attempt: int | None = None) -> None:
+        """The pod ended (or its end was seen again): its final is owed unless settled;
+        ``attempt``: its restart attempt (None: unchanged)."""
         self.ended = final
+        if attempt is not None:
+            self.attempt = attempt
         if self.final is None:
+            self.final = FinalDue.OWED
+
+    def stop_scraping(self, final: Final, attempt: int) -> None:
+        """The pod ended while it was a target: no target, no waiting scrape, down, and
+        its final owed (:meth:`end`)."""
+        self.target = None
+        self.stop_holding()
+        self.end(final, attempt)
+        self.view.up = False
+
+    def drop(self) -> None:
+        """The state left the table (pod gone, TrainJob gone, replaced)."""
+        self.dropped = True
+        self.stop_holding()
+
+    def exporter_did_answer(self) -> None:
+        """Its exporter answered a scrape (an ``auto`` source's final is then the
+        exporter's)."""
+        self.exporter_answered = True
+
+    def final_settled(self) -> None:
+        """Its final needs no write (applied, superseded, or its TrainJob gone)."""
+        self.final = FinalDue.SETTLED
+
+    def final_still_owed(self) -> None:
+        """A finalize ended without settling the final: owed again (no-op otherwise)."""
+        if self.final is FinalDue.APPLYING:
             self.final = FinalDue.OWED
 
     @property

@@ -305,12 +305,8 @@ class TargetManager:
         elif isinstance(decision, Final):
             if state.target is not None:
                 self._on_dropped(state.target)
-            state.target = None
+            state.stop_scraping(decision, restart_attempt(pod))
             self.addresses.place(key, None)
-            state.stop_holding()
-            state.end(decision)
-            state.attempt = restart_attempt(pod)
-            state.view.up = False
             self.choice.ranked(key, None)
             self._scheduler.unschedule(key)
             self.choice.choose(state.trainjob_key)
@@ -346,8 +342,7 @@ class TargetManager:
         self.checks.release(key)
         self.addresses.place(key, None)
         if state is not None:
-            state.dropped = True
-            state.stop_holding()
+            state.drop()
             if state.target is not None:
                 self._on_dropped(state.target)
             self.choice.choose(state.trainjob_key)  # another pod may take over
