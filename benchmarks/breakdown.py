@@ -42,9 +42,9 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from benchmarks.farm import NginxFarm
-from scraper.discovery.targets import Target
 from scraper.scrape.exporter import USER_AGENT, ScrapeLimits
 from scraper.scrape.scheduling import PHASES, TargetScheduler
+from scraper.shared.targets import Target
 
 WINDOW = 4.0  # default measured seconds per timed piece
 
@@ -142,9 +142,11 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
     JSON body (no ``If-None-Match``), ``len(urls)/PHASES`` at once, ``PHASES`` bursts a
     second, as :func:`aiohttp_304`; the pure-CPU pieces in a loop of their own."""
     from exporter_lib.status import TrainerStatus
-    from scraper.discovery.trainjobs import TrainJobRecord, TrainJobStore
-    from scraper.scrape.exporter import ExporterScraper, Fresh
+    from scraper.decide.decision import decide
+    from scraper.scrape.exporter import ExporterScraper
     from scraper.scrape.loop import ScrapeLoop, TargetState
+    from scraper.shared.scrapes import Fresh
+    from scraper.shared.trainjobs import TrainJobRecord, TrainJobStore
     from scraper.telemetry import JobView, Telemetry
     from scraper.write.writer import StatusWriter
 
@@ -236,7 +238,7 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
     store = TrainJobStore([None])
     store.synced.set()
     writer = StatusWriter.for_client(k8s.ApiClient(), identity="bench", qps=20, burst=30,
-                                     store=store)
+                                     store=store, decide=decide)
     telemetry = Telemetry(lambda: [])
     loop = ScrapeLoop(scraper, writer, writer.events, backoff_max=60,
                       count_scrape=lambda label: telemetry.scrapes.labels(label).inc())
@@ -299,12 +301,13 @@ async def status_writes(count: int) -> dict[str, float]:
     from localdev.cluster.controlplane import ControlPlane
     from localdev.cluster.crds import install_trainjob_crds
     from localdev.cluster.objects import create_trainjob
-    from scraper.discovery.trainjobs import TrainJobStore
+    from scraper.decide.decision import decide
     from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
     from scraper.kube.calls import Retries, call
     from scraper.kube.client import REQUEST_TIMEOUT
+    from scraper.shared.outcome import FIELD_MANAGER, WriteOutcome
+    from scraper.shared.trainjobs import TrainJobStore
     from scraper.write.annotation_target import Place, apply_request
-    from scraper.write.outcome import FIELD_MANAGER, WriteOutcome
     from scraper.write.worker import StatusRequest
     from scraper.write.writer import StatusWriter
 
@@ -414,7 +417,7 @@ async def status_writes(count: int) -> dict[str, float]:
                 API_GROUP, API_VERSION, "bench", TRAINJOB_PLURAL, f"w{k}")
                 for k in range(LANES)])
             writer = StatusWriter.for_client(api, identity="bench", qps=1e6, burst=10**6,
-                                             store=store, request=request)
+                                             store=store, decide=decide, request=request)
             writer.start()
 
             async def lane(k: int, first: int, n: int) -> list[WriteOutcome]:

@@ -41,7 +41,7 @@ from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
 from scraper.scrape.loop import ScrapeLoop
 from scraper.scrape.manager import TargetManager
 from scraper.scrape.scheduling import TargetScheduler
-from scraper.write.outcome import WriteOutcome
+from scraper.shared.outcome import WriteOutcome
 
 NAMESPACE = "churn"
 #: Default bound of a plateau (MiB): the spread of the last half of the rounds.

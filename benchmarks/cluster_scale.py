@@ -62,7 +62,7 @@ from benchmarks.farm import ExporterFarm, free_ports, wait_http
 from benchmarks.report import fmt, loadavg, verdict, write_report
 from benchmarks.waits import wait_until
 from localdev.cluster import ControlPlane, install_trainjob_crds
-from scraper.write.outcome import WriteOutcome
+from scraper.shared.outcome import WriteOutcome
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The scraper's defaults this benchmark is about (scraper/config.py).

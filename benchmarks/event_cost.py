@@ -18,8 +18,8 @@ from typing import Any
 
 from exporter_lib.status import TrainerStatus
 from scraper.discovery.pods import Synced
-from scraper.discovery.targets import Target
 from scraper.scrape.manager import TargetManager
+from scraper.shared.targets import Target
 from scraper.write.queue import Priority, WriteQueue
 
 

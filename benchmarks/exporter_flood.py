@@ -254,9 +254,10 @@ def scraper_probe(port: int, seconds: float, probe: Probe, scrapes: int | None =
     given, within ``seconds``): its own client (:class:`scraper.scrape.exporter.ExporterScraper`:
     pooled keep-alive connection, one retry on a stale one, the default 10 s timeout),
     one scrape per :data:`SCRAPE_PERIOD`."""
-    from scraper.discovery.targets import Target
-    from scraper.scrape.exporter import ExporterScraper, Failure, Fresh, NothingYet, NotModified
+    from scraper.scrape.exporter import ExporterScraper
     from scraper.scrape.exporter import ScrapeLimits as Limits
+    from scraper.shared.scrapes import Failure, Fresh, NothingYet, NotModified
+    from scraper.shared.targets import Target
 
     async def run() -> None:
         scraper = ExporterScraper(Limits())

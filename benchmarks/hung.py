@@ -28,12 +28,13 @@ from typing import Any
 
 from benchmarks.static_exporter import start_static_exporter
 from exporter_lib.status import TrainerStatus
-from scraper.discovery.targets import Target
-from scraper.scrape.exporter import ExporterScraper, ScrapeLimits, ScrapeResult
+from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
 from scraper.scrape.loop import ScrapeLoop, TargetState
 from scraper.scrape.scheduling import TargetScheduler
+from scraper.shared.outcome import WriteOutcome
+from scraper.shared.scrapes import ScrapeResult
+from scraper.shared.targets import Target
 from scraper.telemetry import JobView
-from scraper.write.outcome import WriteOutcome
 
 INTERVAL = 1.0
 CONCURRENCY = 32

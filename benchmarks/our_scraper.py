@@ -39,12 +39,12 @@ from benchmarks.procstat import cpu_seconds, rss_bytes
 from exporter_lib.status import TrainerStatus
 from scraper.app import ScraperApp
 from scraper.config import ScraperSettings
-from scraper.discovery.targets import Target
-from scraper.discovery.trainjobs import TrainJobRecord, TrainJobStore
 from scraper.scrape.loop import TargetState
+from scraper.shared.outcome import WriteOutcome
+from scraper.shared.targets import Target
+from scraper.shared.trainjobs import TrainJobRecord, TrainJobStore
 from scraper.telemetry import JobView
 from scraper.write.annotation_target import Place
-from scraper.write.outcome import WriteOutcome
 from scraper.write.writer import StatusWriter, already_stored
 
 NAMESPACE = "bench"

@@ -8,8 +8,8 @@ docs/architecture.md, "Wire contract")::
     Trainjob-Write-Policy: progress=42; metrics-staleness=30; metrics-age=12.5
 
 * ``progress``: the integer ``progressPercentage`` of the scraper's last status from
-  this exporter; absent when that status had none.  A status whose percentage differs
-  is *significant*: answered at once.
+  this exporter; absent when that status had none.  A status reporting a different
+  percentage is *significant*: answered at once (:mod:`exporter_lib.write_rule`).
 * ``metrics-staleness``: seconds a change of anything else (metrics, the remaining
   time, ``lastUpdatedTime``) may wait before it is written.
 * ``metrics-age``: seconds since the scraper last took a status from this exporter.
@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass
 
 from exporter_lib.status import PROGRESS_MAX, PROGRESS_MIN, TrainerStatus
+from exporter_lib.write_rule import metrics_wait, significant
 
 #: The request header a scraper states its write policy in.
 WRITE_POLICY_HEADER = "Trainjob-Write-Policy"
@@ -60,18 +61,19 @@ class HoldPolicy:
     def metrics_due_in(self, held_for: float) -> float:
         """Seconds, after ``held_for`` seconds of holding, until any change is due
         (0 when it already is)."""
-        return max(0.0, self.metrics_staleness - self.metrics_age - held_for)
+        return metrics_wait(self.metrics_staleness, self.metrics_age + held_for)
 
     def answers(self, status: TrainerStatus | None, held_for: float) -> bool:
         """True when a *changed* ``status`` is worth an answer after ``held_for`` seconds
-        of holding: its percentage differs from the scraper's, or the metrics are due.
+        of holding: its percentage is significant against the scraper's, or the metrics
+        are due (:mod:`exporter_lib.write_rule`, the rule the scraper writes by).
 
         The caller has already found the answer changed (a different ETag); ``None``
         (no report yet) is never worth one: there is nothing to write.
         """
         if status is None:
             return False
-        if status.progress_percentage != self.progress:
+        if significant(self.progress, status.progress_percentage):
             return True
         return self.metrics_due_in(held_for) <= 0.0
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from kubernetes import client as k8s
@@ -29,12 +29,11 @@ from exporter_lib.status import TrainerStatus
 from scraper.boost.watch import BoostCollector, BoostWatch
 from scraper.boost.workload import list_workloads, write_boost
 from scraper.config import ScraperSettings
+from scraper.decide.decision import decide
 from scraper.discovery.feed import PodFeed
 from scraper.discovery.identity import Identity, Link, OwnerIndex
 from scraper.discovery.owner_watches import owner_watches
 from scraper.discovery.pods import Final, PodWatcher, WatchItem, probe_selector
-from scraper.discovery.targets import Target
-from scraper.discovery.trainjobs import TrainJobStore
 from scraper.kube.client import load_client, without_retries
 from scraper.kube.health import ApiHealth
 from scraper.kube.informer import ScopesListed
@@ -42,16 +41,20 @@ from scraper.leader import LeaseElector
 from scraper.logsource.reader import LogLimits, LogScraper
 from scraper.metrics_auth import MetricsAuth, metrics_auth_for
 from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
-from scraper.scrape.loop import ScrapeLoop
+from scraper.scrape.loop import ScrapeLoop, TargetState
 from scraper.scrape.manager import TargetManager
 from scraper.scrape.scheduling import TargetScheduler
 from scraper.scrape.sources import SourceScraper
+from scraper.scrape.target_table import AddressIndex, TargetTable
+from scraper.shared.leadership import Leadership
+from scraper.shared.policy import PolicyResolver, WritePolicy
+from scraper.shared.targets import Target
+from scraper.shared.trainjobs import TrainJobKey, TrainJobStore
 from scraper.stall.marker import write_stall_marker
-from scraper.stall.watch import StallCollector, StallWatch, observed
+from scraper.stall.watch import Observed, StallCollector, StallWatch
 from scraper.supervisor import Supervisor, first_set
 from scraper.telemetry import Telemetry
 from scraper.write.annotation_target import StatusTarget
-from scraper.write.policy import PolicyResolver, WritePolicy
 from scraper.write.worker import StatusRequest
 from scraper.write.writer import StatusWriter
 
@@ -65,6 +68,19 @@ ROOT_CRD = "crd-recheck"
 ROOT_HEALTH = "api-health-probe"
 ROOT_STALL = "stall-check"
 ROOT_BOOST = "priority-boost"
+
+
+
+def observed(chosen: Mapping[TrainJobKey, TargetState]) -> list[Observed]:
+    """The scraped target of every TrainJob (``TargetManager.chosen()``), as the stall
+    stage observes it now; a TrainJob whose chosen pod ended (no target) is left out."""
+    out = []
+    for key, state in chosen.items():
+        target = state.target
+        if target is not None:
+            out.append(Observed(key, target.trainjob_uid, target.pod_name, state.uid,
+                                target.interval, state.view.status, state.view.up is True))
+    return out
 
 
 class ScraperApp:
@@ -82,66 +98,73 @@ class ScraperApp:
         ``store``, ``request`` and ``writer_class`` replace the TrainJob informer's
         store, the apply request and the writer's class: the benchmarks keep TrainJobs
         in memory (benchmarks/our_scraper.py)."""
-        s = settings
         self.settings = settings
-        # No hidden urllib3 retries on any client (issue 13, input 11).
-        self.api = without_retries(api_client) if api_client else load_client(s.kubeconfig)
-        self.telemetry = t = Telemetry(lambda: self.manager.views())
+        found, scrape, write = settings.discovery, settings.scrape, settings.write
+        stall, logs, lease, tel = (settings.stall, settings.logs, settings.lease,
+                                   settings.telemetry)
+        # No hidden urllib3 retries on any client: every call has a deadline (kube/calls.py).
+        self.api = (without_retries(api_client) if api_client
+                    else load_client(found.kubeconfig))
+        # Whether this replica leads, the table of targets and which pods answer at which
+        # address: built first, read by the telemetry, the scrape loop and the stall
+        # watch, kept by the target manager.
+        self.leadership = Leadership(not lease.enabled)
+        self.targets = TargetTable()
+        self.addresses = AddressIndex()
+        # One view per TrainJob; nothing on a standby (it would export stale zeros).
+        self.telemetry = t = Telemetry(
+            lambda: self.targets.views() if self.leadership() else [])
         self.metrics_auth: MetricsAuth | None = metrics_auth_for(
-            self.api, ttl=s.metrics_auth_cache_ttl, size=s.metrics_auth_cache_size,
-            registry=t.registry) if s.metrics_auth else None
+            self.api, ttl=tel.metrics_auth_cache_ttl, size=tel.metrics_auth_cache_size,
+            registry=t.registry) if tel.metrics_auth else None
         self.supervisor: Supervisor | None = None
         self._elector: LeaseElector | None = LeaseElector(
-            self.api, namespace=s.effective_lease_namespace(), name=s.lease_name,
-            identity=s.identity, lease_duration=s.lease_duration,
-            renew_deadline=s.renew_deadline, retry_period=s.retry_period,
-            on_change=self._on_leadership) if s.leader_election else None
-        self.scopes: list[str | None] = list(s.namespaces) or [None]
+            self.api, namespace=lease.namespace, name=lease.name,
+            identity=lease.identity, lease_duration=lease.duration,
+            renew_deadline=lease.renew_deadline, retry_period=lease.retry_period,
+            on_change=self._on_leadership) if lease.enabled else None
+        self.scopes: list[str | None] = list(found.namespaces) or [None]
         self.trainjobs = store if store is not None else TrainJobStore(
-            self.scopes, on_gone=self._trainjob_gone, on_seen=self._trainjob_seen,
-            on_change=lambda ns, name, record: self.writer.on_trainjob_change(ns, name, record))
+            self.scopes, on_gone=self._trainjob_gone, on_seen=self._trainjob_seen)
         # Writing by significance: the flags' policy, overridden per TrainJob.
-        self.policies = PolicyResolver(s.write_policy())
-        # Recovery (issue 21, input 6): writes and watches retry once the API answers.
+        self.policies = PolicyResolver(write.policy)
+        # Writes and watches retry once the API answers again (kube/health.py).
         self.health = ApiHealth.for_client(self.api)
         self.writer = writer_class.for_client(
-            self.api, identity=s.identity, qps=s.write_qps, burst=s.write_burst,
-            store=self.trainjobs, may_write=self._may_write,
-            on_write=lambda outcome: t.writes.labels(outcome.value).inc(),
-            on_request=t.write_duration.observe, on_gone=self._drop_trainjob,
-            policy=s.write_policy(), policy_of=self.policy_of,
-            target=StatusTarget(s.status_target), health=self.health,
-            other_writer_grace=s.other_writer_grace,
-            on_deferred=lambda reason: t.writes_deferred.labels(reason).inc(),
-            on_skew=lambda direction: t.clock_skew.labels(direction).inc(), request=request)
+            self.api, identity=lease.identity, qps=write.qps, burst=write.burst,
+            store=self.trainjobs, may_write=self._may_write, counts=t,
+            on_gone=self._drop_trainjob,
+            policy=write.policy, policy_of=self.policy_of,
+            target=StatusTarget(write.status_target), health=self.health,
+            decide=decide, request=request)
         # Everything not applied yet, also what a writer took and waits on the budget for.
         t.writes_pending.set_function(lambda: self.writer.queue.unapplied())
         self.crd = self.writer.crd
         self.events = self.writer.events
         self.logs: LogScraper | None = LogScraper(
-            self.api, LogLimits(s.log_limit_bytes, s.log_tail_lines, s.log_qps, s.log_burst,
-                                s.scrape_timeout),
+            self.api, LogLimits(logs.limit_bytes, logs.tail_lines, logs.qps, logs.burst,
+                                scrape.timeout),
             on_read=t.count_log_read,
-            on_parse_failure=t.log_parse_failures.inc) if s.log_source else None
+            on_parse_failure=t.log_parse_failures.inc) if logs.enabled else None
         self.scraper = SourceScraper(ExporterScraper(
-            ScrapeLimits(s.scrape_timeout, s.max_body_bytes, s.concurrency),
-            observe=t.scrape_duration.observe, waiting=s.wait_scrapes,
+            ScrapeLimits(scrape.timeout, scrape.max_body_bytes, scrape.concurrency),
+            observe=t.scrape_duration.observe, waiting=scrape.wait_scrapes,
         ), self.logs, on_exporter_answer=self._exporter_answered)
         t.held_scrapes.set_function(lambda: self.scraper.held)
         self.scheduler = TargetScheduler(self._run_target,
                                          on_skipped=lambda key: t.skipped_runs.inc())
         self.scrape_loop = ScrapeLoop(
-            self.scraper, self.writer, self.events, backoff_max=s.backoff_max,
-            leading=lambda: self.manager.leading, on_gone=self._drop_trainjob,
+            self.scraper, self.writer, self.events, backoff_max=scrape.backoff_max,
+            leading=self.leadership, on_gone=self._drop_trainjob,
             on_busy=lambda key: self.scheduler.note_skipped(
-                key, f"no scrape slot came free in time (all {s.concurrency} in use)"),
+                key, f"no scrape slot came free in time (all {scrape.concurrency} in use)"),
             count_scrape=lambda result: t.scrapes.labels(result).inc(),
             count_wrong_pod=lambda reason: t.wrong_pod_answers.labels(reason).inc(),
-            count_write=lambda outcome: t.writes.labels(outcome.value).inc(),
-            waiting=s.wait_scrapes, on_hold=self._on_hold,
+            count_write=t.written,
+            waiting=scrape.wait_scrapes, on_hold=self._on_hold,
             final_from_log=self._final_from_log if self.logs is not None else None,
             policy_of=self.policy_of, on_retry=self.scheduler.run_within,
-            pods_at=lambda url: self.manager.addresses.pods_at(url))
+            pods_at=self.addresses.pods_at)
         # Any change to a link of an owner chain, and every list, re-checks the pods
         # waiting on it (scraper/discovery/identity.py, "Convergence").
         self.jobs = OwnerIndex(self.scopes, "Job", on_change=self._owners_changed)
@@ -149,10 +172,11 @@ class ScraperApp:
         self.identity = Identity(self.jobs, self.jobsets, self.trainjobs)
         self.manager = TargetManager(
             self.scrape_loop, self.scheduler, spawn=self._spawn, forget=self.writer.forget,
-            default_port=s.default_port, default_path=s.default_path,
-            default_interval=s.interval, leading=not s.leader_election,
+            default_port=found.default_port, default_path=found.default_path,
+            default_interval=found.default_interval, leading=self.leadership,
             identify=self.identity.verify, on_dropped=self.scraper.forget,
-            trainjob_source=self._trainjob_source)
+            trainjob_source=self._trainjob_source, addresses=self.addresses,
+            states=self.targets)
         self.pod_feed = PodFeed(
             self.manager, ScopesListed(self.scopes), on_ready=t.ready.set,
             on_failure=lambda kind: t.pod_apply_failures.labels(kind).inc(),
@@ -161,22 +185,22 @@ class ScraperApp:
             targets=lambda: observed(self.manager.chosen()), store=self.trainjobs,
             events=self.events,
             write_marker=(functools.partial(write_stall_marker, self.api)
-                          if s.stall_annotate else None),
-            given=s.stall_after, leading=lambda: self.manager.leading,
+                          if stall.annotate else None),
+            given=stall.after, leading=self.leadership,
             ready=lambda: (self.pod_feed.listed.event.is_set()
                            and self.trainjobs.synced.is_set()),
             spawn=lambda coro: self._spawn_named("stall-record", coro))
         t.registry.register(StallCollector(self.stalls))
         self.boosts: BoostWatch | None = BoostWatch(
-            max_boost=s.priority_boost_max, signals=lambda: observed(self.manager.chosen()),
+            max_boost=settings.boost.max_boost, signals=lambda: observed(self.manager.chosen()),
             uid_of=self._trainjob_uid,
             list_workloads=lambda: list_workloads(self.api, self.scopes),
             write_boost=functools.partial(write_boost, self.api),
-            leading=lambda: self.manager.leading,
+            leading=self.leadership,
             ready=lambda: (self.pod_feed.listed.event.is_set()
                            and self.trainjobs.synced.is_set()),
             spawn=lambda coro: self._spawn_named("priority-boost-write", coro),
-        ) if s.priority_boost_max > 0 else None
+        ) if settings.boost.max_boost > 0 else None
         if self.boosts is not None:
             t.registry.register(BoostCollector(self.boosts))
 
@@ -190,19 +214,20 @@ class ScraperApp:
             RootTaskFailed: a root task raised or ended (after the shutdown).
             OSError: the listen address is taken.
         """
-        s = self.settings
+        tel = self.settings.telemetry
         self.supervisor = supervisor = Supervisor()
         try:
             guard = [self.metrics_auth.middleware] if self.metrics_auth else []
-            port = await self.telemetry.start(s.listen_host, s.listen_port, middlewares=guard)
-            log.info("serving /metrics, /healthz, /readyz on %s:%d", s.listen_host, port)
+            port = await self.telemetry.start(tel.listen_host, tel.listen_port,
+                                              middlewares=guard)
+            log.info("serving /metrics, /healthz, /readyz on %s:%d", tel.listen_host, port)
             if self.metrics_auth is None:
                 log.warning("/metrics is open to anyone who reaches %s:%d (metrics_auth=false)",
-                            s.listen_host, port)
+                            tel.listen_host, port)
             else:
                 log.info("/metrics needs a bearer token allowed to get /metrics (TokenReview "
                          "and SubjectAccessReview, decisions cached %gs)",
-                         s.metrics_auth_cache_ttl)
+                         tel.metrics_auth_cache_ttl)
             await self._serve(stop, supervisor)
         finally:
             await self.scraper.close()
@@ -212,23 +237,23 @@ class ScraperApp:
             raise supervisor.failure
 
     async def _serve(self, stop: asyncio.Event, supervisor: Supervisor) -> None:
-        s = self.settings
+        found, shutdown = self.settings.discovery, self.settings.shutdown_timeout
         self.telemetry.leader.set(1 if self.manager.leading else 0)
         await self.crd.check()
-        scopes: list[str | None] = list(s.namespaces) or [None]
+        scopes: list[str | None] = list(found.namespaces) or [None]
         core = k8s.CoreV1Api(self.api)
-        await probe_selector(core, s.selector, scopes[0])
+        await probe_selector(core, found.selector, scopes[0])
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[WatchItem] = asyncio.Queue(maxsize=1000)
         watchers = [
-            PodWatcher(core, namespace=ns, selector=s.selector, queue=queue, loop=loop,
+            PodWatcher(core, namespace=ns, selector=found.selector, queue=queue, loop=loop,
                        on_restart=self._watch_restarted, health=self.health)
             for ns in scopes
         ]
         trainjob_watches = owner_watches(
             self.api, self.scopes, trainjobs=self.trainjobs, jobsets=self.jobsets,
             jobs=self.jobs, loop=loop, on_restart=self._watch_restarted,
-            relist_interval=s.resync_interval, health=self.health)
+            relist_interval=found.resync_interval, health=self.health)
         for tw in trainjob_watches:
             tw.start()
         self.writer.start()
@@ -244,22 +269,23 @@ class ScraperApp:
         if self._elector is not None:
             supervisor.root(ROOT_LEADER, self._elector.run())
         log.info("trainjob-scraper started: selector %r, namespaces %s, interval %gs, "
-                 "status target %s%s", s.selector, ",".join(s.namespaces) or "all", s.interval,
-                 s.status_target, ", leader election on" if self._elector else "")
+                 "status target %s%s", found.selector, ",".join(found.namespaces) or "all",
+                 found.default_interval, self.settings.write.status_target,
+                 ", leader election on" if self._elector else "")
         try:
             await first_set(stop, supervisor.failed)
         finally:
             log.info("stopping: no new scrapes; waiting up to %gs for in-flight writes",
-                     s.shutdown_timeout)
+                     shutdown)
             self.manager.leading = False  # closes the write fence for anything not yet started
             self.manager.stop_holding()  # held requests end now, not at their max-wait
             # Wait for in-flight writes before shutting the scheduler down: its
             # shutdown cancels the running scrape jobs, and so the writes inside them.
             # Meanwhile jobs that fire return at once (not leading).
-            drained = await self.writer.drain(s.shutdown_timeout)
+            drained = await self.writer.drain(shutdown)
             if not drained:
                 log.warning("in-flight status writes did not finish within %gs",
-                            s.shutdown_timeout)
+                            shutdown)
             self.scheduler.shutdown()
             await supervisor.cancel_background()
             await self.writer.stop()
@@ -273,7 +299,7 @@ class ScraperApp:
 
     def sizes(self) -> dict[str, int]:
         """Entries of every map kept per pod or TrainJob, by ``component.map``: each is
-        bounded by the live objects (issue 27, deliverable 6)."""
+        bounded by the live objects."""
         parts: dict[str, dict[str, int]] = {
             "manager": self.manager.sizes(), "writer": self.writer.sizes(),
             "scraper": self.scraper.exporter.sizes(), "scheduler": self.scheduler.sizes(),
@@ -289,7 +315,7 @@ class ScraperApp:
 
     def policy_of(self, namespace: str, name: str) -> WritePolicy:
         """A TrainJob's write policy: its target pod's annotations, then its own, then
-        the flags (:class:`scraper.write.policy.PolicyResolver`)."""
+        the flags (:class:`scraper.shared.policy.PolicyResolver`)."""
         target = self.manager.target_of(namespace, name)
         record = self.trainjobs.get(namespace, name)
         return self.policies.policy(target.policy if target is not None else (),
@@ -307,7 +333,7 @@ class ScraperApp:
     def _exporter_answered(self, target: Target) -> None:
         state = self.manager.states.get(target.key)
         if state is not None and state.uid == target.pod_uid:
-            state.exporter_answered = True
+            state.exporter_did_answer()
 
     async def _final_from_log(self, final: Final, answered: bool) -> TrainerStatus | None:
         assert self.logs is not None
@@ -347,8 +373,8 @@ class ScraperApp:
 
     def _may_write(self) -> bool:
         if self._elector is None:
-            return self.manager.leading
-        return self.manager.leading and self._elector.may_write()
+            return self.leadership.leading
+        return self.leadership.leading and self._elector.may_write()
 
     def _on_leadership(self, leading: bool) -> None:
         self.telemetry.leader.set(1 if leading else 0)

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import annotated_types
-import yaml
 from pydantic import Field, FilePath, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -29,18 +28,32 @@ from pydantic_settings import (
 )
 
 from exporter_lib.pod import service_account_namespace
-from scraper.boost.rule import MAX_BOOST_LIMIT
-from scraper.stall.rule import StallSettingError, parse_stall_after
-from scraper.syntax import (
-    check_interval,
-    parse_duration,
+from scraper.config_file import REMOVED_OPTIONS as REMOVED_OPTIONS
+from scraper.config_file import FileSource, file_keys_given
+from scraper.config_file import removed_option as removed_option
+from scraper.config_groups import (
+    BoostSettings,
+    DiscoverySettings,
+    LeaseSettings,
+    LogSourceSettings,
+    ScrapeSettings,
+    StallSettings,
+    TelemetrySettings,
+    WriteSettings,
 )
-from scraper.write.policy import (
+from scraper.shared.boost_range import MAX_BOOST_LIMIT
+from scraper.shared.errors import ConfigError as ConfigError
+from scraper.shared.policy import (
     METRICS_STALENESS_SECONDS,
     PROGRESS_FLOOR_SECONDS,
     WritePolicy,
     check_metrics_staleness,
     check_progress_floor,
+)
+from scraper.shared.stall_setting import StallSettingError, parse_stall_after
+from scraper.syntax import (
+    check_interval,
+    parse_duration,
 )
 
 ENV_PREFIX = "TRAINJOB_SCRAPER_"
@@ -92,116 +105,14 @@ DEFAULT_SELECTOR = (
 )
 
 
-#: Options of earlier releases, by field name, each with what replaced it: given as a
-#: flag, an environment variable or a config-file key, it is refused with the way
-#: forward (argparse would say "unrecognized arguments", and pydantic-settings ignores
-#: an environment variable it has no field for).
-REMOVED_OPTIONS = {
-    "metrics_write_interval": "replaced by metrics-staleness (how long a change of "
-                              "metrics or ETA alone may wait) and progress-floor "
-                              "(least time between two writes of one TrainJob)",
-}
-
-
-def removed_option(name: str) -> str | None:
-    """What replaced option ``name`` (flag, file key or field spelling), or None."""
-    return REMOVED_OPTIONS.get(name.lstrip("-").replace("-", "_").lower())
-
-
-class ConfigError(ValueError):
-    """Invalid configuration; ``problems`` holds one ``option=value: reason`` per offence."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = problems
-        super().__init__("invalid configuration: " + "; ".join(problems))
-
-
 # ---------------------------------------------------------------- settings model
 
 _config_file: ContextVar[Path | None] = ContextVar("trainjob_scraper_config_file", default=None)
-#: The options the config file gave, by field, as the file spells each key (to name the
-#: file in an error about its value).
-_file_keys: ContextVar[dict[str, str]] = ContextVar("trainjob_scraper_file_keys")
-
-
-class _KeyTwice(yaml.YAMLError):
-    """A mapping of the config file has the same key twice."""
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping: ``safe_load``
-    keeps the last silently, so ``write-qps: 2`` then ``write-qps: 5`` would say 5.
-    A merge key (``<<: *defaults``) still works as in ``safe_load``: the mapping's own
-    keys override the merged ones (YAML's merge-key type)."""
-
-
-def _unique_keys(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        if key_node.tag == _MERGE_TAG:
-            continue  # merged keys may be overridden here: construct_mapping merges them
-        key = loader.construct_object(key_node)
-        line = key_node.start_mark.line + 1
-        if isinstance(key, str | int | float | bool) and key in seen:
-            raise _KeyTwice(f"option {key!r} given twice (lines {seen[key]} and {line})")
-        if isinstance(key, str | int | float | bool):
-            seen[key] = line
-    return loader.construct_mapping(node)
-
-
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_keys)
-
-
-class _FileSource(PydanticBaseSettingsSource):
-    """Values from the ``--config`` YAML/JSON file (JSON is YAML)."""
-
-    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
-        super().__init__(settings_cls)
-        self.path = path
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False  # unused: __call__ returns everything at once
-
-    def __call__(self) -> dict[str, Any]:
-        if self.path is None:
-            return {}
-        try:
-            data = yaml.load(self.path.read_text(), Loader=_UniqueKeyLoader)
-        except _KeyTwice as exc:
-            raise ConfigError([f"config={str(self.path)!r}: {exc}"]) from None
-        except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: not UTF-8
-            raise ConfigError([f"config={str(self.path)!r}: cannot read ({exc})"]) from None
-        if data is None:
-            return {}
-        if not isinstance(data, dict):
-            raise ConfigError([f"config={str(self.path)!r}: expected a mapping of options"])
-        fields = self.settings_cls.model_fields
-        out: dict[str, Any] = {}
-        seen: dict[str, Any] = {}  # field -> the key as the file spells it
-        problems = []
-        for raw_key, value in data.items():
-            key = str(raw_key).replace("-", "_")
-            if key in out:  # write-qps and write_qps: which one was meant is unknown
-                problems.append(f"config={str(self.path)!r}: option {raw_key!r} given twice "
-                                f"(also as {seen[key]!r})")
-                continue
-            if key in fields:
-                out[key] = value
-                seen[key] = raw_key
-                continue
-            hint = removed_option(key)
-            problems.append(f"config={str(self.path)!r}: "
-                            + (f"option {raw_key!r} was removed: {hint}" if hint
-                               else f"unknown option {raw_key!r}"))
-        if problems:  # every bad key at once, not one per try
-            raise ConfigError(problems)
-        _file_keys.get({}).update({key: str(seen[key]) for key in out})
-        return out
-
-
 class ScraperSettings(BaseSettings):
-    """Every option of ``trainjob-scraper run``. Durations are seconds (floats)."""
+    """Every option of ``trainjob-scraper run``, flat by the names of its flags,
+    variables and file keys; grouped by the part that uses them as ``discovery``,
+    ``scrape``, ``write``, ``stall``, ``logs``, ``lease`` and ``telemetry``
+    (:mod:`scraper.config_groups`).  Durations are seconds (floats)."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True
@@ -463,11 +374,23 @@ class ScraperSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _FileSource(settings_cls, _config_file.get()))
+        return (init_settings, env_settings, FileSource(settings_cls, _config_file.get()))
 
     def write_policy(self) -> WritePolicy:
-        """The default write policy (``--progress-floor``, ``--metrics-staleness``)."""
-        return WritePolicy(self.progress_floor, self.metrics_staleness)
+        """The default write policy (``--progress-floor``, ``--metrics-staleness``,
+        ``--other-writer-grace``)."""
+        return WritePolicy(self.progress_floor, self.metrics_staleness,
+                           self.other_writer_grace)
+
+    # The options by the part that uses them (scraper/config_groups.py).
+    discovery = property(DiscoverySettings.of)
+    scrape = property(ScrapeSettings.of)
+    write = property(WriteSettings.of)
+    stall = property(StallSettings.of)
+    boost = property(BoostSettings.of)
+    logs = property(LogSourceSettings.of)
+    lease = property(LeaseSettings.of)
+    telemetry = property(TelemetrySettings.of)
 
     def effective_lease_namespace(self) -> str:
         """The Lease's namespace: configured, else the pod's own, else ``default``."""
@@ -496,7 +419,7 @@ def load_settings(
                 if upper.startswith(ENV_PREFIX) and upper[len(ENV_PREFIX):].lower() not in given}
     token = _config_file.set(Path(config_file) if config_file else None)
     file_keys: dict[str, str] = {}
-    keys_token = _file_keys.set(file_keys)
+    keys_token = file_keys_given.set(file_keys)
     try:
         return ScraperSettings(**given)
     except ValidationError as exc:
@@ -505,7 +428,7 @@ def load_settings(
                  for name, key in file_keys.items() if name not in from_env and name not in given}
         raise ConfigError(_describe(exc, {**where, **from_env})) from None
     finally:
-        _file_keys.reset(keys_token)
+        file_keys_given.reset(keys_token)
         _config_file.reset(token)
 
 

@@ -17,6 +17,7 @@ iterates, and reads only whole values off the entries.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -156,6 +157,24 @@ class Telemetry:
         """One pods/log read: its result label and the bytes it returned."""
         self.log_reads.labels(result).inc()
         self.log_read_bytes.inc(size)
+
+    # The write stage's counts (scraper.shared.outcome.WriteCounts).
+
+    def written(self, outcome: enum.Enum) -> None:
+        """One status write (or submission) came to ``outcome`` (its value: the label)."""
+        self.writes.labels(outcome.value).inc()
+
+    def request_took(self, seconds: float) -> None:
+        """One apply request took ``seconds``."""
+        self.write_duration.observe(seconds)
+
+    def deferred(self, reason: str) -> None:
+        """One report kept out by another writer, for ``reason``."""
+        self.writes_deferred.labels(reason).inc()
+
+    def skewed(self, direction: str) -> None:
+        """One write carries the arrival time (``direction``: ``back`` or ``future``)."""
+        self.clock_skew.labels(direction).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of everything."""

@@ -34,11 +34,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from scraper.shared.boost_range import MAX_BOOST_LIMIT
+
 #: One resource-minute: the work at which the boost reaches 1.
 UNIT_RESOURCE_SECONDS = 60.0
-#: The largest range accepted: Kueue reads the annotation as an int32 and adds it to an
-#: int32 priority; a range this size already spans 2**1000000 resource-minutes.
-MAX_BOOST_LIMIT = 1_000_000
 
 
 class BoostRangeError(ValueError):

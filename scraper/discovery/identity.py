@@ -1,6 +1,6 @@
 """Which TrainJob object a pod belongs to, and which one pod is a TrainJob's target.
 
-**Ownership** (issue 13, input 2): a pod reports for TrainJob ``T`` only when the
+**Ownership**: a pod reports for TrainJob ``T`` only when the
 controllers' ownership chain leads there::
 
     Pod -controller ownerRef-> Job -controller ownerRef-> JobSet -controller ownerRef-> TrainJob
@@ -13,7 +13,7 @@ label): three lists at start whatever the number of TrainJobs, no GET per pod.  
 stale pod of a deleted TrainJob whose name was reused, or a hand-made pod naming
 another object, fails the check and is never a target.
 
-**Convergence** (issue 21, input 1): the four kinds are listed and watched
+**Convergence**: the four kinds are listed and watched
 independently, so a pod may be seen before its Job, JobSet or TrainJob, and a TrainJob
 list may come seconds after the pod list.  Every verdict short of :class:`Belongs`
 names the chain :data:`Link` s it looked at; :class:`ChainWaits` keeps such a pod under
@@ -24,7 +24,7 @@ failed the check (:class:`Foreign`) is kept too: an owner chain can become valid
 e.g. when the TrainJob watch is behind and still holds the UID of a TrainJob that was
 re-created.  So the targets end the same whatever order the lists and events came in.
 
-**One target per TrainJob** (issue 13, input 3): among the verified Running pods of a
+**One target per TrainJob**: among the verified Running pods of a
 TrainJob the target is the one with the highest :func:`rank`: a live pod beats a
 terminating one (``deletionTimestamp`` set), then the highest
 ``jobset.sigs.k8s.io/restart-attempt`` wins, then the newest ``creationTimestamp``,
@@ -39,8 +39,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from scraper.discovery.trainjobs import TrainJobStore
 from scraper.kube.informer import ScopesListed
+from scraper.shared.trainjobs import TrainJobStore
 
 LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 LABEL_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"

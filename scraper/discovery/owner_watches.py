@@ -1,5 +1,5 @@
 """The list+watches of the owner chain's kinds: TrainJobs, JobSets and the Jobs of
-JobSets, per scope, each feeding its store (:mod:`scraper.discovery.trainjobs`,
+JobSets, per scope, each feeding its store (:mod:`scraper.shared.trainjobs`,
 :class:`scraper.discovery.identity.OwnerIndex`)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from kubernetes import client as k8s
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from scraper.discovery.identity import LABEL_JOBSET_NAME
-from scraper.discovery.trainjobs import slim_trainjob
 from scraper.kube.health import ApiHealth
 from scraper.kube.informer import ListWatch, slim
+from scraper.shared.trainjobs import slim_trainjob
 
 #: JobSet API (the owner chain Pod -> Job -> JobSet -> TrainJob).
 JOBSET_GROUP = "jobset.x-k8s.io"

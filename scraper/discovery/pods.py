@@ -25,15 +25,15 @@ from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.pod import kubelet_hostname
-from scraper.config import ConfigError
 from scraper.discovery.deletions import requested_at
-from scraper.discovery.targets import SOURCE_EXPORTER, SOURCES, Target
 from scraper.kube.calls import Backoff, call
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.health import ApiHealth
 from scraper.kube.informer import WATCH_BACKOFF, ListWatch
+from scraper.shared.errors import ConfigError
+from scraper.shared.policy import overrides_of
+from scraper.shared.targets import SOURCE_EXPORTER, SOURCES, Target
 from scraper.syntax import IntervalOutOfRange, parse_interval
-from scraper.write.policy import overrides_of
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ thread of its own, backs off with the same :class:`Backoff`.
 
 Every try has a **deadline** (:func:`deadline_of`): the caller's wait ends then,
 whatever the worker thread still waits for, so no decision waits longer than it
-planned (issue 13, input 11: the client's hidden urllib3 retries stacked a 10 s read
-timeout four times).  The client itself is built without those retries
-(:func:`scraper.kube.client.without_retries`), so the thread ends within its
-``_request_timeout`` too and does not keep a worker long after the caller gave up.
+planned (docs/decisions.md, "Every API call has a deadline").  The client itself is
+built without urllib3's own retries (:func:`scraper.kube.client.without_retries`), so
+the thread ends within its ``_request_timeout`` too and does not keep a worker long
+after the caller gave up.
 """
 
 from __future__ import annotations

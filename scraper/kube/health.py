@@ -1,11 +1,9 @@
-"""Whether the API server answers, and a cheap probe while it does not (issue 21, input 6).
+"""Whether the API server answers, and a cheap probe while it does not.
 
 Each part that talks to the API server retries on a backoff of its own (queued writes:
-0.2 s doubling to 30 s; watches: 0.5 s doubling to 30 s).  During an outage those
-timers grow, and after an 18 s outage they kept finals waiting 3-9 s after the API
-server was ready again, and a pod watch "retrying in 21.5s" (measured on main,
-``benchmarks/reports/recovery-2026-12-01.md``).  :class:`ApiHealth` ties the retries to
-the API server's state instead:
+0.2 s doubling to 30 s; watches: 0.5 s doubling to 30 s), and during an outage those
+timers grow past its end (docs/decisions.md, "Retries follow the API server's
+health").  :class:`ApiHealth` ties the retries to the API server's state instead:
 
 * a call that finds the API server unreachable (:func:`unreachable`: connection refused
   or reset, a try past its deadline) reports it (:meth:`ApiHealth.lost`);

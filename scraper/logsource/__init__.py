@@ -1,6 +1,6 @@
 """Progress from a training's own output, read through the pods/log API.
 
-For trainings nobody instrumented (issue 22): the scraper reads the rank-0 trainer
+For trainings nobody instrumented: the scraper reads the rank-0 trainer
 container's log and turns what the training's framework prints into a
 TrainerStatus.  One module per job:
 

@@ -34,11 +34,11 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.status import StatusError, TrainerStatus
-from scraper.discovery.targets import Target
 from scraper.kube.calls import call
 from scraper.kube.client import request_timeout
 from scraper.logsource.progress import LogProgress
-from scraper.scrape.exporter import Failure, FailureKind, Fresh, NothingYet, ScrapeResult
+from scraper.shared.scrapes import Failure, FailureKind, Fresh, NothingYet, ScrapeResult
+from scraper.shared.targets import Target
 
 log = logging.getLogger(__name__)
 

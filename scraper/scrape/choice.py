@@ -13,9 +13,9 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from scraper.discovery.targets import Target
 from scraper.scrape.loop import TargetState
 from scraper.scrape.target_table import TargetTable
+from scraper.shared.targets import Target
 
 log = logging.getLogger(__name__)
 

@@ -2,13 +2,12 @@
 
 Knows the exporter's wire contract (docs/architecture.md) and nothing of the
 Kubernetes API.  One keep-alive pool (:class:`scraper.scrape.http_exchange.ConnectionPool`,
-the scrape's own lean HTTP/1.1 client: aiohttp's cost as much CPU as Prometheus's whole
-scrape, benchmarks/reports/scrape-cost-2026-12-02.md) serves every target; each scrape
+the scrape's own lean HTTP/1.1 client) serves every target; each scrape
 has a timeout, a body-size cap, never follows redirects and waits for a slot under a
 concurrency cap.
 
-Slots come in two lanes (issue 13, input 12: 48 hung exporters beside 20 healthy
-ones took the slots, and the healthy ones got 174 of 400 scrapes).  A target whose
+Slots come in two lanes (docs/decisions.md, "Hung exporters get a lane of their
+own").  A target whose
 last :data:`HUNG_AFTER` scrapes timed out is *hung*: its scrapes take a slot of the
 small hung lane (:func:`hung_slots` of ``concurrency``) and never wait for one (a
 full lane skips the run at once), so however many exporters of one namespace
@@ -22,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import functools
 import math
 import re
@@ -36,7 +34,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter_lib.hold_policy import WRITE_POLICY_HEADER
 from exporter_lib.pod import POD_HEADER, PodIdentity, hostname_label
 from exporter_lib.status import StatusError, TrainerStatus, metric_value_text
-from scraper.discovery.targets import Target
 from scraper.scrape.http_exchange import (
     BadAnswer,
     BodyTooLarge,
@@ -47,107 +44,24 @@ from scraper.scrape.http_exchange import (
     StaleConnection,
     endpoint,
 )
-from scraper.scrape.sequence import SEQUENCE_HEADER, Sequence, sequence_of
+from scraper.shared.scrapes import (
+    Busy,
+    Failure,
+    FailureKind,
+    Fresh,
+    NothingYet,
+    NotModified,
+    ScrapeResult,
+    WrongPod,
+)
+from scraper.shared.sequence import SEQUENCE_HEADER, Sequence, sequence_of
+from scraper.shared.targets import Target
 
 #: JSON first; the Prometheus text format is the fallback any exporter can serve.
 ACCEPT = "application/json, text/plain;version=0.0.4;q=0.5, */*;q=0.1"
 USER_AGENT = "trainjob-scraper/0.1"
 #: The request headers of a scrape without an ETag (never mutated).
 HEADERS = {"Accept": ACCEPT, "Accept-Encoding": "identity"}
-
-
-class FailureKind(enum.Enum):
-    """Why a scrape gave no status.  ``value`` is the metrics/Event label."""
-
-    REFUSED = "refused"  # nothing listens: not instrumented (backed off, no Event)
-    UNREACHABLE = "unreachable"  # connect failed otherwise (backed off, no Event)
-    TIMEOUT = "timeout"
-    TOO_LARGE = "too_large"
-    REDIRECT = "redirect"
-    HTTP_ERROR = "http_error"
-    INVALID = "invalid"
-
-    @property
-    def not_instrumented(self) -> bool:
-        """True for failures that mean "no exporter here", which are only backed off."""
-        return self in (FailureKind.REFUSED, FailureKind.UNREACHABLE)
-
-
-@dataclass(frozen=True)
-class Fresh:
-    """A new status.  ``etag`` is the response's ETag (None when absent); ``max_wait`` the
-    exporter's longest wait when it serves waiting scrapes (:func:`max_wait_of`);
-    ``sequence`` the answer's place in its exporter's order
-    (:data:`scraper.scrape.sequence.SEQUENCE_HEADER`; None without the header);
-    ``by_policy``: the exporter holds waiting scrapes by the stated write policy
-    (contract 3, :func:`holds_by_policy`); ``identified``: False when an exporter's
-    answer stated no pod (no :data:`~exporter_lib.pod.POD_HEADER`), so that it may be
-    another pod's at a shared address (:class:`SharedAddress`)."""
-
-    status: TrainerStatus
-    etag: str | None
-    max_wait: float | None = None
-    sequence: Sequence | None = None
-    by_policy: bool = False
-    identified: bool = True
-
-
-@dataclass(frozen=True)
-class NotModified:
-    """304: the status is the one the given ETag names (``max_wait`` and ``by_policy`` as
-    in :class:`Fresh`)."""
-
-    max_wait: float | None = None
-    by_policy: bool = False
-
-
-@dataclass(frozen=True)
-class NothingYet:
-    """204 (or text without trainjob series): the job has not reported yet."""
-
-    max_wait: float | None = None
-    by_policy: bool = False
-
-
-@dataclass(frozen=True)
-class Failure:
-    """No status; ``detail`` is one human-readable line (for logs and Events)."""
-
-    kind: FailureKind
-    detail: str
-
-
-@dataclass(frozen=True)
-class Busy:
-    """No scrape: every slot stayed taken for a whole scrape timeout.
-
-    The scraper is behind (too many slow or hung exporters for ``--concurrency``);
-    nothing is known about this target, so it is neither up nor down.
-    """
-
-
-@dataclass(frozen=True)
-class WrongPod:
-    """The answer came from another pod than the target's (issue 21, input 2): its pod
-    IP was reused while the pod watch still showed the old pod there.  Nothing of the
-    answer is used.  ``reason`` (``uid``, ``name``, ``namespace``, ``hostname``) names
-    the first stated part that differs; ``detail`` is one line for logs and Events."""
-
-    reason: str
-    detail: str
-
-
-@dataclass(frozen=True)
-class SharedAddress:
-    """An answer that states no pod identity, while more than one live pod is known at
-    the target's address (issue 27, point 3): it may be any of them, so nothing of it is
-    used.  Made by the loop (:class:`scraper.scrape.loop.ScrapeLoop`) from an unidentified
-    :class:`Fresh`; ``pods`` are the keys (``namespace/pod``) known there."""
-
-    pods: tuple[str, ...]
-
-
-ScrapeResult = Fresh | NotModified | NothingYet | Failure | Busy | WrongPod | SharedAddress
 
 
 def wrong_pod(target: Target, stated: PodIdentity | None) -> WrongPod | None:
@@ -322,7 +236,7 @@ class ExporterScraper:
         Without this, every deleted pod left its idle connection pooled until the
         keep-alive ended (120 s), since the pool's cap counts only connections in use:
         under pod churn thousands of sockets, parsers and buffers to gone pods stayed
-        open (issue 13, input 8).
+        open.
         """
         if target.key in self._in_flight:
             self._gone[target.key] = target

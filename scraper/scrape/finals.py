@@ -23,7 +23,6 @@ from scraper.scrape.loop import (
     DETAIL_MAX,
     FINAL_SETTLED,
     REASON_FINAL_INVALID,
-    FinalDue,
     ScrapeLoop,
     TargetState,
 )
@@ -83,8 +82,8 @@ class OwedFinals:
         finally:
             if settled:
                 self._settled(state)
-            elif state.final is FinalDue.APPLYING:
-                state.final = FinalDue.OWED
+            else:
+                state.final_still_owed()
 
     def owe_deleted(self, pod: dict[str, Any], verdict: Verdict,
                     state: TargetState | None = None, requested: float | None = None) -> None:
@@ -112,8 +111,8 @@ class OwedFinals:
             if state is None:
                 state = TargetState(JobView(final.namespace, final.trainjob, final.pod_name),
                                     uid=uid, dropped=True)
-            state.attempt = restart_attempt(pod)
-            state.end(dataclasses.replace(final, trainjob_uid=verdict.trainjob_uid))
+            state.end(dataclasses.replace(final, trainjob_uid=verdict.trainjob_uid),
+                      restart_attempt(pod))
             self.keep(state)
             self.start(state)
 
@@ -126,7 +125,7 @@ class OwedFinals:
                 self.start(state)
 
     def _settled(self, state: TargetState) -> None:
-        state.final = FinalDue.SETTLED
+        state.final_settled()
         if state.dropped:
             self._unowe(state)
 
@@ -144,7 +143,7 @@ class OwedFinals:
     def trainjob_gone(self, trainjob: TrainJobKey) -> None:
         """Let go of every final owed to a TrainJob that is gone."""
         for state in list(self.owed.get(trainjob, {}).values()):
-            state.final = FinalDue.SETTLED
+            state.final_settled()
             self._unowe(state)
 
     def sizes(self) -> dict[str, int]:

@@ -1,14 +1,9 @@
 """The scrape's HTTP exchange: one GET over a pooled keep-alive connection.
 
-A scrape is one small GET answered by one small body.  This module's exchange (an
-:class:`asyncio.Protocol` per connection and the llhttp parser of ``httptools``) costs
-less CPU per GET than aiohttp's ``ClientSession.get``, and at the defaults (interval
-30 s, waiting scrapes) at 10,000 TrainJobs the difference is more than the 5 % of a core
-that issue 28 set as the bar for keeping a client of our own: the figures, their
-settings and what they leave out are in benchmarks/reports/scrape-client-2026-12-03.md
-(earlier: scrape-cost-2026-12-01.md and scrape-cost-2026-12-02.md).  aiohttp stays for
-the scraper's own server (``/metrics``) and the status writes; the exporter's server is
-``exporter_lib.server`` (asyncio, requests parsed by h11).
+A scrape is one small GET answered by one small body: an :class:`asyncio.Protocol` per
+connection with the llhttp parser of ``httptools`` (why not aiohttp's client:
+docs/decisions.md, "The scrape has an HTTP client of its own").  aiohttp serves the
+scraper's own ``/metrics`` and makes the status writes.
 
 What it does, and nothing more: HTTP/1.1 GET to ``http://host:port/path``; a keep-alive
 pool per ``(host, port)``; at most ``limit`` connections in use (0: no limit); an idle
@@ -33,8 +28,8 @@ from dataclasses import dataclass
 
 import httptools
 
-#: Seconds an idle pooled connection is kept (as the aiohttp connector's keepalive_timeout
-#: the scraper used before).
+#: Seconds an idle pooled connection is kept: four default scrape intervals (30 s), so a
+#: polled target reuses its connection.
 KEEPALIVE_SECONDS = 120.0
 #: Longest answer head (status line and headers) accepted, bytes; a chunked answer's
 #: trailer section has the same bound.

@@ -20,7 +20,7 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
   max-wait=N`` gets one held request at a time (``Prefer: wait=N`` with the ETag),
   opened no sooner than one interval after its previous answer; any failure, or an
   answer without the header, goes back to polling.  Each held request states the
-  TrainJob's write policy (:mod:`scraper.write.policy`, header
+  TrainJob's write policy (:mod:`scraper.shared.policy`, header
   :data:`~exporter_lib.hold_policy.WRITE_POLICY_HEADER`); an exporter of contract 3
   then answers only for a change that will be written, so its next request is opened
   no sooner than the *progress floor* after its previous answer instead of the
@@ -39,7 +39,7 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
   is written once.  A scrape that returns after the pod ended writes nothing, so the
   final status wins.
 * Order and news (docs/scraper.md, "Other writers and time"): an answer whose
-  exporter sequence (:data:`scraper.scrape.sequence.SEQUENCE_HEADER`) is lower than the
+  exporter sequence (:data:`scraper.shared.sequence.SEQUENCE_HEADER`) is lower than the
   last one of the same exporter process is late and dropped (``scrapes_total{result=
   "late"}``); each status goes to the writer with when its content (values, time,
   sequence) was first seen, so an exporter answering the same content again is no
@@ -64,9 +64,10 @@ from typing import Protocol
 from exporter_lib.hold_policy import format_policy
 from exporter_lib.status import TrainerStatus
 from scraper.discovery.pods import Final
-from scraper.discovery.targets import Target
-from scraper.discovery.trainjobs import TrainJobGone
-from scraper.scrape.exporter import (
+from scraper.scrape.exporter import excerpt
+from scraper.shared.outcome import WriteOutcome
+from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
+from scraper.shared.scrapes import (
     Busy,
     Failure,
     FailureKind,
@@ -76,12 +77,11 @@ from scraper.scrape.exporter import (
     ScrapeResult,
     SharedAddress,
     WrongPod,
-    excerpt,
 )
-from scraper.scrape.sequence import Sequence, is_late
+from scraper.shared.sequence import Sequence, is_late
+from scraper.shared.targets import Target
+from scraper.shared.trainjobs import TrainJobGone
 from scraper.telemetry import JobView
-from scraper.write.outcome import WriteOutcome
-from scraper.write.policy import DEFAULT_POLICY, WritePolicy
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ _SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.NOT_STORE
 
 
 #: Outcomes of a final's apply after which it is owed no more: on the TrainJob (or found
-#: there), another writer's newer status stands (write.rules), the CRD cannot store it.
+#: there), another writer's newer status stands (decide.others), the CRD cannot store it.
 FINAL_SETTLED = (WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED, WriteOutcome.DEFERRED,
                   WriteOutcome.NOT_STORED)
 
@@ -142,7 +142,7 @@ class Scraper(Protocol):
 class StatusWriter(Protocol):
     """Applies (or queues) a status for a TrainJob; ``final`` for a final status.
 
-    Raises :class:`~scraper.discovery.trainjobs.TrainJobGone` when the TrainJob does not
+    Raises :class:`~scraper.shared.trainjobs.TrainJobGone` when the TrainJob does not
     exist; any other exception counts as a failed write.
     """
 
@@ -230,10 +230,40 @@ class TargetState:
         """``(namespace, trainjob)``: the object whose status this pod reports."""
         return (self.view.namespace, self.view.trainjob)
 
-    def end(self, final: Final) -> None:
-        """The pod ended (or its end was seen again): its final is owed unless settled."""
+    def end(self, final: Final, attempt: int | None = None) -> None:
+        """The pod ended (or its end was seen again): its final is owed unless settled;
+        ``attempt``: its restart attempt (None: unchanged)."""
         self.ended = final
+        if attempt is not None:
+            self.attempt = attempt
         if self.final is None:
+            self.final = FinalDue.OWED
+
+    def stop_scraping(self, final: Final, attempt: int) -> None:
+        """The pod ended while it was a target: no target, no waiting scrape, down, and
+        its final owed (:meth:`end`)."""
+        self.target = None
+        self.stop_holding()
+        self.end(final, attempt)
+        self.view.up = False
+
+    def drop(self) -> None:
+        """The state left the table (pod gone, TrainJob gone, replaced)."""
+        self.dropped = True
+        self.stop_holding()
+
+    def exporter_did_answer(self) -> None:
+        """Its exporter answered a scrape (an ``auto`` source's final is then the
+        exporter's)."""
+        self.exporter_answered = True
+
+    def final_settled(self) -> None:
+        """Its final needs no write (applied, superseded, or its TrainJob gone)."""
+        self.final = FinalDue.SETTLED
+
+    def final_still_owed(self) -> None:
+        """A finalize ended without settling the final: owed again (no-op otherwise)."""
+        if self.final is FinalDue.APPLYING:
             self.final = FinalDue.OWED
 
     @property
@@ -279,7 +309,7 @@ class ScrapeLoop:
         count_wrong_pod: called with :attr:`WrongPod.reason` for each answer from
             another pod.
         policy_of: the write policy of a TrainJob by ``(namespace, name)``
-            (:class:`scraper.write.policy.PolicyResolver`), stated in held requests.
+            (:class:`scraper.shared.policy.PolicyResolver`), stated in held requests.
         on_retry: ``(target key, seconds)``: run the target again within that many
             seconds (a target still starting; :meth:`TargetScheduler.run_within`).
         pods_at: keys of the live pods known at a target URL's ``host:port``

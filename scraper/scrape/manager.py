@@ -43,12 +43,13 @@ from scraper.discovery.pods import (
     final_from_deleted,
     pod_key,
 )
-from scraper.discovery.targets import SOURCES, Target
 from scraper.scrape.choice import Scheduler, TargetChoice
 from scraper.scrape.finals import OwedFinals
 from scraper.scrape.loop import ScrapeLoop, TargetState
 from scraper.scrape.pod_checks import PodChecks
 from scraper.scrape.target_table import AddressIndex, TargetTable
+from scraper.shared.leadership import Leadership
+from scraper.shared.targets import SOURCES, Target
 from scraper.telemetry import JobView
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,20 @@ class PodsNotApplied(Exception):
         self.__cause__ = first
 
 
+def _source_of(pod: dict[str, Any], decision: Scrape | Final,
+               trainjob_source: Callable[[str, str], str | None]) -> str:
+    """The pod's own source annotation, else its TrainJob's (when valid), else the
+    default."""
+    current = decision.target.source if isinstance(decision, Scrape) else decision.source
+    if ANNOTATION_SOURCE in ((pod.get("metadata") or {}).get("annotations") or {}):
+        return current
+    namespace = (pod.get("metadata") or {}).get("namespace", "")
+    trainjob = decision.target.trainjob if isinstance(decision, Scrape) else \
+        decision.trainjob
+    inherited = trainjob_source(namespace, trainjob)
+    return inherited if inherited in SOURCES else current
+
+
 class TargetManager:
     """The table of targets and what changes it.
 
@@ -83,7 +98,10 @@ class TargetManager:
         spawn: starts a background coroutine (the final status writes) and tracks it.
         forget: called with ``(namespace, trainjob)`` when a TrainJob is gone.
         default_port, default_path, default_interval: for pods without annotations.
-        leading: whether this replica scrapes now (set through :meth:`set_leading`).
+        leading: whether this replica scrapes now (set through :meth:`set_leading`): a
+            shared :class:`~scraper.shared.leadership.Leadership`, or its value.
+        addresses, states: the pods by exporter address and the per-pod states, shared
+            with the scrape loop and the telemetry (None: new ones).
         identify: the owner-chain check of a pod (:class:`scraper.discovery.identity.Identity`);
             a pod that fails it is not a target; one that is not verified (yet) is
             checked again by :meth:`recheck` when a link of its chain changes.
@@ -102,10 +120,12 @@ class TargetManager:
         default_port: int,
         default_path: str,
         default_interval: float,
-        leading: bool,
+        leading: bool | Leadership,
         identify: Callable[[dict[str, Any]], Verdict] = lambda pod: Belongs(""),
         on_dropped: Callable[[Target], None] = lambda target: None,
         trainjob_source: Callable[[str, str], str | None] = lambda namespace, name: None,
+        addresses: AddressIndex | None = None,
+        states: TargetTable | None = None,
     ) -> None:
         self._trainjob_source = trainjob_source
         self._loop = loop
@@ -114,22 +134,32 @@ class TargetManager:
         self._default_port = default_port
         self._default_path = default_path
         self._default_interval = default_interval
-        self.leading = leading
+        self.leadership = (leading if isinstance(leading, Leadership)
+                           else Leadership(leading))
         #: Per-pod states by ``namespace/pod``, indexed by TrainJob: every pod event
         #: touches one TrainJob's states, never a scan of the table.
-        self.states = TargetTable()
+        self.states = states if states is not None else TargetTable()
         #: Pods by exporter address: an answer without identity is refused while two
         #: share one (scraper/scrape/loop.py, SharedAddress).
-        self.addresses = AddressIndex()
-        self.choice = TargetChoice(self.states, scheduler, lambda: self.leading)
+        self.addresses = addresses if addresses is not None else AddressIndex()
+        self.choice = TargetChoice(self.states, scheduler, self.leadership)
         self.checks = PodChecks(identify)
-        self.finals = OwedFinals(loop, spawn=spawn, leading=lambda: self.leading,
+        self.finals = OwedFinals(loop, spawn=spawn, leading=self.leadership,
                                  superseded=self.choice.superseded_by_attempt,
                                  park=self.checks.park)
         self._on_dropped = on_dropped
         # The earliest deletion request of each pod being deleted: a kubelet's grace-0
         # confirmation rewrites the pod's own (scraper/discovery/deletions.py).
         self.deletions = DeletionRequests()
+
+    @property
+    def leading(self) -> bool:
+        """Whether this replica scrapes now (:attr:`leadership`)."""
+        return self.leadership.leading
+
+    @leading.setter
+    def leading(self, leading: bool) -> None:
+        self.leadership.leading = leading
 
     async def run(self, key: str) -> None:
         """The scheduler's job for ``key``: one run of its scrape loop."""
@@ -251,7 +281,7 @@ class TargetManager:
             self.checks.park(key, pod, verdict.links)
             return
         self.checks.release(key)
-        source = self._source(pod, decision)
+        source = _source_of(pod, decision, self._trainjob_source)
         if isinstance(decision, Scrape):
             decision = Scrape(dataclasses.replace(decision.target, source=source,
                                                   trainjob_uid=verdict.trainjob_uid))
@@ -275,28 +305,12 @@ class TargetManager:
         elif isinstance(decision, Final):
             if state.target is not None:
                 self._on_dropped(state.target)
-            state.target = None
+            state.stop_scraping(decision, restart_attempt(pod))
             self.addresses.place(key, None)
-            state.stop_holding()
-            state.end(decision)
-            state.attempt = restart_attempt(pod)
-            state.view.up = False
             self.choice.ranked(key, None)
             self._scheduler.unschedule(key)
             self.choice.choose(state.trainjob_key)
             self.finals.start(state)
-
-    def _source(self, pod: dict[str, Any], decision: Scrape | Final) -> str:
-        """The pod's own source annotation, else its TrainJob's (when valid), else the
-        default."""
-        current = decision.target.source if isinstance(decision, Scrape) else decision.source
-        if ANNOTATION_SOURCE in ((pod.get("metadata") or {}).get("annotations") or {}):
-            return current
-        namespace = (pod.get("metadata") or {}).get("namespace", "")
-        trainjob = decision.target.trainjob if isinstance(decision, Scrape) else \
-            decision.trainjob
-        inherited = self._trainjob_source(namespace, trainjob)
-        return inherited if inherited in SOURCES else current
 
     def recheck(self, link: Link | None = None) -> None:
         """Check again the pods whose owner chain did not verify and that wait on ``link``
@@ -328,8 +342,7 @@ class TargetManager:
         self.checks.release(key)
         self.addresses.place(key, None)
         if state is not None:
-            state.dropped = True
-            state.stop_holding()
+            state.drop()
             if state.target is not None:
                 self._on_dropped(state.target)
             self.choice.choose(state.trainjob_key)  # another pod may take over
@@ -351,8 +364,8 @@ class TargetManager:
         return self.choice.chosen()
 
     def sizes(self) -> dict[str, int]:
-        """Entries of each map kept per pod or TrainJob (issue 27, deliverable 6: each is
-        bounded by the live objects)."""
+        """Entries of each map kept per pod or TrainJob (each is bounded by the live
+        objects)."""
         return {**self.states.sizes(), **self.finals.sizes(), **self.choice.sizes(),
                 **self.checks.sizes(),
                 "deletions": len(self.deletions)}

@@ -37,7 +37,7 @@ from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from scraper.discovery.targets import Target
+from scraper.shared.targets import Target
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +56,14 @@ SKIP_WARNING_PERIOD = 60.0
 SOON_SECONDS = 1.0
 #: Early first runs per second at most.  Beyond that a surge (the lists at start-up and
 #: at a Lease gain) takes turns: the k-th target over the rate runs about k / this
-#: seconds later, or at its phase when that comes first.  Before, every target over the
-#: first 50 waited for its phase: after a restart with 200 targets, 150 of them were
-#: polled for up to an interval and their percentages waited for it (issue 26).
+#: seconds later, or at its phase when that comes first (docs/decisions.md, "Early
+#: first scrapes take turns").
 SOON_PER_SECOND = 50.0
+
+
+#: APScheduler instances of one target's job: the running scrape and a run that finds
+#: it running and returns at once (:meth:`TargetScheduler._run`).
+_INSTANCES = 2
 
 
 def offset_seconds(key: str, interval: float) -> float:
@@ -84,11 +88,6 @@ def first_run(key: str, interval: float, now: float | None = None) -> datetime:
     return datetime.fromtimestamp(at, UTC)
 
 
-def _drop_skip_warnings(record: logging.LogRecord) -> bool:
-    """Logging filter: False for APScheduler's per-run "skipped" warning."""
-    return "maximum number of running instances reached" not in record.getMessage()
-
-
 def _drop_cancelled_runs(record: logging.LogRecord) -> bool:
     """Logging filter: False for APScheduler's ERROR about a run that was cancelled.
 
@@ -101,9 +100,11 @@ def _drop_cancelled_runs(record: logging.LogRecord) -> bool:
 class TargetScheduler:
     """Runs ``scrape(key)`` for every scheduled target on its interval.
 
-    Jobs never overlap for one target (``max_instances=1``); runs missed while
-    the loop was busy are coalesced into one (``coalesce=True``) and run late
-    rather than dropped.
+    Scrapes never overlap for one target: a run that finds the target's previous
+    scrape still running returns at once and is counted as skipped (:meth:`_run`;
+    APScheduler allows the job :data:`_INSTANCES` instances, so it never skips or warns
+    itself); runs missed while the loop was busy are coalesced into one
+    (``coalesce=True``) and run late rather than dropped.
     """
 
     def __init__(self, scrape: ScrapeFunc,
@@ -115,15 +116,25 @@ class TargetScheduler:
         self._on_skipped = on_skipped
         self._scheduler = AsyncIOScheduler(timezone=UTC)
         self._scheduler.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES)
-        # APScheduler warns once per skipped run: a line per target per interval
-        # when the scraper falls behind.  _skipped() counts them and warns per minute.
-        logging.getLogger("apscheduler.scheduler").addFilter(_drop_skip_warnings)
         logging.getLogger("apscheduler.executors.default").addFilter(_drop_cancelled_runs)
         self._scheduled: dict[str, Target] = {}
+        self._running: set[str] = set()  # keys whose scrape is in flight
         self._soon_tokens = SOON_PER_SECOND
         self._soon_refilled = time.monotonic()
         self._skips = 0
         self._last_warning = float("-inf")
+
+    async def _run(self, key: str) -> None:
+        """The job of ``key``: its scrape, unless its previous one is still running
+        (then a skipped run, counted; APScheduler's own skip would warn on every run)."""
+        if key in self._running:
+            self.note_skipped(key, "its previous scrape was still running")
+            return
+        self._running.add(key)
+        try:
+            await self._scrape(key)
+        finally:
+            self._running.discard(key)
 
     def _skipped(self, event: JobSubmissionEvent) -> None:
         self.note_skipped(event.job_id, "its previous scrape was still running")
@@ -206,14 +217,14 @@ class TargetScheduler:
             if early is not None:
                 extra["next_run_time"] = early
         self._scheduler.add_job(
-            self._scrape,
+            self._run,
             IntervalTrigger(seconds=target.interval,
                             start_date=first_run(target.key, target.interval), timezone=UTC),
             args=(target.key,),
             id=target.key,
             name=target.key,
             replace_existing=True,
-            max_instances=1,
+            max_instances=_INSTANCES,
             coalesce=True,
             misfire_grace_time=None,
             **extra,

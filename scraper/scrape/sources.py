@@ -8,7 +8,8 @@ A pod's ``trainjob-progress.dev/source`` annotation picks (docs/scraper.md):
 * ``auto``: the exporter while one answers; when nothing listens (refused or
   unreachable: not instrumented), the log.
 
-Both sources give the same :data:`~scraper.scrape.exporter.ScrapeResult`, so the scrape loop's
+Both sources give the same :data:`~scraper.shared.scrapes.ScrapeResult` (each is a
+:class:`~scraper.shared.scrapes.Source`), so the scrape loop's
 rules, the write queue and its budget are the same for either.
 """
 
@@ -16,15 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from scraper.discovery.targets import SOURCE_AUTO, SOURCE_LOGS, Target
-from scraper.logsource.reader import LogScraper
-from scraper.scrape.exporter import ExporterScraper, Failure, ScrapeResult
+from scraper.scrape.exporter import ExporterScraper
+from scraper.shared.scrapes import Failure, ScrapeResult, Source
+from scraper.shared.targets import SOURCE_AUTO, SOURCE_LOGS, Target
 
 
 class SourceScraper:
     """Sends each scrape to the exporter or the log, as the target's source says."""
 
-    def __init__(self, exporter: ExporterScraper, logs: LogScraper | None, *,
+    def __init__(self, exporter: ExporterScraper, logs: Source | None, *,
                  on_exporter_answer: Callable[[Target], None] = lambda target: None) -> None:
         """``on_exporter_answer``: called with an ``auto`` target whose exporter answered
         (its final status is then the exporter's, never the log's); the caller keeps

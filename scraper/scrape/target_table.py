@@ -24,7 +24,7 @@ class TargetTable(MutableMapping[str, TargetState]):
         self._by_trainjob: dict[TrainJobKey, dict[str, None]] = {}  # ordered sets
 
     def sizes(self) -> dict[str, int]:
-        """Entries of each map kept (for the bound checks of issue 27, deliverable 6)."""
+        """Entries of each map kept (each is bounded by the live objects)."""
         return {"states": len(self._states), "states_by_trainjob": len(self._by_trainjob)}
 
     def __getitem__(self, key: str) -> TargetState:

@@ -29,65 +29,25 @@ The threshold (docs/scraper.md, "Stall detection"):
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from exporter_lib.status import TrainerStatus
+from scraper.shared.stall_setting import AUTO as AUTO
+from scraper.shared.stall_setting import STALL_AFTER_MAX_SECONDS as STALL_AFTER_MAX_SECONDS
+from scraper.shared.stall_setting import STALL_AFTER_MIN_SECONDS as STALL_AFTER_MIN_SECONDS
+from scraper.shared.stall_setting import STALL_FLOOR_SECONDS as STALL_FLOOR_SECONDS
+from scraper.shared.stall_setting import STALL_GAP_FACTOR as STALL_GAP_FACTOR
+from scraper.shared.stall_setting import STALL_INTERVALS_MIN as STALL_INTERVALS_MIN
+from scraper.shared.stall_setting import StallSettingError as StallSettingError
+from scraper.shared.stall_setting import parse_stall_after as parse_stall_after
 
 # The TrainJob annotations (defined with the store that reads them): the one that sets a
 # TrainJob's threshold (``auto``, ``0`` for off, or a duration such as ``10m``), and the
 # one the scraper writes while the training is stalled (the time of its last change, RFC
 # 3339 UTC; removed when it moves again or stops being watched).
-from scraper.discovery.trainjobs import STALL_AFTER_ANNOTATION as STALL_AFTER_ANNOTATION
-from scraper.discovery.trainjobs import STALLED_SINCE_ANNOTATION as STALLED_SINCE_ANNOTATION
-from scraper.syntax import parse_duration
-
-#: ``auto``: the threshold is never below this (seconds).
-STALL_FLOOR_SECONDS = 300.0
-#: ``auto``: the threshold is this many times the longest gap seen.
-STALL_GAP_FACTOR = 3.0
-#: A given threshold is never below this many scrape intervals.
-STALL_INTERVALS_MIN = 2.0
-#: Bounds of a given threshold (seconds; ``0`` is off and always valid).
-STALL_AFTER_MIN_SECONDS = 5.0
-STALL_AFTER_MAX_SECONDS = 30 * 86400.0
-
-AUTO = "auto"
-
-
-class StallSettingError(ValueError):
-    """A threshold that is not ``auto``, ``0`` or a duration within the bounds; the
-    message names the field, the value and the limit."""
-
-
-def parse_stall_after(value: object, field_name: str) -> float | None:
-    """A threshold setting: None for ``auto``, ``0.0`` for off, else seconds.
-
-    Args:
-        value: ``auto``, ``0``, a duration (``90s``, ``10m``, ``1h30m``) or a number of
-            seconds.
-        field_name: named in the error (the flag or the annotation).
-
-    Raises:
-        StallSettingError: e.g. ``trainjob-progress.dev/stall-after='2s': must be 0 (off),
-        auto, or between 5s and 30 days``.
-    """
-    if value is None or (isinstance(value, str) and value.strip().lower() == AUTO):
-        return None
-    limit = (f"must be 0 (off), {AUTO}, or between {STALL_AFTER_MIN_SECONDS:g}s and "
-             f"{STALL_AFTER_MAX_SECONDS / 86400:g} days")
-    try:
-        seconds = parse_duration(value)
-        if not math.isfinite(seconds):
-            raise ValueError(value)
-    except ValueError:
-        raise StallSettingError(f"{field_name}={value!r}: not a duration; {limit}") from None
-    if seconds == 0:
-        return 0.0
-    if not STALL_AFTER_MIN_SECONDS <= seconds <= STALL_AFTER_MAX_SECONDS:
-        raise StallSettingError(f"{field_name}={value!r}: {limit}")
-    return seconds
+from scraper.shared.trainjobs import STALL_AFTER_ANNOTATION as STALL_AFTER_ANNOTATION
+from scraper.shared.trainjobs import STALLED_SINCE_ANNOTATION as STALLED_SINCE_ANNOTATION
 
 
 def auto_threshold(longest_gap: float, interval: float) -> float:

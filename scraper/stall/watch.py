@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,8 +41,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporter_lib.status import TrainerStatus
-from scraper.discovery.trainjobs import TrainJobKey, TrainJobRecord
-from scraper.scrape.loop import TargetState
+from scraper.shared.trainjobs import TrainJobKey, TrainJobRecord
 from scraper.stall.rule import (
     STALL_AFTER_ANNOTATION,
     STALL_FLOOR_SECONDS,
@@ -92,18 +91,6 @@ class Observed:
     status: TrainerStatus | None
     answers: bool
 
-
-
-def observed(chosen: Mapping[TrainJobKey, TargetState]) -> list[Observed]:
-    """The scraped target of every TrainJob (``TargetManager.chosen()``), as observed now;
-    a TrainJob whose chosen pod ended (no target) is left out."""
-    out = []
-    for key, state in chosen.items():
-        target = state.target
-        if target is not None:
-            out.append(Observed(key, target.trainjob_uid, target.pod_name, state.uid,
-                                target.interval, state.view.status, state.view.up is True))
-    return out
 
 
 class EventRecorder(Protocol):

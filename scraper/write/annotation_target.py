@@ -46,7 +46,7 @@ from exporter_lib.status import (
     TrainerStatus,
 )
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, encode_annotation
-from scraper.discovery.trainjobs import TrainJobRecord, Writer
+from scraper.shared.trainjobs import TrainJobRecord, Writer
 
 __all__ = [
     "Place",
@@ -130,7 +130,7 @@ def stored_after_apply(obj: dict[str, Any], place: Place, sent: TrainerStatus) -
 
 def writer_in(record: TrainJobRecord | None, place: Place) -> Writer | None:
     """Who wrote what ``record`` holds in ``place``
-    (:class:`scraper.discovery.trainjobs.Writer`)."""
+    (:class:`scraper.shared.trainjobs.Writer`)."""
     if record is None:
         return None
     return record.annotated_by if place is Place.ANNOTATION else record.status_by

@@ -1,7 +1,7 @@
 """What the status writer tells people, once per TrainJob: a Warning Event when the
 TrainJob CRD cannot store ``status.trainerStatus``, and a ``ClockSkew`` Event (with a log
 line and ``clock_skew_total``) when the ``lastUpdatedTime`` written is not the report's
-own (:func:`scraper.write.rules.settle_time`)."""
+own (:func:`scraper.write.settle.settle_time`)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from exporter_lib.status import TrainerStatus, format_time
-from scraper.discovery.trainjobs import TrainJobKey
 from scraper.kube.crd import CRD_NAME, REASON_UNSUPPORTED
 from scraper.kube.events import EventRecorder
+from scraper.shared.trainjobs import TrainJobKey
 from scraper.write.annotation_target import Place
 from scraper.write.queue import Pending
-from scraper.write.rules import FUTURE_LIMIT_SECONDS, Skew, settle_time
+from scraper.write.settle import FUTURE_LIMIT_SECONDS, Skew, settle_time
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class Notices:
     def settled(self, item: Pending, there: TrainerStatus | None,
                 uid: str) -> TrainerStatus:
         """``item.status`` with the ``lastUpdatedTime`` to write
-        (:func:`scraper.write.rules.settle_time`); a skew is logged once per TrainJob and
+        (:func:`scraper.write.settle.settle_time`); a skew is logged once per TrainJob and
         direction (a stored time in the future is its own case), counted each time and
         recorded as a ``ClockSkew`` Event."""
         arrived = datetime.fromtimestamp(item.arrived or self._wall(), UTC)

@@ -9,7 +9,7 @@ feeds it, :class:`scraper.write.worker.WriteWorker` drains it.
 Order of :meth:`WriteQueue.get` (the rule, tested in ``tests/scraper/test_write_queue.py``):
 
 1. only items that are due: a retry's backoff has passed, and the write policy's waits
-   (:mod:`scraper.write.policy`): a progress or metrics-only change no sooner than its
+   (:mod:`scraper.shared.policy`): a progress or metrics-only change no sooner than its
    ``gap`` (the progress floor) after the key's last write ended, a metrics-only change
    not before its ``metrics_due`` (the staleness bound);
 2. final statuses first, oldest first (in the order the pods ended);
@@ -34,11 +34,11 @@ deletion), never by a scan: :meth:`WriteQueue.take`, :meth:`WriteQueue.put` and
 Coalescing: a pending final status is never replaced by a non-final one (the final
 status wins); otherwise the newest status wins and the item takes the more urgent
 class of the two.  A retry's backoff stays, except that a final status joining a
-non-final item starts afresh, due at once (issue 21, input 6: a final inherited the
-backoff of its TrainJob's failed progress writes, up to 30 s); a metrics-only change's wait ends
-when a more urgent change joins (a progress change then carries the newest metrics), and
-a first or final status has no gap.  :meth:`WriteQueue.resume` (the API server answers
-again after an outage) makes every retry due at once, its backoff started over.
+non-final item starts afresh, due at once (docs/decisions.md, "A final starts its
+retries afresh"); a metrics-only change's wait ends when a more urgent change joins (a
+progress change then carries the newest metrics), and a first or final status has no
+gap.  :meth:`WriteQueue.resume` (the API server answers again after an outage) makes
+every retry due at once, its backoff started over.
 """
 
 from __future__ import annotations
@@ -46,27 +46,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from exporter_lib.status import TrainerStatus
+from scraper.shared.writes import Priority
 from scraper.write.order import WriteOrder
 
 #: Seconds of waiting that move a non-final item up one class.
 AGE_SECONDS = 10.0
 
 TrainJobKey = tuple[str, str]
-
-
-class Priority(enum.IntEnum):
-    """Write classes, most urgent first; ``name.lower()`` is the metrics label."""
-
-    FINAL = 0
-    FIRST = 1
-    PROGRESS = 2
-    METRICS = 3
 
 
 @dataclass(frozen=True)
@@ -87,7 +78,7 @@ class Pending:
         attempts: failed tries so far.
         since: monotonic time the key's last write ended (its queued time if none): the
             tie-break that makes a saturated queue round robin.
-        seen: when the status's content was first seen (:class:`scraper.write.rules.Report`).
+        seen: when the status's content was first seen (:class:`scraper.shared.writes.Report`).
         finished_at: a final's container end, epoch seconds (None: unknown or not final).
         arrived: epoch seconds the status arrived (the time written instead of a skewed one).
     """

@@ -7,14 +7,15 @@ apply, retrying until each is applied, superseded, or its TrainJob is gone.
   and is one aiohttp request on the loop (:class:`StatusApply`,
   :mod:`scraper.kube.apply_request`).
 * Writes are server-side apply patches on the ``status`` subresource with the
-  field manager :data:`scraper.write.outcome.FIELD_MANAGER` and ``force=true``
+  field manager :data:`scraper.shared.outcome.FIELD_MANAGER` and ``force=true``
   (``trainerStatus`` belongs to the scraper by contract; fields outside it are never
   sent).  Before each write the TrainJob's UID in the informer's store must be the one
   the status is meant for (a ``metadata.uid`` in the apply body is no precondition:
   kube-apiserver v1.37 accepts a status apply with a wrong UID, measured, so the check
   is ours).
-* Right before the request the rule for other writers decides again, against the
-  informer's newest (:class:`scraper.write.deferral.Deferrals`), and the
+* Right before the request the decision is asked again, against the informer's newest
+  (:class:`Decisions`: a report another writer's status now keeps out, or that the
+  TrainJob already holds, is not sent; its timing was the queue's), and the
   ``lastUpdatedTime`` to write is settled (:meth:`scraper.write.notices.Notices.settled`).
 * Every apply carries the ``metadata.resourceVersion`` its decision was made against:
   the API server answers 409 Conflict when the TrainJob changed since (measured on
@@ -53,7 +54,14 @@ from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION
-from scraper.discovery.trainjobs import (
+from scraper.kube.apply_body import encode_apply_body
+from scraper.kube.apply_request import ApplyClient
+from scraper.kube.calls import Backoff, call, deadline_of, is_transient, retry_after
+from scraper.kube.client import REQUEST_TIMEOUT
+from scraper.kube.crd import CrdSupport
+from scraper.kube.health import ApiHealth, answering, unreachable
+from scraper.shared.outcome import FIELD_MANAGER, NotLeader, WriteCounts, WriteOutcome
+from scraper.shared.trainjobs import (
     TrainJobGone,
     TrainJobKey,
     TrainJobRecord,
@@ -63,12 +71,7 @@ from scraper.discovery.trainjobs import (
     slim_trainjob,
     writers_of,
 )
-from scraper.kube.apply_body import encode_apply_body
-from scraper.kube.apply_request import ApplyClient
-from scraper.kube.calls import Backoff, call, deadline_of, is_transient, retry_after
-from scraper.kube.client import REQUEST_TIMEOUT
-from scraper.kube.crd import CrdSupport
-from scraper.kube.health import ApiHealth, answering, unreachable
+from scraper.shared.writes import Decision, Priority, Report, Skip, WriteVerdict
 from scraper.write.annotation_target import (
     Place,
     StatusTarget,
@@ -79,14 +82,11 @@ from scraper.write.annotation_target import (
     uid_precondition_failed,
     written,
 )
-from scraper.write.deferral import Deferrals
 from scraper.write.notices import Notices
-from scraper.write.outcome import FIELD_MANAGER, NotLeader, WriteOutcome
-from scraper.write.queue import Pending, Priority, WriteQueue
-from scraper.write.rules import Report, WriteVerdict
+from scraper.write.queue import Pending, WriteQueue
 
-__all__ = ["QUEUE_BACKOFF", "OurWrite", "StatusApply", "StatusRequest", "WriteWorker",
-           "writers_for"]
+__all__ = ["QUEUE_BACKOFF", "Decisions", "OurWrite", "StatusApply", "StatusRequest",
+           "WriteWorker", "writers_for"]
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,14 @@ class OurWrite:
     fresh_at: float = 0.0
 
 
+class Decisions(Protocol):
+    """Where the writer tasks ask the decision for a report right before its request
+    (:meth:`scraper.write.writer.StatusWriter.decision`)."""
+
+    def decision(self, key: TrainJobKey, record: TrainJobRecord | None, place: Place,
+                 report: Report, *, queued: bool = False) -> Decision: ...
+
+
 class StatusRequest(Protocol):
     """The apply request of one status (:meth:`apply`: a coroutine function, so
     :func:`scraper.kube.calls.call` runs it on the loop) and its connections."""
@@ -162,7 +170,7 @@ class StatusApply:
 
     Its path and body (with the ``metadata.resourceVersion`` precondition):
     :func:`scraper.write.annotation_target.apply_request`; field manager
-    :data:`~scraper.write.outcome.FIELD_MANAGER`, ``force=true``.
+    :data:`~scraper.shared.outcome.FIELD_MANAGER`, ``force=true``.
     """
 
     def __init__(self, api_client: ApiClient, *, connections: int) -> None:
@@ -200,15 +208,14 @@ class WriteWorker:
         crd: what is known of the TrainJob CRD.
         limiter: the token bucket of the writes.
         request: the apply request (:class:`StatusApply`).
-        deferrals: the rule for other writers, decided again before each request.
+        decisions: the decision, asked again before each request.
         notices: Events and log lines told once per TrainJob.
         ours: the last status this replica applied to each TrainJob, kept up to date here
             (shared with the queue side).
         place: where the next write goes (``status`` or the annotation).
         target: ``--status-target``.
         may_write: the leader fence, checked before every write.
-        on_write: called with each :class:`~scraper.write.outcome.WriteOutcome` of a try.
-        on_request: called with the seconds each apply request took.
+        counts: where each try's outcome and each request's seconds are counted.
         on_settled: called with ``(key, outcome)`` when a status leaves the queue
             (applied, refused, superseded), never for a retry.
         on_gone: called with ``(namespace, name)`` when a write finds the TrainJob gone.
@@ -226,14 +233,13 @@ class WriteWorker:
         crd: CrdSupport,
         limiter: AsyncLimiter,
         request: StatusRequest,
-        deferrals: Deferrals,
+        decisions: Decisions,
         notices: Notices,
         ours: dict[TrainJobKey, OurWrite],
         place: Callable[[], Place],
         target: StatusTarget,
         may_write: Callable[[], bool],
-        on_write: Callable[[WriteOutcome], None],
-        on_request: Callable[[float], None],
+        counts: WriteCounts,
         on_settled: Callable[[TrainJobKey, WriteOutcome | BaseException], None],
         on_gone: Callable[[str, str], None],
         health: ApiHealth | None = None,
@@ -246,14 +252,13 @@ class WriteWorker:
         self.crd = crd
         self._limiter = limiter
         self._request = request
-        self._deferrals = deferrals
+        self._decisions = decisions
         self._notices = notices
         self._ours = ours
         self._place = place
         self.target = target
         self._may_write = may_write
-        self._on_write = on_write
-        self._on_request = on_request
+        self._counts = counts
         self._on_settled = on_settled
         self._on_gone = on_gone
         self._health = health
@@ -304,7 +309,7 @@ class WriteWorker:
             finally:
                 self.queue.done(item, retry_in=retry_in)
             if outcome is not None:
-                self._on_write(outcome)
+                self._counts.written(outcome)
                 if outcome is not WriteOutcome.RETRIED:
                     self._on_settled(item.key, outcome)
 
@@ -328,12 +333,11 @@ class WriteWorker:
                        f"{item.uid})")
             return None, None
         place = self._place()
-        verdict = self._deferrals.verdict(item.key, record, place, Report(
+        decision = self._decisions.decision(item.key, record, place, Report(
             item.status, item.seen, item.priority is Priority.FINAL, item.finished_at))
-        if verdict is WriteVerdict.UNCHANGED:
-            return WriteOutcome.UNCHANGED, None
-        if verdict is not WriteVerdict.WRITE:
-            return WriteOutcome.DEFERRED, None
+        if isinstance(decision, Skip):  # a Wait was the queue's to keep: it is due now
+            return (WriteOutcome.UNCHANGED if decision.reason is WriteVerdict.UNCHANGED
+                    else WriteOutcome.DEFERRED), None
         if (place is Place.STATUS and self.crd.supported is False
                 and not self.crd.recheck_due()):
             await self._notices.unsupported(namespace, name, record.uid)
@@ -348,7 +352,7 @@ class WriteWorker:
                                      record.uid, record.resource_version,
                                      deadline=deadline_of(REQUEST_TIMEOUT))
                 finally:
-                    self._on_request(time.monotonic() - began)
+                    self._counts.request_took(time.monotonic() - began)
         except NotLeader:
             return WriteOutcome.NOT_LEADER, None
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError,

@@ -3,10 +3,10 @@ server-side apply, only on change.  The queue side and the wiring of the write s
 
 * :meth:`StatusWriter.apply` never waits for the API: it decides at once whether the
   status is news (:func:`already_stored`, against the TrainJob informer's store,
-  :mod:`scraper.discovery.trainjobs`) and queues it (:mod:`scraper.write.queue`: one pending
+  :mod:`scraper.shared.trainjobs`) and queues it (:mod:`scraper.write.queue`: one pending
   status per TrainJob, newest wins; finals, then first statuses, then progress, then
   metrics-only changes; aging so none starves).  So a scrape never waits for a write.
-* Writing by significance (:mod:`scraper.write.policy`, per TrainJob through
+* Writing by significance (:mod:`scraper.shared.policy`, per TrainJob through
   ``policy_of``): a change of the integer percentage is due at once, but no sooner
   than the progress floor after the TrainJob's last write; a change of metrics or the
   remaining time alone waits until the staleness bound after the status the TrainJob
@@ -20,13 +20,13 @@ server-side apply, only on change.  The queue side and the wiring of the write s
   :class:`scraper.kube.health.ApiHealth`'s recovery), so finals land within about a
   second of the API server's return, not when a backoff grown during the outage ends.
 * Other writers and time (docs/scraper.md, "Other writers and time";
-  :mod:`scraper.write.rules` decides, :class:`scraper.write.deferral.Deferrals` counts
+  :mod:`scraper.decide.others` decides, :class:`scraper.write.deferral.Deferrals` counts
   and logs): while another writer (e.g. upstream's push status server, field manager
   ``trainer-status``) changed the field less than ``--other-writer-grace`` ago, no
   progress write; after that, only a report whose content changed after that write
   replaces it; a final is written unless the other writer wrote after the container
   ended.  The written ``lastUpdatedTime`` never moves back silently
-  (:func:`scraper.write.rules.settle_time`: the arrival time instead, a log line,
+  (:func:`scraper.write.settle.settle_time`: the arrival time instead, a log line,
   ``clock_skew_total`` and a ``ClockSkew`` Event, :mod:`scraper.write.notices`).  The
   decision is made here when a report arrives and again by the writer task right
   before the request, against the informer's newest.
@@ -48,53 +48,50 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Self
 
 from aiolimiter import AsyncLimiter
 from kubernetes.client import ApiClient, ApiextensionsV1Api, CoreV1Api, CustomObjectsApi
 
 from exporter_lib.status import TrainerStatus
-from scraper.discovery.trainjobs import (
+from scraper.kube.crd import CrdSupport
+from scraper.kube.events import EventRecorder
+from scraper.kube.health import ApiHealth
+from scraper.shared.outcome import NO_COUNTS, WriteCounts, WriteOutcome
+from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
+from scraper.shared.trainjobs import (
     TrainJobGone,
     TrainJobKey,
     TrainJobRecord,
     TrainJobStore,
     older,
 )
-from scraper.kube.crd import CrdSupport
-from scraper.kube.events import EventRecorder
-from scraper.kube.health import ApiHealth
+from scraper.shared.writes import (
+    Decide,
+    Decision,
+    Priority,
+    Report,
+    Skip,
+    Stored,
+    Wait,
+    WriteVerdict,
+    same_content,
+)
 from scraper.write.annotation_target import Place, StatusTarget, place_for, status_in, writer_in
 from scraper.write.deferral import Deferrals
 from scraper.write.notices import Notices
-from scraper.write.outcome import WriteOutcome
-from scraper.write.policy import DEFAULT_POLICY, WritePolicy, significant
-from scraper.write.queue import Priority, WriteQueue
-from scraper.write.rules import OTHER_WRITER_GRACE_SECONDS, Report, WriteVerdict, same_content
+from scraper.write.queue import WriteQueue
 from scraper.write.worker import OurWrite, StatusApply, StatusRequest, WriteWorker, writers_for
 
-__all__ = ["StatusWriter", "already_stored", "priority_of"]
+__all__ = ["StatusWriter", "already_stored"]
 
 log = logging.getLogger(__name__)
 
 
-def priority_of(current: TrainerStatus | None, new: TrainerStatus, *, final: bool) -> Priority:
-    """The write class of ``new`` against what the TrainJob stores (:mod:`scraper.write.queue`):
-    a change of the integer percentage is :attr:`Priority.PROGRESS`
-    (:func:`scraper.write.policy.significant`); one of metrics or the remaining time
-    alone is :attr:`Priority.METRICS`."""
-    if final:
-        return Priority.FINAL
-    if current is None:
-        return Priority.FIRST
-    if significant(current, new):
-        return Priority.PROGRESS
-    return Priority.METRICS
-
-
 def already_stored(current: TrainerStatus | None, new: TrainerStatus) -> bool:
     """True when applying ``new`` would not change what the TrainJob stores
-    (:func:`scraper.write.rules.same_content`; the exporter never unsets a field once
+    (:func:`scraper.shared.writes.same_content`; the exporter never unsets a field once
     reported, so ignoring unset fields cannot hide a removal of our own)."""
     return same_content(current, new)
 
@@ -104,29 +101,27 @@ class StatusWriter:
 
     Args:
         api_client: a configured Kubernetes client.
-        store: the TrainJob informer's store (what each TrainJob stores); whoever builds
-            it passes :meth:`on_trainjob_change` as its ``on_change`` (the drift check).
+        store: the TrainJob informer's store (what each TrainJob stores); the writer
+            listens to its changes (:meth:`on_trainjob_change`, the drift check).
         crd: what is known of the TrainJob CRD (shared with the CRD re-check).
         events: where "unsupported CRD" and ``ClockSkew`` Events go.
         limiter: the token bucket of the writes.
         may_write: the leader fence, checked before every write.
-        on_write: called with each :class:`~scraper.write.outcome.WriteOutcome` of a
-            write (metrics).
-        on_request: called with the seconds each apply request took.
+        counts: where each outcome, request time, deferral and clock skew is counted
+            (:class:`~scraper.shared.outcome.WriteCounts`: the telemetry).
         on_gone: called with ``(namespace, name)`` when a write finds the TrainJob gone.
         policy: the default write policy (``--progress-floor``, ``--metrics-staleness``).
         policy_of: a TrainJob's write policy by ``(namespace, name)`` (its annotations
-            over the default, :class:`scraper.write.policy.PolicyResolver`); None: the
+            over the default, :class:`scraper.shared.policy.PolicyResolver`); None: the
             default for every TrainJob.
         target: where statuses go (``--status-target``, :mod:`scraper.write.annotation_target`).
         clock: monotonic seconds.
         health: told when a write finds the API server unreachable or gets an answer;
             its recoveries make the queued retries due (module doc).
-        other_writer_grace: ``--other-writer-grace`` (seconds, :mod:`scraper.write.rules`).
-        on_deferred: called with the reason (a :class:`~scraper.write.rules.WriteVerdict`
-            value) of each report not written because of another writer.
-        on_skew: called with ``"back"`` or ``"future"`` for each write whose
-            ``lastUpdatedTime`` is the arrival time instead of the report's own.
+        decide: the decision (:func:`scraper.decide.decision.decide`), asked in
+            :meth:`decision` only.
+        other_writer_grace: ``--other-writer-grace`` (seconds, docs/scraper.md, "Other
+            writers and time"); None: the policy's.
         wall: epoch seconds (the arrival time of a report).
         request: the apply request (default :class:`scraper.write.worker.StatusApply`
             over :attr:`writers` connections of its own).
@@ -140,18 +135,16 @@ class StatusWriter:
         crd: CrdSupport,
         events: EventRecorder,
         limiter: AsyncLimiter,
+        decide: Decide,
         may_write: Callable[[], bool] = lambda: True,
-        on_write: Callable[[WriteOutcome], None] = lambda outcome: None,
-        on_request: Callable[[float], None] = lambda seconds: None,
+        counts: WriteCounts = NO_COUNTS,
         on_gone: Callable[[str, str], None] = lambda namespace, name: None,
         policy: WritePolicy = DEFAULT_POLICY,
         policy_of: Callable[[str, str], WritePolicy] | None = None,
         target: StatusTarget = StatusTarget.STATUS,
         clock: Callable[[], float] = time.monotonic,
         health: ApiHealth | None = None,
-        other_writer_grace: float = OTHER_WRITER_GRACE_SECONDS,
-        on_deferred: Callable[[str], None] = lambda reason: None,
-        on_skew: Callable[[str], None] = lambda direction: None,
+        other_writer_grace: float | None = None,
         wall: Callable[[], float] = time.time,
         request: StatusRequest | None = None,
     ) -> None:
@@ -159,30 +152,34 @@ class StatusWriter:
         self.crd = crd
         self.events = events
         self._may_write = may_write
-        self._on_write = on_write
+        self._counts = counts
         self._on_gone = on_gone
+        if other_writer_grace is not None:
+            policy = replace(policy, other_writer_grace=other_writer_grace)
         self.policy = policy
         self._policy_of = policy_of or (lambda namespace, name: self.policy)
+        self._decide = decide
         self.target = target
         self._clock = clock
         self._wall = wall
         self.queue = WriteQueue(clock=clock)
         self._ours: dict[TrainJobKey, OurWrite] = {}
         self._waiters: dict[TrainJobKey, list[asyncio.Future[WriteOutcome]]] = {}
-        self._deferrals = Deferrals(store.clock, grace=other_writer_grace,
-                                    on_deferred=on_deferred)
-        self._notices = Notices(events, on_skew=on_skew, wall=wall)
+        self._deferrals = Deferrals(store.clock, grace=policy.other_writer_grace,
+                                    on_deferred=counts.deferred)
+        self._notices = Notices(events, on_skew=counts.skewed, wall=wall)
         self.writers = writers_for(limiter.max_rate / limiter.time_period)
         self._worker = WriteWorker(
             self.queue, store=store, custom=CustomObjectsApi(api_client), crd=crd,
             limiter=limiter,
             request=request or StatusApply(api_client, connections=self.writers),
-            deferrals=self._deferrals, notices=self._notices, ours=self._ours,
-            place=self.place, target=target, may_write=may_write, on_write=on_write,
-            on_request=on_request, on_settled=self._settle, on_gone=self._dropped,
+            decisions=self, notices=self._notices, ours=self._ours,
+            place=self.place, target=target, may_write=may_write, counts=counts,
+            on_settled=self._settle, on_gone=self._dropped,
             health=health, clock=clock, wall=wall)
         if health is not None:
             health.on_recovered(self.queue.resume)
+        store.on_changed(self.on_trainjob_change)
 
     @classmethod
     def for_client(
@@ -193,17 +190,15 @@ class StatusWriter:
         qps: float,
         burst: int,
         store: TrainJobStore,
+        decide: Decide,
         may_write: Callable[[], bool] = lambda: True,
-        on_write: Callable[[WriteOutcome], None] = lambda outcome: None,
-        on_request: Callable[[float], None] = lambda seconds: None,
+        counts: WriteCounts = NO_COUNTS,
         on_gone: Callable[[str, str], None] = lambda namespace, name: None,
         policy: WritePolicy = DEFAULT_POLICY,
         policy_of: Callable[[str, str], WritePolicy] | None = None,
         target: StatusTarget = StatusTarget.STATUS,
         health: ApiHealth | None = None,
-        other_writer_grace: float = OTHER_WRITER_GRACE_SECONDS,
-        on_deferred: Callable[[str], None] = lambda reason: None,
-        on_skew: Callable[[str], None] = lambda direction: None,
+        other_writer_grace: float | None = None,
         request: StatusRequest | None = None,
     ) -> Self:
         """A writer with its own CRD knowledge and Event recorder; writes take tokens of a
@@ -217,10 +212,10 @@ class StatusWriter:
         crd = CrdSupport(ApiextensionsV1Api(api_client), fallback=fallback,
                          on_supported=lambda: writer.supported_again())
         writer = cls(api_client, store=store, crd=crd, events=events, limiter=limiter,
-                     may_write=may_write, on_write=on_write, on_request=on_request,
+                     decide=decide, may_write=may_write, counts=counts,
                      on_gone=on_gone, policy=policy, policy_of=policy_of,
                      target=target, health=health, other_writer_grace=other_writer_grace,
-                     on_deferred=on_deferred, on_skew=on_skew, request=request)
+                     request=request)
         return writer
 
     def place(self) -> Place:
@@ -257,7 +252,7 @@ class StatusWriter:
                     final: bool = False, uid: str = "", seen: float | None = None,
                     finished_at: float | None = None) -> WriteOutcome:
         """Queue ``status`` for the TrainJob unless it already holds the same report or
-        the rule for other writers keeps what it holds (:mod:`scraper.write.rules`).
+        the rule for other writers keeps what it holds (:func:`decision`).
 
         Returns at once: :attr:`WriteOutcome.UNCHANGED` (nothing to write),
         :attr:`WriteOutcome.DEFERRED` (another writer's status is kept),
@@ -268,7 +263,7 @@ class StatusWriter:
             uid: the TrainJob UID the status is meant for (``""``: the one that exists).
             seen: when this content was first seen (the store's monotonic clock); None:
                 now for a final or a caller that knows no order (tools, push-compat),
-                ``-inf`` is "unknown, maybe old" (:class:`scraper.write.rules.Report`).
+                ``-inf`` is "unknown, maybe old" (:class:`scraper.shared.writes.Report`).
             finished_at: a final's container end (``state.terminated.finishedAt``, epoch
                 seconds), None when unknown.
 
@@ -282,38 +277,41 @@ class StatusWriter:
         record = self.store.get(namespace, name)
         if record is not None and uid and record.uid != uid:
             raise TrainJobGone(f"{namespace}/{name} (UID {record.uid}, not {uid})")
-        pending = self.queue.pending(key)
         place = self.place()
-        there = status_in(record, place)
         report = Report(status, self.store.clock() if seen is None else seen, final,
                         finished_at)
-        if record is not None:
-            verdict = self._deferrals.verdict(key, record, place, report)
-            if verdict is WriteVerdict.UNCHANGED and pending is None:
-                self._on_write(WriteOutcome.UNCHANGED)
-                return WriteOutcome.UNCHANGED
-            if verdict not in (WriteVerdict.WRITE, WriteVerdict.UNCHANGED):
-                self._on_write(WriteOutcome.DEFERRED)
-                return WriteOutcome.DEFERRED
+        decision = self.decision(key, record, place, report,
+                                 queued=self.queue.pending(key) is not None)
+        if isinstance(decision, Skip):
+            outcome = (WriteOutcome.UNCHANGED if decision.reason is WriteVerdict.UNCHANGED
+                       else WriteOutcome.DEFERRED)
+            self._counts.written(outcome)
+            return outcome
         if (place is Place.STATUS and self.crd.supported is False
                 and not self.crd.recheck_due()):
             await self._notices.unsupported(namespace, name, record.uid if record else "")
-            self._on_write(WriteOutcome.NOT_STORED)
+            self._counts.written(WriteOutcome.NOT_STORED)
             return WriteOutcome.NOT_STORED
-        priority = priority_of(there, status, final=final)
-        if key not in self._ours and priority > Priority.FIRST:
-            priority = Priority.FIRST  # nothing of ours there yet (e.g. after a restart)
-        metrics_due = gap = 0.0
-        if priority > Priority.FIRST:
-            policy = self._policy_of(namespace, name)
-            gap = policy.progress_floor
-            last = self._ours.get(key)
-            if priority is Priority.METRICS and last is not None:
-                metrics_due = last.fresh_at + policy.metrics_staleness
-        self.queue.put(key, status, priority, uid=uid or (record.uid if record else ""),
-                       metrics_due=metrics_due, seen=report.seen, finished_at=finished_at,
-                       arrived=self._wall(), gap=gap)
+        self.queue.put(key, status, decision.priority,
+                       uid=uid or (record.uid if record else ""),
+                       metrics_due=decision.until if isinstance(decision, Wait) else 0.0,
+                       seen=report.seen, finished_at=finished_at, arrived=self._wall(),
+                       gap=decision.floor)
         return WriteOutcome.QUEUED
+
+    def decision(self, key: TrainJobKey, record: TrainJobRecord | None, place: Place,
+                 report: Report, *, queued: bool = False) -> Decision:
+        """The decision (:func:`scraper.decide.decision.decide`) for ``report`` against
+        what ``record`` holds at ``place``: the one place it is asked, when a report
+        arrives (:meth:`apply`) and right before its write is sent (the writer tasks).
+        A report kept out by another writer is counted and logged here."""
+        ours = self._ours.get(key)
+        stored = Stored(status_in(record, place), writer_in(record, place),
+                        None if ours is None else ours.fresh_at, queued)
+        decision = self._decide(stored, report, self._policy_of(*key), self.store.clock())
+        if record is not None:
+            self._deferrals.told(key, decision, stored.writer, place)
+        return decision
 
     async def apply_and_wait(self, namespace: str, name: str, status: TrainerStatus, *,
                              final: bool = False) -> WriteOutcome:
@@ -368,7 +366,7 @@ class StatusWriter:
             # its answer is back): that write decides.
             return
         if there is not None:
-            # Another writer's status: the rule decides our next write (write.rules).
+            # Another writer's status: the rule decides our next write (decide.others).
             writer = writer_in(record, ours.place)
             log.info("TrainJob %s/%s: %s changed by %s; the rule for other writers "
                      "decides the next write", namespace, name, ours.place.value,

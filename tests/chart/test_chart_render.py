@@ -171,7 +171,7 @@ def _rules(role: dict[str, Any]) -> set[tuple[str, str, str, tuple[str, ...]]]:
 
 
 #: Exactly the calls the scraper makes in a watched scope (see scraper/discovery/pods.py,
-#: scraper/discovery/identity.py, scraper/discovery/trainjobs.py, scraper/write/ and
+#: scraper/discovery/identity.py, scraper/shared/trainjobs.py, scraper/write/ and
 #: scraper/kube/events.py); any added verb must be justified here too.
 SCOPE_GRANTS = {
     ("", "pods", "list", ()),

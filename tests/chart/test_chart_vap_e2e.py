@@ -30,10 +30,10 @@ from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION
 from localdev.cluster import objects
 from localdev.cluster.controlplane import ControlPlane
 from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
+from scraper.shared.outcome import FIELD_MANAGER
 from scraper.stall.marker import write_stall_marker
 from scraper.stall.rule import STALLED_SINCE_ANNOTATION
 from scraper.write.annotation_target import Place, apply_request
-from scraper.write.outcome import FIELD_MANAGER
 from tests.helpers.chart import Helm
 
 POLICY_ACTIVE_TIMEOUT = 30.0

@@ -12,8 +12,8 @@ from kubernetes import client
 
 from exporter_lib.status import TrainerStatus, now
 from localdev.cluster import objects
+from scraper.shared.outcome import WriteOutcome
 from scraper.write.annotation_target import StatusTarget
-from scraper.write.outcome import WriteOutcome
 from tests.helpers.client import Kubectl
 from tests.helpers.writer import running_writer
 from trainjob_client import get_trainer_status

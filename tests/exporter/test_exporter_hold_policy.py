@@ -179,7 +179,8 @@ def test_answers_exactly_for_a_new_percentage_or_due_metrics(
         held: int | None, now: int | None, staleness: float, age: float,
         held_for: float) -> None:
     policy = HoldPolicy(held, staleness, age)
-    expected = now != held or age + held_for >= staleness
+    # A status without a percentage leaves the held one in place: not significant.
+    expected = (now is not None and now != held) or age + held_for >= staleness
     assert policy.answers(_status(now), held_for) is expected
     assert policy.answers(None, held_for) is False  # no report: nothing to write
 

@@ -14,9 +14,10 @@ from typing import Any
 
 import exporter_lib
 from exporter_lib.server import SEQUENCE_HEADER
-from scraper.discovery.targets import Target
-from scraper.scrape.exporter import ExporterScraper, Fresh, ScrapeLimits
-from scraper.scrape.sequence import Sequence, is_late, sequence_of
+from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
+from scraper.shared.scrapes import Fresh
+from scraper.shared.sequence import Sequence, is_late, sequence_of
+from scraper.shared.targets import Target
 
 Fetch = Callable[..., Any]
 JSON = {"Accept": "application/json"}

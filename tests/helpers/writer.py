@@ -11,10 +11,11 @@ from typing import Any
 from kubernetes import client
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
-from scraper.discovery.trainjobs import TrainJobStore, slim_trainjob
+from scraper.decide.decision import decide
 from scraper.kube.informer import ListWatch
+from scraper.shared.policy import PROGRESS_FLOOR_MIN, WritePolicy
+from scraper.shared.trainjobs import TrainJobStore, slim_trainjob
 from scraper.write.annotation_target import StatusTarget
-from scraper.write.policy import PROGRESS_FLOOR_MIN, WritePolicy
 from scraper.write.writer import StatusWriter
 
 #: Every change written as soon as the budget allows (the smallest floor, no staleness).
@@ -31,9 +32,7 @@ async def running_writer(api: client.ApiClient, namespace: str, *, qps: float = 
 
     ``policy``: :data:`AT_ONCE` unless a test is about the write policy, so tests of
     other rules see each change written as soon as the budget allows."""
-    # The store's drift check is the writer's (built below: the lambda reads it late).
-    store = TrainJobStore([namespace], on_change=lambda ns, name, held:
-                          writer.on_trainjob_change(ns, name, held))
+    store = TrainJobStore([namespace])  # the writer listens to its changes (drift)
     custom = client.CustomObjectsApi(api)
     watch = ListWatch(
         functools.partial(custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
@@ -42,7 +41,7 @@ async def running_writer(api: client.ApiClient, namespace: str, *, qps: float = 
         on_list=functools.partial(store.on_list, namespace), on_event=store.on_event,
         slim=slim_trainjob)
     writer = StatusWriter.for_client(api, identity="test", qps=qps, burst=burst, store=store,
-                                     policy=policy, target=target,
+                                     decide=decide, policy=policy, target=target,
                                      **options)
     watch.start()
     writer.start()

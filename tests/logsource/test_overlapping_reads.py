@@ -32,12 +32,12 @@ from hypothesis import strategies as st
 from tqdm import tqdm
 
 from exporter_lib.status import TrainerStatus
-from scraper.discovery.targets import Target
 from scraper.logsource.cursor import ReadCursor
 from scraper.logsource.progress import LogProgress
 from scraper.logsource.reader import LogLimits, LogScraper
 from scraper.logsource.segments import segments_of, split, strip
-from scraper.scrape.exporter import Fresh
+from scraper.shared.scrapes import Fresh
+from scraper.shared.targets import Target
 from tests.logsource.conftest import Captured, Entry, entry_time, render, serve
 
 TARGET = Target("ns", "job", "job-node-0-0", "uid-1", "http://127.0.0.1:1/", 1.0,

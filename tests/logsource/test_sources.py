@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from scraper.discovery.pods import Final, Ignore, Scrape, classify
-from scraper.discovery.trainjobs import record_from_object
+from scraper.shared.trainjobs import record_from_object
 
 
 def pod(annotations: dict[str, str], containers: list[str], phase: str = "Running"

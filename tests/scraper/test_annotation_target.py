@@ -21,8 +21,9 @@ from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, Trainer
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, decode_annotation
 from localdev.cluster import objects
 from localdev.cluster.crds import install_trainjob_crds
-from scraper.discovery.trainjobs import TrainJobRecord
 from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
+from scraper.shared.outcome import FIELD_MANAGER, WriteOutcome
+from scraper.shared.trainjobs import TrainJobRecord
 from scraper.write.annotation_target import (
     Place,
     StatusTarget,
@@ -30,7 +31,6 @@ from scraper.write.annotation_target import (
     place_for,
     uid_precondition_failed,
 )
-from scraper.write.outcome import FIELD_MANAGER, WriteOutcome
 from tests.helpers.scraper import (
     ANNOTATION_RULES,
     ScraperProcess,

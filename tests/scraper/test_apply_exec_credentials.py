@@ -34,7 +34,7 @@ from localdev.cluster import objects
 from scraper.kube.apply_body import encode_apply_body
 from scraper.kube.apply_request import ApplyClient
 from scraper.kube.client import REQUEST_TIMEOUT, load_client
-from scraper.write.outcome import FIELD_MANAGER
+from scraper.shared.outcome import FIELD_MANAGER
 from tests.helpers.scraper import scraper_service_account
 
 pytestmark = [pytest.mark.usefixtures("trainjob_crd"), pytest.mark.timeout(120)]

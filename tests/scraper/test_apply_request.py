@@ -20,7 +20,7 @@ from localdev.cluster import objects
 from scraper.kube.apply_body import encode_apply_body
 from scraper.kube.apply_request import ApplyClient
 from scraper.kube.client import REQUEST_TIMEOUT, without_retries
-from scraper.write.outcome import FIELD_MANAGER
+from scraper.shared.outcome import FIELD_MANAGER
 
 pytestmark = pytest.mark.usefixtures("trainjob_crd")
 

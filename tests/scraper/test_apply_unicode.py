@@ -34,7 +34,7 @@ from exporter_lib.status import (
 )
 from localdev.cluster import objects
 from scraper.kube.apply_body import encode_apply_body
-from scraper.write.outcome import WriteOutcome
+from scraper.shared.outcome import WriteOutcome
 from tests.helpers.scraper import ScraperProcess, progress_of, trainer_status, wait_for
 from tests.helpers.writer import running_writer
 

@@ -33,19 +33,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter_lib.status import TrainerStatus
-from scraper.discovery.targets import Target
-from scraper.scrape.exporter import (
-    ExporterScraper,
-    Failure,
-    FailureKind,
-    Fresh,
-    NothingYet,
-    NotModified,
-    ScrapeLimits,
-)
+from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
 from scraper.scrape.loop import DETAIL_MAX, ScrapeLoop, TargetState
+from scraper.shared.outcome import WriteOutcome
+from scraper.shared.scrapes import Failure, FailureKind, Fresh, NothingYet, NotModified
+from scraper.shared.targets import Target
 from scraper.telemetry import JobView
-from scraper.write.outcome import WriteOutcome
 
 MAX_BODY = 64 * 1024
 TIMEOUT = 1.0

@@ -19,7 +19,7 @@ from kubernetes import client
 from exporter_lib.status import TrainerStatus
 from localdev.cluster import objects
 from scraper.kube.client import without_retries
-from scraper.write.outcome import WriteOutcome
+from scraper.shared.outcome import WriteOutcome
 from tests.helpers.scraper import progress_of, scraper_service_account
 from tests.helpers.writer import running_writer
 

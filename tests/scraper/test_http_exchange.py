@@ -28,15 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scraper.discovery.targets import Target
-from scraper.scrape.exporter import (
-    ExporterScraper,
-    Failure,
-    FailureKind,
-    Fresh,
-    NotModified,
-    ScrapeLimits,
-)
+from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
 from scraper.scrape.http_exchange import (
     HEAD_MAX_BYTES,
     BadAnswer,
@@ -46,6 +38,8 @@ from scraper.scrape.http_exchange import (
     StaleConnection,
     endpoint,
 )
+from scraper.shared.scrapes import Failure, FailureKind, Fresh, NotModified
+from scraper.shared.targets import Target
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -25,17 +25,6 @@ import pytest
 
 from exporter_lib.status import TrainerStatus
 from scraper.discovery.pods import Final
-from scraper.discovery.targets import Target
-from scraper.discovery.trainjobs import TrainJobGone
-from scraper.scrape.exporter import (
-    Busy,
-    Failure,
-    FailureKind,
-    Fresh,
-    NothingYet,
-    NotModified,
-    ScrapeResult,
-)
 from scraper.scrape.loop import (
     DETAIL_MAX,
     EVENT_REPEAT_SECONDS,
@@ -46,8 +35,19 @@ from scraper.scrape.loop import (
     TargetState,
 )
 from scraper.scrape.manager import TargetManager
+from scraper.shared.outcome import WriteOutcome
+from scraper.shared.scrapes import (
+    Busy,
+    Failure,
+    FailureKind,
+    Fresh,
+    NothingYet,
+    NotModified,
+    ScrapeResult,
+)
+from scraper.shared.targets import Target
+from scraper.shared.trainjobs import TrainJobGone
 from scraper.telemetry import JobView
-from scraper.write.outcome import WriteOutcome
 from scraper.write.queue import Priority, WriteQueue
 
 NS, TJ, POD = "ns", "tj", "tj-node-0-0"

@@ -14,17 +14,9 @@ import pytest
 from aiohttp import web
 
 from benchmarks.static_exporter import serve_on_loopback
-from scraper.discovery.targets import Target
-from scraper.scrape.exporter import (
-    Busy,
-    ExporterScraper,
-    Failure,
-    FailureKind,
-    Fresh,
-    HungLane,
-    ScrapeLimits,
-    hung_slots,
-)
+from scraper.scrape.exporter import ExporterScraper, HungLane, ScrapeLimits, hung_slots
+from scraper.shared.scrapes import Busy, Failure, FailureKind, Fresh
+from scraper.shared.targets import Target
 
 BODY = '{"progressPercentage": 5, "lastUpdatedTime": "2025-01-01T00:00:00Z"}'
 

@@ -11,8 +11,8 @@ from kubernetes import client
 
 from exporter_lib.status import TrainerStatus
 from localdev.cluster import objects
-from scraper.discovery.trainjobs import TrainJobGone
-from scraper.write.outcome import FIELD_MANAGER, WriteOutcome
+from scraper.shared.outcome import FIELD_MANAGER, WriteOutcome
+from scraper.shared.trainjobs import TrainJobGone
 from tests.helpers.scraper import events, trainer_status
 from tests.helpers.writer import running_writer
 

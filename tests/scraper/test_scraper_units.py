@@ -18,17 +18,7 @@ import pytest
 from scraper.cli import SUBCOMMANDS, build_parser
 from scraper.config import DEFAULT_SELECTOR, ConfigError, load_settings, unknown_environment
 from scraper.discovery.pods import Final, Ignore, Scrape, Wait, classify
-from scraper.discovery.targets import Target
-from scraper.scrape.exporter import (
-    Busy,
-    ExporterScraper,
-    Failure,
-    FailureKind,
-    Fresh,
-    NothingYet,
-    ScrapeLimits,
-    parse_text,
-)
+from scraper.scrape.exporter import ExporterScraper, ScrapeLimits, parse_text
 from scraper.scrape.scheduling import (
     PHASES,
     SOON_PER_SECOND,
@@ -37,6 +27,8 @@ from scraper.scrape.scheduling import (
     first_run,
     offset_seconds,
 )
+from scraper.shared.scrapes import Busy, Failure, FailureKind, Fresh, NothingYet
+from scraper.shared.targets import Target
 from scraper.syntax import parse_duration
 from scraper.telemetry import JobView, Telemetry
 from tests.helpers.scraper import REPO

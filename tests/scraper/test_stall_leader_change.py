@@ -20,8 +20,8 @@ from kubernetes import client
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
 from localdev.cluster import objects
-from scraper.discovery.trainjobs import TrainJobStore
 from scraper.kube.events import EventRecorder
+from scraper.shared.trainjobs import TrainJobStore
 from scraper.stall.marker import write_stall_marker
 from scraper.stall.rule import STALLED_SINCE_ANNOTATION
 from scraper.stall.watch import REASON_RESUMED, REASON_STALLED, Observed, StallWatch

@@ -1,6 +1,6 @@
 """Stall detection applied (:class:`scraper.stall.watch.StallWatch`), in process.
 
-The TrainJob store is the real :class:`scraper.discovery.trainjobs.TrainJobStore` fed TrainJob
+The TrainJob store is the real :class:`scraper.shared.trainjobs.TrainJobStore` fed TrainJob
 dicts as its informer would; the Event recorder and the annotation writer are recording
 fakes of their Protocols (the real ones against the real API server:
 ``tests/e2e/test_stall_stack.py``); the clock is injected.
@@ -19,7 +19,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter_lib.status import TrainerStatus
-from scraper.discovery.trainjobs import TrainJobStore
+from scraper.shared.trainjobs import TrainJobStore
 from scraper.stall.rule import STALL_AFTER_ANNOTATION, STALLED_SINCE_ANNOTATION
 from scraper.stall.watch import (
     REASON_INVALID_THRESHOLD,

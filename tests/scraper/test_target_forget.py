@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from scraper.discovery.targets import Target
-from scraper.scrape.exporter import ExporterScraper, Fresh, ScrapeLimits
+from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
 from scraper.scrape.manager import TargetManager
+from scraper.shared.scrapes import Fresh
+from scraper.shared.targets import Target
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,5 +1,5 @@
 """Who wrote a TrainJob's trainer status, from managedFields, and when the store saw it
-(:mod:`scraper.discovery.trainjobs`).  managedFields entries here have the shape kube-apiserver
+(:mod:`scraper.shared.trainjobs`).  managedFields entries here have the shape kube-apiserver
 v1.37 gives (copied field names, not an API reply); the store's clocks are fakes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from exporter_lib.status import TrainerStatus
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION
-from scraper.discovery.trainjobs import OUR_FIELD_MANAGER, TrainJobStore, slim_trainjob, writers_of
+from scraper.shared.trainjobs import OUR_FIELD_MANAGER, TrainJobStore, slim_trainjob, writers_of
 from scraper.write.annotation_target import Place, stored_after_apply
 
 STATUS_FIELDS = {"f:status": {"f:trainerStatus": {".": {}, "f:lastUpdatedTime": {},

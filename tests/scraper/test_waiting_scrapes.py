@@ -24,11 +24,11 @@ from benchmarks.static_exporter import serve_on_loopback
 from exporter_lib.api import Exporter
 from exporter_lib.state import State
 from exporter_lib.status import TrainerStatus
-from scraper.discovery.targets import Target
 from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
 from scraper.scrape.loop import ScrapeLoop, TargetState
+from scraper.shared.outcome import WriteOutcome
+from scraper.shared.targets import Target
 from scraper.telemetry import JobView
-from scraper.write.outcome import WriteOutcome
 
 INTERVAL = 1.0
 BODY = '{"progressPercentage": 3, "lastUpdatedTime": "2025-01-01T00:00:00Z"}'

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from exporter_lib.status import TrainerStatus
 from scraper.config import ConfigError, load_settings
-from scraper.write.policy import (
+from scraper.decide.decision import priority_of
+from scraper.shared.policy import (
     ANNOTATION_METRICS_STALENESS,
     ANNOTATION_PROGRESS_FLOOR,
     PolicyResolver,
@@ -22,7 +23,6 @@ from scraper.write.policy import (
     significant,
 )
 from scraper.write.queue import Priority, WriteQueue
-from scraper.write.writer import priority_of
 
 
 class Clock:
@@ -179,7 +179,7 @@ def test_a_bad_annotation_is_named_once_and_the_next_level_used(
     resolver = PolicyResolver(WritePolicy(1.0, 30.0))
     pod = overrides_of({annotation: value})
     trainjob = overrides_of({ANNOTATION_METRICS_STALENESS: "5s"})
-    with caplog.at_level(logging.WARNING, logger="scraper.write.policy"):
+    with caplog.at_level(logging.WARNING, logger="scraper.shared.policy"):
         for _ in range(3):
             policy = resolver.policy(pod, trainjob, where="TrainJob ns/tj")
     assert policy == WritePolicy(1.0, 5.0)

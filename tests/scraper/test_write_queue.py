@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter_lib.status import TrainerStatus
+from scraper.decide.decision import priority_of
 from scraper.write.queue import AGE_SECONDS, Priority, WriteQueue
-from scraper.write.writer import priority_of
 
 
 class Clock:

@@ -1,8 +1,8 @@
 """The rule for other writers and time (docs/scraper.md, "Other writers and time"), in
 process: named input -> verdict cases at each clause's boundary and hypothesis
 properties (each rule's consequence on the inputs it speaks of, how a verdict moves when
-an input moves) over the decisions of :mod:`scraper.write.rules`; the exporter's
-sequence (:mod:`scraper.scrape.sequence`); and whole runs of the real scrape loop
+an input moves) over the decisions of :mod:`scraper.decide.others`; the exporter's
+sequence (:mod:`scraper.shared.sequence`); and whole runs of the real scrape loop
 (:class:`scraper.scrape.loop.ScrapeLoop`) feeding a writer that decides with the real rule.
 
 The exporter and the TrainJob are fakes here (orders of answers, sequences, clock
@@ -21,23 +21,16 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from exporter_lib.status import TrainerStatus
-from scraper.discovery.targets import Target
-from scraper.discovery.trainjobs import OUR_FIELD_MANAGER, Writer
-from scraper.scrape.exporter import Fresh, NotModified, ScrapeResult
+from scraper.decide.others import FINAL_DELIVERED_MARGIN_SECONDS as FINAL_MARGIN
+from scraper.decide.others import Report, WriteVerdict, decide, same_content
 from scraper.scrape.loop import ScrapeLoop, TargetState
-from scraper.scrape.sequence import Sequence, is_late, sequence_of
+from scraper.shared.outcome import WriteOutcome
+from scraper.shared.scrapes import Fresh, NotModified, ScrapeResult
+from scraper.shared.sequence import Sequence, is_late, sequence_of
+from scraper.shared.targets import Target
+from scraper.shared.trainjobs import OUR_FIELD_MANAGER, Writer
 from scraper.telemetry import JobView
-from scraper.write.outcome import WriteOutcome
-from scraper.write.rules import FINAL_DELIVERED_MARGIN_SECONDS as FINAL_MARGIN
-from scraper.write.rules import (
-    FUTURE_LIMIT_SECONDS,
-    Report,
-    Skew,
-    WriteVerdict,
-    decide,
-    same_content,
-    settle_time,
-)
+from scraper.write.settle import FUTURE_LIMIT_SECONDS, Skew, settle_time
 
 BASE = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
 GRACE = 60.0

@@ -29,9 +29,9 @@ from exporter_lib.status import (
     format_time,
 )
 from localdev.cluster import objects
-from scraper.discovery.trainjobs import TrainJobRecord
+from scraper.shared.outcome import WriteOutcome
+from scraper.shared.trainjobs import TrainJobRecord
 from scraper.write.notices import REASON_CLOCK_SKEW
-from scraper.write.outcome import WriteOutcome
 from tests.helpers.fault_proxy import FaultProxy
 from tests.helpers.scraper import (
     FakeExporter,
@@ -73,6 +73,25 @@ def _push(kube_api: client.ApiClient, namespace: str, name: str,
     """The other writer: upstream's push status server's field manager, by SSA."""
     return objects.apply_trainjob_status(kube_api, namespace, name,
                                          {"trainerStatus": status}, field_manager=PUSH_MANAGER)
+
+
+class _Skews:
+    """Counts only the clock skews of the writer (scraper.shared.outcome.WriteCounts)."""
+
+    def __init__(self, skews: list[str]) -> None:
+        self.skews = skews
+
+    def written(self, outcome: WriteOutcome) -> None:
+        pass
+
+    def request_took(self, seconds: float) -> None:
+        pass
+
+    def deferred(self, reason: str) -> None:
+        pass
+
+    def skewed(self, direction: str) -> None:
+        self.skews.append(direction)
 
 
 def _get(kube_api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
@@ -141,7 +160,7 @@ async def test_time_never_moves_back_silently(kube_api: client.ApiClient,
     skews: list[str] = []
     held_at = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
     async with running_writer(kube_api, namespace, other_writer_grace=2.0,
-                              on_skew=skews.append) as (writer, _):
+                              counts=_Skews(skews)) as (writer, _):
         first = TrainerStatus(progress_percentage=10, last_updated_time=held_at)
         assert await writer.apply_and_wait(namespace, "clock", first) is WriteOutcome.WRITTEN
         back = TrainerStatus(progress_percentage=20,
@@ -347,7 +366,7 @@ async def test_a_write_first_seen_in_a_list_is_aged_by_its_managed_fields_time(
                                          "lastUpdatedTime": format_time(datetime.now(UTC))})
     skews: list[str] = []
     async with running_writer(kube_api, namespace, other_writer_grace=2.5,
-                              on_skew=skews.append) as (writer, _):
+                              counts=_Skews(skews)) as (writer, _):
         record = writer.store.get(namespace, "listed")
         assert record is not None and record.status_by is not None
         assert record.status_by.manager == PUSH_MANAGER

@@ -28,7 +28,7 @@ class Target:
             (:func:`exporter_lib.pod.kubelet_hostname`), compared with the one its
             exporter states; ``""`` when not known (not compared).
         policy: the pod's write-policy annotations as found, ``(name, value)`` pairs
-            (validated where they are used: :class:`scraper.write.policy.PolicyResolver`).
+            (validated where they are used: :class:`scraper.shared.policy.PolicyResolver`).
     """
 
     namespace: str

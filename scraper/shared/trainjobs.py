@@ -17,9 +17,10 @@ Callbacks (on the event loop):
 * ``on_seen(key)``: after every watch event of a TrainJob, whatever changed (a label is
   enough), with its ``(namespace, name)``, and after every list and relist with None, once
   the store holds what it brought: the owner-chain checks waiting on a TrainJob run again
-  (:class:`scraper.discovery.identity.ChainWaits`, issue 21 input 1: a TrainJob list answering after
-  the pod list left pods waiting forever, because the checks that ran during the list
-  still saw the store unlisted).
+  (:class:`scraper.discovery.identity.ChainWaits`: otherwise a TrainJob list answering
+  after the pod list leaves pods waiting forever, because the checks that ran during
+  the list still saw the store unlisted; docs/decisions.md, "Owner-chain checks run
+  again after every list").
 
 Who wrote each place (docs/scraper.md, "Other writers and time"): the field manager
 owning ``f:status.f:trainerStatus`` (for the annotation, its key) in
@@ -55,7 +56,7 @@ from typing import Any
 from exporter_lib.status import StatusError, TrainerStatus
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, decode_annotation
 from scraper.kube.informer import ScopesListed
-from scraper.write.policy import overrides_of
+from scraper.shared.policy import overrides_of
 
 #: The stall annotations of a TrainJob (scraper/stall/rule.py).
 STALL_AFTER_ANNOTATION = "trainjob-progress.dev/stall-after"
@@ -116,7 +117,7 @@ class TrainJobRecord:
             status source of its pods that do not name their own (scraper/scrape/sources.py).
         status_by: who wrote ``status.trainerStatus`` (None: nobody owns it).
         annotated_by: who wrote the annotation (None: nobody owns it).
-        policy: its write-policy annotations as found (:mod:`scraper.write.policy`).
+        policy: its write-policy annotations as found (:mod:`scraper.shared.policy`).
         suspended: its ``spec.suspend`` is true (a queue such as Kueue holds it).
         stall_after: its ``trainjob-progress.dev/stall-after`` annotation as written
             (None when absent; scraper/stall/rule.py).
@@ -269,15 +270,14 @@ class TrainJobStore:
         scopes: the namespaces listed (None: all); :meth:`wait_synced` waits for each.
         clock: monotonic seconds (:attr:`Writer.seen`).
         wall: epoch seconds (the age of a write first seen in a list).
-        on_gone, on_change, on_seen: the callbacks of the module doc.
+        on_gone, on_seen: the callbacks of the module doc (``on_change`` listeners are
+            added with :meth:`on_changed`).
     """
 
     def __init__(self, scopes: list[str | None], *,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
                  on_gone: Callable[[str, str, str], None] = lambda namespace, name, uid: None,
-                 on_change: Callable[[str, str, TrainJobRecord], None] = (
-                     lambda ns, name, record: None),
                  on_seen: Callable[[TrainJobKey | None], None] = lambda key: None) -> None:
         self.clock = clock
         self.wall = wall
@@ -285,11 +285,16 @@ class TrainJobStore:
         self._listed = ScopesListed(scopes)
         self.synced = self._listed.event
         self._on_gone = on_gone
-        self._on_change = on_change
+        self._on_change: list[Callable[[str, str, TrainJobRecord], None]] = []
         self._on_seen = on_seen
 
     def __len__(self) -> int:
         return len(self._records)
+
+    def on_changed(self, listener: Callable[[str, str, TrainJobRecord], None]) -> None:
+        """Call ``listener(namespace, name, record)`` whenever a TrainJob's status or
+        annotation changes (``on_change`` of the module doc; the writer's drift check)."""
+        self._on_change.append(listener)
 
     def get(self, namespace: str, name: str) -> TrainJobRecord | None:
         """What the TrainJob stores; None when it does not exist (or before the first list)."""
@@ -406,4 +411,5 @@ class TrainJobStore:
         self._records[key] = new
         if (old is None or old.uid != new.uid or old.status != new.status
                 or old.annotated != new.annotated):
-            self._on_change(key[0], key[1], new)
+            for listener in self._on_change:
+                listener(key[0], key[1], new)

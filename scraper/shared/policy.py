@@ -17,10 +17,11 @@ and :data:`ANNOTATION_METRICS_STALENESS` (pod first, then the TrainJob, then the
 the value and the limit, and the next level's value is used (a typo in a cost setting
 must not stop a TrainJob's progress).
 
-The write queue applies the policy to every source alike (exporter answers, log
-reads, termination messages); the scrape loop states it to exporters of contract 3
-(:mod:`exporter_lib.hold_policy`), so a held scrape is answered only for a change that
-will be written.
+The decision (:func:`scraper.decide.decision.decide`) applies the policy to every source
+alike (exporter answers, log reads, termination messages); the scrape loop states it to
+exporters of contract 3 (:mod:`exporter_lib.hold_policy`), which hold a waiting scrape by
+the same rule (:mod:`exporter_lib.write_rule`), so a held scrape is answered only for a
+change that will be written.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter_lib.status import TrainerStatus
+from exporter_lib.write_rule import significant as rule_significant
 from scraper.syntax import parse_duration
 
 log = logging.getLogger(__name__)
@@ -59,12 +61,20 @@ Overrides = tuple[tuple[str, str], ...]
 _TOLD_MAX = 10_000
 
 
+#: Default of ``--other-writer-grace``: another writer whose last change is younger
+#: than this keeps the field (seconds, docs/scraper.md, "Other writers and time").
+OTHER_WRITER_GRACE_SECONDS = 60.0
+
+
 @dataclass(frozen=True)
 class WritePolicy:
-    """When a TrainJob's changes are written (module doc).  Seconds."""
+    """When a TrainJob's changes are written (module doc).  Seconds.
+
+    ``other_writer_grace`` is ``--other-writer-grace`` (no annotation overrides it)."""
 
     progress_floor: float = PROGRESS_FLOOR_SECONDS
     metrics_staleness: float = METRICS_STALENESS_SECONDS
+    other_writer_grace: float = OTHER_WRITER_GRACE_SECONDS
 
 
 DEFAULT_POLICY = WritePolicy()
@@ -99,12 +109,11 @@ _CHECKS = {ANNOTATION_PROGRESS_FLOOR: ("progress_floor", check_progress_floor),
 
 
 def significant(stored: TrainerStatus | None, new: TrainerStatus) -> bool:
-    """True when ``new`` changes what users look at first: the integer percentage
-    (``None`` stored, a percentage new included).  A status that reports none leaves the
-    stored one in place (the apply does not send it): not significant."""
-    if new.progress_percentage is None:
-        return False
-    return stored is None or new.progress_percentage != stored.progress_percentage
+    """True when ``new`` changes what users look at first, the integer percentage, against
+    the ``stored`` status (:func:`exporter_lib.write_rule.significant`: the exporter holds
+    a waiting scrape by the same rule)."""
+    return rule_significant(None if stored is None else stored.progress_percentage,
+                            new.progress_percentage)
 
 
 def overrides_of(annotations: Mapping[str, Any] | None) -> Overrides:
@@ -125,9 +134,7 @@ def apply_overrides(base: WritePolicy, overrides: Overrides) -> tuple[WritePolic
             values[field] = check(parse_duration(text))
         except ValueError as exc:
             problems.append(f"{name}={text[:64]!r}: {exc}")
-    policy = WritePolicy(values.get("progress_floor", base.progress_floor),
-                         values.get("metrics_staleness", base.metrics_staleness))
-    return policy, problems
+    return replace(base, **values), problems
 
 
 class PolicyResolver:
