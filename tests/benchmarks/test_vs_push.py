@@ -56,6 +56,29 @@ def test_picture_labels_each_side_with_its_settings_and_values(tmp_path: Path) -
     assert written[0].stat().st_size > 1000
 
 
+def test_cliff_states_both_n_and_draws_one_picture(tmp_path: Path) -> None:
+    def h(rate: float, p99: float, censored: bool = False) -> dict[str, object]:
+        return {"api_writes_per_s": rate, "progress_freshness_p99_s": p99,
+                "progress_freshness_p99_censored": censored, "budget": [5.0, 10]}
+
+    res = {"plan": {"budget": [5.0, 10]}, "sides": {k: k for k in sides.SIDE_KEYS},
+           "by_label": {
+               "N=20 every=1s percent=15s": {"push_as_shipped": h(4.9, 5.0),
+                                             "push_best": h(4.9, 5.0),
+                                             "pull_equal_budget": h(4.0, 6.0)},
+               "N=60 every=1s percent=15s": {"push_as_shipped": h(0.0, 170.0, True),
+                                             "push_best": h(5.0, 9.0),
+                                             "pull_equal_budget": h(4.5, 8.0)},
+               "N=200 every=10s percent=15s": {"push_as_shipped": h(0.0, 1.0)}}}
+    assert report.cliff(res) == {"push_as_shipped_cliff_n": 60,
+                                 "push_best_slower_than_pull_from_n": 60,
+                                 "measured_n": [20, 60]}
+    series = report.cliff_series(res)
+    assert series["push_as_shipped"] == [(20, 4.9, 5.0, False), (60, 0.0, 170.0, True)]
+    path = report.plot_cliff(res, tmp_path / "vs-push-cliff-x")
+    assert path.name == "vs-push-cliff-x-cliff.png" and path.stat().st_size > 1000
+
+
 @pytest.mark.timeout(180)
 def test_audit_log_counts_status_writes_by_field_manager_with_bytes() -> None:
     with ControlPlane(audit_log="Request") as plane, plane.api_client() as api:
