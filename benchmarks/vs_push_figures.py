@@ -75,7 +75,9 @@ class StatusWatch(TrainJobWatch):
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
         self.seen: dict[str, list[tuple[float, int, float]]] = {}
-        super().__init__(api, namespace, self._record)
+        # Short requests: a session's end waits for the watch to stop (a resumed
+        # request loses no event: it starts at the last resourceVersion seen).
+        super().__init__(api, namespace, self._record, request_seconds=5)
 
     def _record(self, now: float, name: str, ts: Mapping[str, Any]) -> None:
         self.seen.setdefault(name, []).append(
