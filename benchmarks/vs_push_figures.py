@@ -77,7 +77,7 @@ class StatusWatch(TrainJobWatch):
         self.seen: dict[str, list[tuple[float, int, float]]] = {}
         # Short requests: a session's end waits for the watch to stop (a resumed
         # request loses no event: it starts at the last resourceVersion seen).
-        super().__init__(api, namespace, self._record, request_seconds=5)
+        super().__init__(api, namespace, self._record, request_seconds=3)
 
     def _record(self, now: float, name: str, ts: Mapping[str, Any]) -> None:
         self.seen.setdefault(name, []).append(

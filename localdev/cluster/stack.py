@@ -421,7 +421,27 @@ class Cluster(ControlPlane):
             status_burst=status_burst), sort_keys=False))
         chosen = str(binary) if binary is not None else shipped
         self._spawned[name] = ([chosen if a == current else a for a in args], env)
-        self.start_component(name)
+        self.start_trainer_again()
+
+    def start_trainer_again(self, attempts: int = 4) -> None:
+        """Start the stopped Trainer controller, up to ``attempts`` times 2 s apart: its
+        status server listens on a fixed port of all interfaces, which an outgoing
+        connection's ephemeral port may hold for a moment while it is down.
+
+        Raises:
+            ControlPlaneError: the last attempt did not get ready.
+        """
+        name = "trainer-controller-manager"
+        for attempt in range(attempts):
+            try:
+                self.start_component(name)
+                return
+            except ControlPlaneError:
+                if attempt == attempts - 1:
+                    raise
+                if name in self._children:
+                    self.stop_component(name)
+                time.sleep(2.0)
 
     def check_running(self) -> None:
         """Check that every process of the stack still runs and the pod runner's loop

@@ -206,7 +206,7 @@ def test_quick_run_measures_every_side_by_the_watch(tmp_path: Path) -> None:
     assert not res["errors"], res["errors"]
     assert not [r for r in res["runs"] if "error" in r], res["runs"]
     assert (tmp_path / path.name.replace(".json", ".md")).exists()
-    png = tmp_path / path.name.replace(".json", "-n4-every1s-percent5s.png")
+    png = tmp_path / path.name.replace(".json", "-n4-every1s-percent3s.png")
     assert png.stat().st_size > 1000
     (case,) = res["by_label"].values()
     assert set(case) == set(sides.SIDE_KEYS)
