@@ -30,9 +30,10 @@ SIGKILL) goes down, the **fault** half ends ``fault/2`` later, the worker comes 
 ``fault`` after it went down, and up to ``--settle`` s for those finals.
 
 Figures per session (:mod:`benchmarks.vs_push_delivery`, one definition for every
-side, judged by a watch on the TrainJobs): values reported, shown, superseded and never
-shown; progress and metrics freshness over shown values (censored: ``>=``); percent
-error; finals delivered with and without the fault.  Cost (:mod:`benchmarks.vs_push_figures`):
+side, judged by a watch on the TrainJobs): of the values reported in ``[a, b -
+lookahead]`` (:meth:`Session.lookahead`), those shown, superseded and never shown;
+progress and metrics freshness over shown values (censored: ``>=``); percent error;
+finals delivered with and without the fault.  Cost (:mod:`benchmarks.vs_push_figures`):
 API writes per TrainJob-hour from the audit log by field manager; CPU seconds of
 kube-apiserver, etcd, the Trainer and the worker over the window (``/proc``); the
 Trainer's reconciles of those TrainJobs (its log's "TrainJob update event" lines: its
@@ -65,7 +66,7 @@ from benchmarks.cp import _Scraper
 from benchmarks.procstat import cpu_seconds
 from benchmarks.report import loadavg, write_report
 from benchmarks.vs_push_delivery import delivery, final_shown, finals
-from benchmarks.vs_push_farm import STUB
+from benchmarks.vs_push_farm import SDK_THROTTLE_SECONDS, STUB
 from benchmarks.vs_push_figures import (
     AuditWrites,
     StatusWatch,
@@ -172,6 +173,13 @@ class Session:
     def namespace(self) -> str:
         return (f"vs-{self.side.slug}-{self.jobs}-{self.every:g}s-"
                 f"{self.case.percent_seconds:g}p").replace(".", "-")
+
+    def lookahead(self) -> float:
+        """Values reported this close to the window's end, where the clean half ends, are
+        not judged (seconds): one SDK throttle or report interval plus 1 s, the longest
+        a running training of any side waits for its next send; closer to its end a
+        value competes with the final, which the finals judge."""
+        return max(SDK_THROTTLE_SECONDS, self.every) + 1.0
 
     def max_seconds(self) -> float:
         """Longest a training may run (its bound if the end file never comes)."""
@@ -481,7 +489,9 @@ def run_session(cluster: Cluster, s: Session, best: Path | None) -> dict[str, An
         seen = dict(watcher.seen)
         res["records"] = len(records)
         w = res["window"]
-        w.update(delivery(records, seen, a, b, observed_until))
+        w["judged_until"] = b - s.lookahead()
+        w.update(delivery(records, seen, a, b - s.lookahead(), observed_until,
+                          errors_until=b))
         w["cost"] = costs(records.values(), a, b)
         hours = trainjob_hours(records.values(), a, b)
         audit: AuditWrites = read_audit(cluster.audit_log_path, s.namespace, a, b,

@@ -105,9 +105,11 @@ def _stamp_fate(views: list[View], t: float, stamp: float) -> tuple[float | None
 
 
 def delivery(records: Mapping[str, Mapping[str, Any]], seen: Mapping[str, list[View]],
-             a: float, b: float, observed_until: float) -> dict[str, Any]:
+             a: float, b: float, observed_until: float,
+             errors_until: float | None = None) -> dict[str, Any]:
     """Delivery and freshness of the values reported in ``[a, b]`` (module doc), and the
-    percent error; ``records`` as :meth:`benchmarks.vs_push_training.Training.record`."""
+    percent error over ``[a, errors_until or b]``; ``records`` as
+    :meth:`benchmarks.vs_push_training.Training.record`."""
     progress, metrics = _Tally(), _Tally()
     errors: list[float] = []
     for job, rec in records.items():
@@ -121,7 +123,8 @@ def delivery(records: Mapping[str, Mapping[str, Any]], seen: Mapping[str, list[V
             if i == 0 or pct != percents[i - 1]:
                 at, sup = _progress_fate(views, t, pct)
                 progress.add(t, at, sup, observed_until)
-        errors += percent_errors(stamps, percents, views, a, b)
+        errors += percent_errors(stamps, percents, views, a,
+                                 b if errors_until is None else errors_until)
     out = {**progress.figures("progress"), **metrics.figures("metrics")}
     for key in ("reported", "shown", "superseded", "never_shown"):
         out[f"values_{key}"] = out[f"progress_values_{key}"] + out[f"metrics_values_{key}"]
