@@ -343,9 +343,10 @@ def plot_cliff(res: dict[str, Any], stem: Path) -> Path:
     right.set_yscale("log")
     for ax in (left, right):
         ax.grid(alpha=0.3, which="both")
-    left.legend(loc="upper center", bbox_to_anchor=(1.1, -0.14), fontsize=8, frameon=False)
+    handles, texts = left.get_legend_handles_labels()
+    fig.legend(handles, texts, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0.0, 0.12, 1.0, 1.0))
     path = stem.with_name(f"{stem.name}-cliff.png")
-    fig.tight_layout()
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return path
