@@ -131,6 +131,14 @@ def real_count(jobs: int, available: int, asked: int | None) -> int:
     return min(jobs, max(fits, MIN_REAL if asked is None else 0))
 
 
+def lookahead(every: float) -> float:
+    """Values reported this close to the window's end, where the clean half ends, are
+    not judged (seconds): one SDK throttle or report interval plus 1 s, the longest a
+    running training of any side waits for its next send; closer to its end a value
+    competes with the final, which the finals judge."""
+    return max(SDK_THROTTLE_SECONDS, every) + 1.0
+
+
 #: The two halves of a session's TrainJobs for the finals.
 GROUPS = ("clean", "fault")
 
@@ -175,11 +183,8 @@ class Session:
                 f"{self.case.percent_seconds:g}p").replace(".", "-")
 
     def lookahead(self) -> float:
-        """Values reported this close to the window's end, where the clean half ends, are
-        not judged (seconds): one SDK throttle or report interval plus 1 s, the longest
-        a running training of any side waits for its next send; closer to its end a
-        value competes with the final, which the finals judge."""
-        return max(SDK_THROTTLE_SECONDS, self.every) + 1.0
+        """:func:`lookahead` of this session's report interval."""
+        return lookahead(self.every)
 
     def max_seconds(self) -> float:
         """Longest a training may run (its bound if the end file never comes)."""
@@ -719,7 +724,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
     """The plan the command line asks for."""
     jobs = sorted(set(args.jobs)) if args.jobs else None
     if args.plan == "quick":
-        cases = [Case(4, 1.0, 3.0, args.window or 6.0, SIDE_KEYS)]
+        cases = [Case(4, 1.0, 3.0, args.window or 12.0, SIDE_KEYS)]
         return Plan("quick", cases, args.budget or pull_defaults(), 1.0, 2.0, 15.0,
                     args.setup_timeout or 120.0, 2, args.time_budget)
     if args.plan == "cliff":
@@ -748,7 +753,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plan", choices=("main", "cliff", "custom", "quick"), default="main",
                         help="main: the main table; cliff: N=20..200 at 5/s; custom: --jobs "
-                        "at --every for --sides; quick: N=4 (2 real), every side, a 6 s "
+                        "at --every for --sides; quick: N=4 (2 real), every side, a 12 s "
                         "window, a 2 s fault")
     parser.add_argument("--jobs", nargs="+", type=int, default=None,
                         help="only these N of the plan (each N may run on its own)")
@@ -796,6 +801,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = plan_of(args)
+    for case in plan.cases:
+        if case.window <= lookahead(case.every):
+            raise SystemExit(f"--window={case.window:g}: must be longer than the lookahead "
+                             f"of {case.label} ({lookahead(case.every):g} s): nothing "
+                             "would be judged")
     if args.estimate:
         print(json.dumps(estimate(plan, memory_available()), indent=1))
         return 0
