@@ -20,11 +20,14 @@ class TrainJobWatch:
 
     Each watch request resumes from the last resourceVersion seen, so a write between
     two requests is not lost in a re-list's ADDED events (which are not writes); a 410
-    or a dropped connection starts over.
+    or a dropped connection starts over.  A request lasts ``request_seconds``: the
+    longest :meth:`stop` waits for a quiet watch to notice.
     """
 
-    def __init__(self, api: client.ApiClient, namespace: str, on_write: OnWrite) -> None:
+    def __init__(self, api: client.ApiClient, namespace: str, on_write: OnWrite,
+                 request_seconds: int = 30) -> None:
         self._on_write = on_write
+        self._request_seconds = request_seconds
         self._watch = watch.Watch()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(api, namespace), daemon=True)
@@ -37,7 +40,7 @@ class TrainJobWatch:
             try:
                 for event in self._watch.stream(
                         custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
-                        namespace, TRAINJOB_PLURAL, timeout_seconds=30,
+                        namespace, TRAINJOB_PLURAL, timeout_seconds=self._request_seconds,
                         **({"resource_version": rv} if rv else {})):
                     now = time.time()
                     obj = event["object"]
@@ -52,7 +55,7 @@ class TrainJobWatch:
                 time.sleep(0.2)
 
     def stop(self) -> None:
-        """Stop the watch and wait for its thread (at most one watch timeout)."""
+        """Stop the watch and wait for its thread (at most one watch request)."""
         self._stop.set()
         self._watch.stop()
-        self._thread.join(timeout=35)
+        self._thread.join(timeout=self._request_seconds + 5)

@@ -1,44 +1,47 @@
-"""Push vs pull, side by side, at N TrainJobs on the local stack (issues 20 and 26).
+"""Push vs pull, side by side, at N TrainJobs on the local stack (issues 20, 26 and 37).
 
-``python -m benchmarks.vs_push --jobs 20 200 1000 [--every 1] [--every-20 10] [--quick]``
+``python -m benchmarks.vs_push --plan main|cliff|quick [--jobs N ...] [--budget Q/B]``
 runs, on one :class:`localdev.cluster.stack.Cluster` (Trainer v2.3.0 with the
-``TrainJobStatus`` gate on: its status server as shipped, QPS 5 / burst 10), for each N
-one session per design, the same trainings reporting every ``every`` seconds
-(:mod:`benchmarks.vs_push_training`):
+``TrainJobStatus`` gate on), the cases of a plan (:mod:`benchmarks.vs_push_sides`: N,
+report interval, percentage rate, window) for each of its sides, one session each, the
+same trainings reporting every ``every`` seconds (:mod:`benchmarks.vs_push_training`):
 
-* **push**: the trainings call the Kubeflow SDK's ``update_trainjob_status`` (5 s
-  throttle, 5 s timeout, no retry); the status server writes as field manager
-  ``trainer-status``;
-* **pull**: the trainings call :func:`exporter_lib.update`; our scraper as deployed
-  (``python -m scraper run``, its defaults) writes as ``trainjob-scraper``.  Before the
-  defaults' window, the same trainings are measured under each setting of the sweep
-  (``--sweep``: the scraper restarted with those flags, shorter windows) for the picture.
+* **push** (``push_as_shipped``, ``push_equal_budget``, ``push_best``): the trainings
+  call the Kubeflow SDK's ``update_trainjob_status`` (5 s throttle, 5 s timeout, no
+  retry); the Trainer's status server writes as field manager ``trainer-status``.  Each
+  session restarts the Trainer with its side's ``statusServer.qps``/``burst`` and, for
+  ``push_best``, our patched build (``scripts/stack-assets trainer-best``);
+* **pull** (``pull``, ``pull_equal_budget``): the trainings call
+  :func:`exporter_lib.update`; our scraper (``python -m scraper run``, its defaults or
+  capped at the budget) writes as ``trainjob-scraper``.
 
-The first ``--real`` TrainJobs of a session (at least 10; by default as many as a
-quarter of the available memory holds at :data:`TRAINING_BYTES` each) run a real
-training process each; the others run :data:`benchmarks.vs_push_farm.STUB` and their
-training in a farm process (:mod:`benchmarks.vs_push_farm`, up to
-:data:`FARM_CHUNK` TrainJobs per process): push with the SDK's request, throttle and
-timeout; pull with one ``exporter_lib`` exporter per pod.  Every row says which.
+The first ``--real`` TrainJobs of a session (at least 2; by default as many as a quarter
+of the available memory holds at :data:`TRAINING_BYTES` each, at most
+:data:`MAX_REAL`) run a real training process each; the others run
+:data:`benchmarks.vs_push_farm.STUB` and their training in a farm process
+(:mod:`benchmarks.vs_push_farm`, up to :data:`FARM_CHUNK` TrainJobs per process).
 
-A session: N TrainJobs created; once each has reported (or ``--setup-timeout``), its
-windows ``[a, b]`` (after ``--warmup`` s); every training ends at ``end = b + fault/2``
-of the last window; at ``b`` the worker (push: the Trainer controller, whose status
-server stops with it; pull: the scraper, SIGKILL) goes down and comes back at ``end +
-fault/2``, so its outage spans every training's end; then up to ``--settle`` s for the
-finals.  Figures per window (:mod:`benchmarks.vs_push_figures`): API writes per
-TrainJob-hour from the audit log by field manager; progress and metrics freshness by
-watch; training-side cost per report call by kind of training; reports lost (push:
-non-200s, timeouts, refused connections); finals delivered; CPU seconds of the worker,
-kube-apiserver and the farms over the window (``/proc``); the load average; for pull
-the scraper's own figures (``scraper``: held scrapes and pending writes at the window's
-start and end, scrapes and writes by result, mean write request time), which tell held
-from polled targets and a write queue from slow writes.  Each window after the first
-restarts the scraper: its first ``warmup`` seconds hold that start's transient.
+A session: N TrainJobs created; once each has reported (or ``--setup-timeout``), one
+window ``[a, b]`` after ``--warmup`` (+ N/20) s.  Then the finals, in two halves of the
+TrainJobs (even and odd indices, each with real and farmed trainings): the **clean**
+half ends at ``b`` with nothing down, up to ``--settle`` s for its finals; then the
+worker (push: the Trainer, whose status server stops with it; pull: the scraper,
+SIGKILL) goes down, the **fault** half ends ``fault/2`` later, the worker comes back
+``fault`` after it went down, and up to ``--settle`` s for those finals.
 
-Scaled down for a small machine (every figure says so): trainings are report loops,
-the windows are minutes, not hours.  Everything listens on loopback; every wait is
-bounded; every process started is stopped.
+Figures per session (:mod:`benchmarks.vs_push_delivery`, one definition for every
+side, judged by a watch on the TrainJobs): of the values reported in ``[a, b -
+lookahead]`` (:meth:`Session.lookahead`), those shown, superseded and never shown;
+progress and metrics freshness over shown values (censored: ``>=``); percent error;
+finals delivered with and without the fault.  Cost (:mod:`benchmarks.vs_push_figures`):
+API writes per TrainJob-hour from the audit log by field manager; CPU seconds of
+kube-apiserver, etcd, the Trainer and the worker over the window (``/proc``); the
+Trainer's reconciles of those TrainJobs (its log's "TrainJob update event" lines: its
+TrainJob controller's update predicate logs and admits every update); the training's
+blocked time per report call by kind of training.
+
+Scaled down for a small machine (every figure says so).  Everything listens on
+loopback; every wait is bounded; every process started is stopped.
 """
 
 from __future__ import annotations
@@ -47,7 +50,6 @@ import argparse
 import contextlib
 import json
 import os
-import shlex
 import signal
 import sys
 import time
@@ -63,17 +65,27 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.cp import _Scraper
 from benchmarks.procstat import cpu_seconds
 from benchmarks.report import loadavg, write_report
+from benchmarks.vs_push_delivery import delivery, final_shown, finals
 from benchmarks.vs_push_farm import SDK_THROTTLE_SECONDS, STUB
 from benchmarks.vs_push_figures import (
     AuditWrites,
     StatusWatch,
     costs,
-    freshness,
     read_audit,
-    stamp_of,
     trainjob_hours,
 )
-from benchmarks.vs_push_report import plot, summarise, table
+from benchmarks.vs_push_report import plot, plot_cliff, summarise, table
+from benchmarks.vs_push_sides import (
+    SIDE_KEYS,
+    Budget,
+    Case,
+    Side,
+    cliff_cases,
+    main_cases,
+    make_side,
+    pull_defaults,
+    trainer_best_binary,
+)
 from benchmarks.waits import wait_until
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from localdev.cluster import processes
@@ -84,33 +96,22 @@ from localdev.cluster.trainjobs import trainjob_body
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TRAINING = Path(__file__).resolve().with_name("vs_push_training.py")
-DESIGNS = ("push", "pull")
 #: The field manager of each design's status writes (upstream's status server; ours).
 FIELD_MANAGER = {"push": "trainer-status", "pull": "trainjob-scraper"}
 TRAINER = "trainer-controller-manager"
+#: What the Trainer v2.3.0 TrainJob controller logs for each update it admits
+#: (``pkg/controller/trainjob_controller.go``: its Update predicate returns true).
+TRAINER_UPDATE_LINE = "TrainJob update event"
 #: Resident memory of one real training process with the SDK imported (measured ~90
 #: MB; with exporter_lib ~40 MB) plus the pod runner's share.
 TRAINING_BYTES = 120 << 20
-#: Fewest real trainings per session (issue 26).
-MIN_REAL = 10
+#: Fewest real trainings per session (one per half of the finals).
+MIN_REAL = 2
 #: Most real trainings per session by default: CPU, not memory, binds on a 2-core machine
 #: (importing the SDK costs a training process about 2.8 s of CPU, measured here).
 MAX_REAL = 20
 #: TrainJobs per farm process.
 FARM_CHUNK = 250
-
-
-def default_sweep() -> list[tuple[str, tuple[str, ...]]]:
-    """The pull settings of the picture besides the defaults, (label, scraper flags): the
-    write policy's metrics staleness below and above its default (issue 26); on a
-    scraper without that policy, its metrics write interval."""
-    from scraper.config import ScraperSettings
-
-    if "metrics_staleness" in ScraperSettings.model_fields:
-        return [("metrics staleness 10 s", ("--metrics-staleness", "10s")),
-                ("metrics staleness 120 s", ("--metrics-staleness", "120s"))]
-    return [("metrics write interval 10 s", ("--metrics-write-interval", "10s")),
-            ("metrics write interval 60 s", ("--metrics-write-interval", "60s"))]
 
 
 def memory_available() -> int:
@@ -130,45 +131,79 @@ def real_count(jobs: int, available: int, asked: int | None) -> int:
     return min(jobs, max(fits, MIN_REAL if asked is None else 0))
 
 
-@dataclass
-class Window:
-    """One measured window of a session: its label, the scraper's extra flags (pull),
-    warm-up and length (seconds)."""
+def lookahead(every: float) -> float:
+    """Values reported this close to the window's end, where the clean half ends, are
+    not judged (seconds): one SDK throttle or report interval plus 1 s, the longest a
+    running training of any side waits for its next send; closer to its end a value
+    competes with the final, which the finals judge."""
+    return max(SDK_THROTTLE_SECONDS, every) + 1.0
 
-    label: str
-    flags: tuple[str, ...]
-    warmup: float
-    length: float
+
+#: The two halves of a session's TrainJobs for the finals.
+GROUPS = ("clean", "fault")
+
+
+def group_of(index: int) -> str:
+    """The finals half of TrainJob ``job-<index>``: even clean, odd fault."""
+    return GROUPS[index % 2]
 
 
 @dataclass
 class Session:
-    design: str
-    jobs: int
-    every: float
+    """One side at one case: its timings (seconds) and real trainings."""
+
+    side: Side
+    case: Case
     real: int
-    windows: list[Window]
+    warmup: float
     fault: float
     settle: float
     setup_timeout: float
-    percent_seconds: float
-    label: str = field(init=False)
+    keys: tuple[str, ...] = ()  # the JSON keys this session's figures stand for
 
-    def __post_init__(self) -> None:
-        self.label = f"N={self.jobs} every={self.every:g}s"
+    @property
+    def design(self) -> str:
+        return self.side.design
+
+    @property
+    def jobs(self) -> int:
+        return self.case.jobs
+
+    @property
+    def every(self) -> float:
+        return self.case.every
+
+    @property
+    def label(self) -> str:
+        return self.case.label
 
     @property
     def namespace(self) -> str:
-        return f"vs-{self.design}-{self.jobs}-{self.every:g}s".replace(".", "-")
+        return (f"vs-{self.side.slug}-{self.jobs}-{self.every:g}s-"
+                f"{self.case.percent_seconds:g}p").replace(".", "-")
 
     def lookahead(self) -> float:
-        """Changes this close to a window's end are not counted (seconds)."""
-        return max(SDK_THROTTLE_SECONDS, self.every) + 5.0
+        """:func:`lookahead` of this session's report interval."""
+        return lookahead(self.every)
 
     def max_seconds(self) -> float:
         """Longest a training may run (its bound if the end file never comes)."""
-        return (self.setup_timeout + sum(w.warmup + w.length + 15 for w in self.windows)
-                + self.fault + 120)
+        return (self.setup_timeout + self.warmup + self.case.window + 2 * self.settle
+                + self.fault + 180)
+
+
+def session_seconds(s: Session) -> float:
+    """A session's time after its setup, at most: warm-up, window, both settles, the
+    fault, teardown (seconds)."""
+    return s.warmup + s.case.window + 2 * s.settle + s.fault + 60
+
+
+def estimate_seconds(s: Session) -> float:
+    """A session's expected wall time at most: its setup, fitted to the setups of
+    ``benchmarks/reports/vs-push-20261204-153506.json`` on a quiet machine (about 20 s
+    at N=20, 60 s at 200, 450-870 s at 1000: the Trainer's one TrainJob worker), and
+    :func:`session_seconds` (both settles taken in full)."""
+    return 15 + 0.3 * s.jobs + 4e-4 * s.jobs ** 2 + session_seconds(s)
 
 
 # ------------------------------------------------------------------ processes
@@ -187,17 +222,12 @@ def _sleep_until(at: float) -> None:
 
 
 class _Farms:
-    """The farm processes of a session (:mod:`benchmarks.vs_push_farm`)."""
+    """The farm processes of a session (:mod:`benchmarks.vs_push_farm`), per finals half
+    (each half its own end file)."""
 
-    def __init__(self, cluster: Cluster, session: Session, names: list[str], out: Path,
-                 end_file: Path) -> None:
+    def __init__(self, cluster: Cluster, session: Session, names: dict[str, list[str]],
+                 out: Path, end_files: dict[str, Path]) -> None:
         self.procs = []
-        argv = [sys.executable, "-m", "benchmarks.vs_push_farm", "--mode",
-                "push" if session.design == "push" else "pull", "--out", str(out),
-                "--every", f"{session.every:g}",
-                "--percent-seconds", f"{session.percent_seconds:g}",
-                "--end-file", str(end_file), "--max-seconds", f"{session.max_seconds():.0f}"]
-        # No pod identity for the exporters (the farm is no pod), the checkout importable.
         env = {k: v for k, v in os.environ.items()
                if k not in ("HOSTNAME", "KUBERNETES_SERVICE_HOST")}
         env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
@@ -209,15 +239,21 @@ class _Farms:
                              + f"\n127.0.0.1\t{trainer_service_host()}\n")
             binds.append((hosts, "/etc/hosts"))
         prefix = private_mount_prefix()
-        for i in range(0, len(names), FARM_CHUNK):
-            cmd = [*argv, "--names", ",".join(names[i:i + FARM_CHUNK])]
-            if binds:
-                if prefix is None:
-                    raise ControlPlaneError("the push farm needs a private mount namespace "
-                                            "(unshare) for the Service name's hosts entry")
-                cmd = with_bind_mounts(prefix, binds, cmd)
-            self.procs.append(processes.spawn(cmd, cluster.workdir / f"farm-{out.name}-{i}.log",
-                                              env=env))
+        for group, members in names.items():
+            argv = [sys.executable, "-m", "benchmarks.vs_push_farm", "--mode",
+                    session.design, "--out", str(out), "--every", f"{session.every:g}",
+                    "--percent-seconds", f"{session.case.percent_seconds:g}",
+                    "--end-file", str(end_files[group]),
+                    "--max-seconds", f"{session.max_seconds():.0f}"]
+            for i in range(0, len(members), FARM_CHUNK):
+                cmd = [*argv, "--names", ",".join(members[i:i + FARM_CHUNK])]
+                if binds:
+                    if prefix is None:
+                        raise ControlPlaneError("the push farm needs a private mount namespace "
+                                                "(unshare) for the Service name's hosts entry")
+                    cmd = with_bind_mounts(prefix, binds, cmd)
+                self.procs.append(processes.spawn(
+                    cmd, cluster.workdir / f"farm-{out.name}-{group}-{i}.log", env=env))
 
     def cpu(self) -> float | None:
         values = [_cpu(p.pid) for p in self.procs]
@@ -231,19 +267,38 @@ class _Farms:
             processes.stop(proc, 5.0)
 
 
-class _Worker:
-    """The process doing a design's status work: its pid, a kill and a start."""
+#: Per cluster (``id``), the Trainer's (binary, status QPS, burst) now; absent: as started.
+_TRAINER_RUNS: dict[int, tuple[Path | None, float | None, float | None]] = {}
 
-    def __init__(self, cluster: Cluster, session: Session) -> None:
-        self.cluster, self.session = cluster, session
+
+class _Worker:
+    """The process doing a side's status work: its pid, a kill and a start."""
+
+    def __init__(self, cluster: Cluster, session: Session, best: Path | None) -> None:
+        self.cluster, self.session, self.best = cluster, session, best
         self.scraper: _Scraper | None = None
 
-    def start(self, flags: tuple[str, ...] = ()) -> None:
+    def configure(self) -> None:
+        """The Trainer restarted with the side's binary and status server budget: push
+        (b) and (c) their own; push as shipped and every pull side the shipped binary
+        at its defaults (pull's writes make the Trainer reconcile too).  Not restarted
+        when it already runs so."""
+        side = self.session.side
+        budgeted = side.design == "push" and side.key != "push_as_shipped"
+        want = (self.best if side.patched else None,
+                side.budget.qps if budgeted else None, side.budget.burst if budgeted else None)
+        if _TRAINER_RUNS.get(id(self.cluster), (None, None, None)) == want:
+            return
+        self.cluster.restart_trainer(want[0], status_qps=want[1],
+                                     status_burst=int(want[2]) if want[2] is not None else None)
+        _TRAINER_RUNS[id(self.cluster)] = want
+
+    def start(self) -> None:
         if self.session.design == "push":
-            self.cluster.start_component(TRAINER)  # waits for readyz and the status server
+            self.cluster.start_trainer_again()  # waits for readyz and the status server
             return
         self.scraper = _Scraper(self.cluster.kubeconfig_path, self.cluster.workdir,
-                                self.session.namespace, list(flags))
+                                self.session.namespace, list(self.session.side.scraper_flags()))
         self.scraper.wait_ready()
 
     def kill(self) -> None:
@@ -273,6 +328,25 @@ class _Worker:
         if self.scraper is not None:
             self.scraper.stop()
             self.scraper = None
+
+
+def reconciles(log: Path, offset: int, end: int, namespace: str) -> int:
+    """Lines of the Trainer's log between byte ``offset`` and ``end`` that admit an
+    update of a TrainJob in ``namespace`` (:data:`TRAINER_UPDATE_LINE`)."""
+    with contextlib.suppress(OSError), open(log, "rb") as handle:
+        handle.seek(offset)
+        text = handle.read(max(0, end - offset)).decode(errors="replace")
+        return sum(1 for line in text.splitlines()
+                   if (TRAINER_UPDATE_LINE in line and f'"{namespace}"' in line)
+                   or (TRAINER_UPDATE_LINE in line and f"{namespace}/" in line))
+    return 0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 # ------------------------------------------------------------------ one session
@@ -316,6 +390,142 @@ def scraper_window(before: dict[str, float] | None,
     return out
 
 
+def _write_end(path: Path, at: float) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{at:.3f}")
+    tmp.replace(path)
+
+
+#: Final report calls whose POST may still be applied: answered 200, or abandoned by
+#: the SDK's timeout while the status server still holds it.  A final throttled, refused
+#: or never sent cannot arrive: the wait for it ends (delivery is still the watch's).
+MAY_ARRIVE = ("ok", "timeout")
+
+
+def _wait_finals(watcher: StatusWatch, records_dir: Path, names: list[str],
+                 timeout: float, design: str) -> None:
+    """Until the watch shows every final of ``names`` that can still arrive (their
+    records written), or ``timeout`` seconds."""
+    def done() -> bool:
+        recs = _records(records_dir)
+        if not all(n in recs for n in names):
+            return False
+        seen = dict(watcher.seen)
+        return all(final_shown(sorted(seen.get(n, [])), recs[n].get("final"))
+                   for n in names
+                   if design == "pull" or recs[n].get("final_outcome") in MAY_ARRIVE)
+    wait_until(done, timeout, 1.0)
+
+
+def run_session(cluster: Cluster, s: Session, best: Path | None) -> dict[str, Any]:
+    """One side at one case on a running cluster; returns its figures."""
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": s.namespace}})
+    out = cluster.workdir / "vs-push-out" / s.namespace
+    out.mkdir(parents=True, exist_ok=True)
+    end_files = {g: out / f"end-{g}" for g in GROUPS}
+    res: dict[str, Any] = {
+        "side": s.side.key, "keys": list(s.keys), "side_label": s.side.label,
+        "design": s.design, "budget": [s.side.budget.qps, s.side.budget.burst],
+        "jobs": s.jobs, "every": s.every, "percent_seconds": s.case.percent_seconds,
+        "label": s.label, "real": s.real, "farmed": s.jobs - s.real,
+        "namespace": s.namespace, "loadavg_start": loadavg()}
+    audit_offset = cluster.audit_log_path.stat().st_size
+    worker = _Worker(cluster, s, best)
+    worker.configure()
+    watcher = StatusWatch(api, s.namespace)
+    farmed: dict[str, list[str]] = {g: [] for g in GROUPS}
+    for i in range(s.real, s.jobs):
+        farmed[group_of(i)].append(f"job-{i}")
+    farms = _Farms(cluster, s, {g: m for g, m in farmed.items() if m}, out, end_files) \
+        if s.jobs > s.real else None
+    trainer_log = cluster.workdir / f"{TRAINER}.log"
+    try:
+        t0 = time.time()
+        if s.design == "pull":
+            worker.start()
+        _create_trainjobs(api, s, out, end_files)
+        res["create_seconds"] = time.time() - t0
+        wait_until(lambda: len(list(out.glob("job-*.up"))) >= s.jobs,
+                   s.setup_timeout - (time.time() - t0), 1.0)
+        res["reporting_at_first_window"] = len(list(out.glob("job-*.up")))
+        res["setup_seconds"] = time.time() - t0
+        a = time.time() + s.warmup
+        b = a + s.case.window
+        _write_end(end_files["clean"], b)
+        _sleep_until(a)
+        pids = {"worker": worker.pid(), "apiserver": cluster.apiserver_pid,
+                "etcd": cluster.etcd_pid, "trainer": cluster.process_pid(TRAINER)}
+        c0 = {k: _cpu(p) for k, p in pids.items()}
+        f0 = farms.cpu() if farms else None
+        m0 = worker.scraper_sample()
+        log0 = _size(trainer_log)
+        _sleep_until(b)
+        c1 = {k: _cpu(p) for k, p in pids.items()}
+        f1 = farms.cpu() if farms else None
+        m1 = worker.scraper_sample()
+        res["window"] = {
+            "start": a, "end": b, "seconds": b - a, "warmup": s.warmup, "loadavg": loadavg(),
+            "cpu_seconds": {k: None if c0[k] is None or c1[k] is None
+                            else c1[k] - c0[k] for k in pids},  # type: ignore[operator]
+            "farm_cpu_seconds": None if f0 is None or f1 is None else f1 - f0,
+            "trainer_reconciles": reconciles(trainer_log, log0, _size(trainer_log),
+                                             s.namespace),
+            "scraper": scraper_window(m0, m1)}
+        clean = [f"job-{i}" for i in range(s.jobs) if group_of(i) == "clean"]
+        fault = [f"job-{i}" for i in range(s.jobs) if group_of(i) == "fault"]
+        # The clean half ended at b with nothing down: its finals.
+        _wait_finals(watcher, out, clean, s.settle, s.design)
+        res["clean_settled_at"] = time.time()
+        # The fault: the worker down across the other half's end.
+        down = res["fault_started_at"] = time.time()
+        if s.fault > 0:
+            worker.kill()
+        _write_end(end_files["fault"], down + s.fault / 2)
+        _sleep_until(down + s.fault)
+        if s.fault > 0:
+            worker.start()
+        res["restarted_at"] = time.time()
+        _wait_finals(watcher, out, fault, s.settle, s.design)
+        wait_until(lambda: len(list(out.glob("job-*.json"))) >= s.jobs, 60.0)
+        observed_until = res["observed_until"] = time.time()
+        records = _records(out)
+        seen = dict(watcher.seen)
+        res["records"] = len(records)
+        w = res["window"]
+        w["judged_until"] = b - s.lookahead()
+        w.update(delivery(records, seen, a, b - s.lookahead(), observed_until,
+                          errors_until=b))
+        w["cost"] = costs(records.values(), a, b)
+        hours = trainjob_hours(records.values(), a, b)
+        audit: AuditWrites = read_audit(cluster.audit_log_path, s.namespace, a, b,
+                                        audit_offset)
+        writes, nbytes = audit.writer(FIELD_MANAGER[s.design])
+        w.update({"trainjob_hours": hours, "writes": writes, "request_bytes": nbytes,
+                  "audit_writes_by_writer": dict(audit.count),
+                  "api_writes_per_s": writes / (b - a),
+                  "api_writes_per_trainjob_hour": writes / hours if hours else None,
+                  "request_bytes_per_write": nbytes / writes if writes else None})
+        res["finals"] = {"no_fault": finals(records, seen, clean, down),
+                         "fault": finals(records, seen, fault, observed_until)}
+        outcomes: dict[str, int] = {}
+        for r in records.values():
+            o = str(r.get("final_outcome"))
+            outcomes[o] = outcomes.get(o, 0) + 1
+        res["final_call_outcomes"] = outcomes  # what the report calls returned: not delivery
+        res["loadavg_end"] = loadavg()
+    finally:
+        watcher.stop()
+        worker.stop()
+        if farms is not None:
+            farms.stop(30.0)
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespace(s.namespace)
+        api.close()
+    return res
+
+
 def _records(out_dir: Path) -> dict[str, dict[str, Any]]:
     found = {}
     for path in out_dir.glob("job-*.json"):
@@ -324,21 +534,15 @@ def _records(out_dir: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _held(api: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
-    items = client.CustomObjectsApi(api).list_namespaced_custom_object(
-        API_GROUP, API_VERSION, namespace, TRAINJOB_PLURAL)["items"]
-    return {o["metadata"]["name"]: (o.get("status") or {}).get("trainerStatus") or {}
-            for o in items}
-
-
-def _create_trainjobs(api: client.ApiClient, s: Session, out: Path, end_file: Path) -> None:
+def _create_trainjobs(api: client.ApiClient, s: Session, out: Path,
+                      end_files: dict[str, Path]) -> None:
     def one(i: int) -> None:
         name = f"job-{i}"
         real = i < s.real
         command = ([sys.executable, str(TRAINING)] if real else ["/bin/sh", "-c", STUB])
         env = {"VS_PUSH_MODE": s.design, "VS_PUSH_EVERY": f"{s.every:g}",
-               "VS_PUSH_PERCENT_SECONDS": f"{s.percent_seconds:g}",
-               "VS_PUSH_END_FILE": str(end_file), "VS_PUSH_OUT": str(out),
+               "VS_PUSH_PERCENT_SECONDS": f"{s.case.percent_seconds:g}",
+               "VS_PUSH_END_FILE": str(end_files[group_of(i)]), "VS_PUSH_OUT": str(out),
                "VS_PUSH_MAX_SECONDS": f"{s.max_seconds():.0f}", "VS_PUSH_NAME": name}
         body = trainjob_body(s.namespace, name, command=command, env=env, num_nodes=1)
         for attempt in range(5):  # the Trainer's webhook may time out under load
@@ -355,130 +559,6 @@ def _create_trainjobs(api: client.ApiClient, s: Session, out: Path, end_file: Pa
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, range(s.jobs)))
-
-
-def _window_figures(cluster: Cluster, s: Session, records: dict[str, dict[str, Any]],
-                    seen: dict[str, list[tuple[float, int, float]]], w: dict[str, Any],
-                    audit_offset: int) -> None:
-    a, b = w["start"], w["end"]
-    w.update(freshness(records, seen, a, b, s.lookahead()))
-    w["cost"] = costs(records.values(), a, b)
-    hours = trainjob_hours(records.values(), a, b)
-    audit: AuditWrites = read_audit(cluster.audit_log_path, s.namespace, a, b, audit_offset)
-    writes, nbytes = audit.writer(FIELD_MANAGER[s.design])
-    w.update({"trainjob_hours": hours, "writes": writes, "request_bytes": nbytes,
-              "audit_writes_by_writer": dict(audit.count),
-              "api_writes_per_trainjob_hour": writes / hours if hours else None,
-              "request_bytes_per_write": nbytes / writes if writes else None})
-
-
-def run_session(cluster: Cluster, s: Session) -> dict[str, Any]:
-    """One design at one N on a running cluster; returns its figures per window."""
-    api = cluster.api_client()
-    core = client.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": s.namespace}})
-    out = cluster.workdir / "vs-push-out" / s.namespace
-    out.mkdir(parents=True, exist_ok=True)
-    end_file = out / "end-at"
-    res: dict[str, Any] = {"design": s.design, "jobs": s.jobs, "every": s.every,
-                           "label": s.label, "real": s.real, "farmed": s.jobs - s.real,
-                           "namespace": s.namespace, "loadavg_start": loadavg(),
-                           "percent_seconds": s.percent_seconds, "windows": []}
-    audit_offset = cluster.audit_log_path.stat().st_size
-    worker = _Worker(cluster, s)
-    watcher = StatusWatch(api, s.namespace)
-    names = [f"job-{i}" for i in range(s.real, s.jobs)]
-    farms = _Farms(cluster, s, names, out, end_file) if names else None
-    apiserver = cluster.apiserver_pid  # not pids[-1]: that is the last controller's
-    try:
-        t0 = time.time()
-        if s.design == "pull":
-            worker.start(s.windows[0].flags)
-        _create_trainjobs(api, s, out, end_file)
-        res["create_seconds"] = time.time() - t0
-        wait_until(lambda: len(list(out.glob("job-*.up"))) >= s.jobs,
-                    s.setup_timeout - (time.time() - t0), 1.0)
-        res["reporting_at_first_window"] = len(list(out.glob("job-*.up")))
-        res["setup_seconds"] = time.time() - t0
-        end = 0.0
-        for k, win in enumerate(s.windows):
-            last = k == len(s.windows) - 1
-            if k and s.design == "pull":
-                worker.stop()
-                worker.start(win.flags)
-            a = time.time() + win.warmup
-            b = a + win.length
-            if last:  # every training ends half the fault after b
-                end = b + s.fault / 2
-                tmp = end_file.with_suffix(".tmp")
-                tmp.write_text(f"{end:.3f}")
-                tmp.replace(end_file)
-            _sleep_until(a)
-            pids = {"worker": worker.pid(), "apiserver": apiserver,
-                    "trainer": cluster.process_pid(TRAINER)}
-            c0 = {k2: _cpu(p) for k2, p in pids.items()}
-            f0 = farms.cpu() if farms else None
-            m0 = worker.scraper_sample()
-            _sleep_until(b)
-            c1 = {k2: _cpu(p) for k2, p in pids.items()}
-            f1 = farms.cpu() if farms else None
-            m1 = worker.scraper_sample()
-            res["windows"].append({
-                "label": win.label, "flags": list(win.flags), "start": a, "end": b,
-                "seconds": b - a, "warmup": win.warmup, "loadavg": loadavg(),
-                "cpu_seconds": {k2: None if c0[k2] is None or c1[k2] is None
-                                else c1[k2] - c0[k2] for k2 in pids},  # type: ignore[operator]
-                "farm_cpu_seconds": None if f0 is None or f1 is None else f1 - f0,
-                "scraper": scraper_window(m0, m1)})
-        # The fault: the worker down across every training's end.
-        if s.fault > 0:
-            worker.kill()
-            _sleep_until(end + s.fault / 2)
-            worker.start()
-            res["restarted_at"] = time.time()
-        wait_until(lambda: len(list(out.glob("job-*.json"))) >= s.jobs, 90.0)
-        records = _records(out)
-        res["records"] = len(records)
-        res.update(_finals(api, s, records))
-        seen = dict(watcher.seen)
-        for w in res["windows"]:
-            _window_figures(cluster, s, records, seen, w, audit_offset)
-        res["loadavg_end"] = loadavg()
-    finally:
-        watcher.stop()
-        worker.stop()
-        if farms is not None:
-            farms.stop(30.0)
-        with contextlib.suppress(client.ApiException):
-            core.delete_namespace(s.namespace)
-        api.close()
-    return res
-
-
-def _finals(api: client.ApiClient, s: Session,
-            records: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Finals delivered: TrainJobs whose trainerStatus shows the training's final report
-    (its ``stamp``, progress 100), polled until all that were sent arrived or ``settle``."""
-    finals = {n: r["final"] for n, r in records.items() if r.get("final")}
-    # A push final that was never sent (throttled, refused) cannot arrive later.
-    sent = {n for n, r in records.items() if r.get("final_outcome") == "ok"}
-    deadline = time.time() + s.settle
-    delivered: set[str] = set()
-    while True:
-        held = _held(api, s.namespace)
-        delivered = {n for n, f in finals.items()
-                     if (stamp_of(held.get(n, {})) or 0) >= f - 1e-3
-                     and held.get(n, {}).get("progressPercentage") == 100}
-        if sent <= delivered or time.time() > deadline:
-            break
-        time.sleep(1.0)
-    outcomes: dict[str, int] = {}
-    for r in records.values():
-        o = str(r.get("final_outcome"))
-        outcomes[o] = outcomes.get(o, 0) + 1
-    return {"finals_delivered": len(delivered), "finals_expected": s.jobs,
-            "final_outcomes": outcomes,
-            "finals_missing": sorted(set(f"job-{i}" for i in range(s.jobs)) - delivered)[:20]}
 
 
 # ------------------------------------------------------------------ the run
@@ -498,6 +578,7 @@ def _cluster() -> Iterator[Cluster]:
     try:
         yield cluster
     finally:
+        _TRAINER_RUNS.pop(id(cluster), None)
         cluster.stop()
 
 
@@ -505,45 +586,46 @@ def _cluster() -> Iterator[Cluster]:
 class Plan:
     """What a run measures (the command line, resolved)."""
 
-    jobs: list[int]
-    every: float
-    every_small: float | None  # also this interval at the smallest N
-    window: float
-    sweep_window: float
-    sweep: list[tuple[str, tuple[str, ...]]]
+    name: str
+    cases: list[Case]
+    budget: Budget
     warmup: float
     fault: float
     settle: float
     setup_timeout: float | None
-    percent_seconds: float
     real: int | None
-    budget: float | None = None  # seconds for the whole run; later sessions are skipped
-
-
-def session_seconds(s: Session) -> float:
-    """A session's time after its setup: windows, fault, settle, teardown (seconds)."""
-    return sum(w.warmup + w.length + 10 for w in s.windows) + s.fault + s.settle + 60
+    time_budget: float | None = None  # seconds for the whole run; later sessions skipped
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def sessions(plan: Plan, available: int) -> list[Session]:
-    """The sessions of a run, in order: per N push then pull (pull with the sweep) at
-    ``every``, then the smallest N at ``every_small`` (last: a time budget cuts it first)."""
+    """The sessions of a run, in case order, per case its sides in :data:`SIDE_KEYS`
+    order.  ``pull_equal_budget`` at the scraper's default budget is the ``pull``
+    session (one session, both keys) when the case has both."""
     out: list[Session] = []
-    pairs = [(n, plan.every, True) for n in plan.jobs]
-    if plan.every_small is not None:
-        pairs.append((min(plan.jobs), plan.every_small, False))
-    for n, every, swept in pairs:
-        for design in DESIGNS:
-            warmup = plan.warmup + n / 20  # the first statuses at the write budget
-            windows = [Window(label, flags, warmup, plan.sweep_window)
-                       for label, flags in (plan.sweep if swept and design == "pull"
-                                            else [])]
-            windows.append(Window("defaults", (), warmup, plan.window))
-            setup = plan.setup_timeout if plan.setup_timeout is not None else 60 + 2.0 * n
-            out.append(Session(design, n, every, real_count(n, available, plan.real),
-                               windows, plan.fault, plan.settle, setup,
-                               plan.percent_seconds))
+    for case in plan.cases:
+        keys = [k for k in SIDE_KEYS if k in case.sides]
+        shared = ("pull" in keys and "pull_equal_budget" in keys
+                  and plan.budget == pull_defaults())
+        for key in keys:
+            if shared and key == "pull_equal_budget":
+                continue
+            side = make_side(key, plan.budget)
+            stands_for = (key, "pull_equal_budget") if shared and key == "pull" else (key,)
+            setup = plan.setup_timeout if plan.setup_timeout is not None \
+                else 60 + 2.0 * case.jobs
+            out.append(Session(side, case, real_count(case.jobs, available, plan.real),
+                               plan.warmup + case.jobs / 20, plan.fault, plan.settle,
+                               setup, stands_for))
     return out
+
+
+def estimate(plan: Plan, available: int) -> dict[str, Any]:
+    """Expected wall time of ``plan`` (:func:`estimate_seconds` per session, a cluster
+    start of 60 s and the patched Trainer's first build of about 10 minutes aside)."""
+    todo = sessions(plan, available)
+    per = [(s.label, s.side.key, round(estimate_seconds(s))) for s in todo]
+    return {"sessions": len(todo), "seconds": 60 + sum(p[2] for p in per), "per_session": per}
 
 
 def run(plan: Plan) -> dict[str, Any]:
@@ -552,28 +634,45 @@ def run(plan: Plan) -> dict[str, Any]:
     res: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": f"{os.cpu_count()} cores",
         "memory_available_bytes": available, "loadavg_start": loadavg(), "runs": [],
-        "plan": {k: v for k, v in plan.__dict__.items()}, "errors": {}}
+        "plan": {"name": plan.name, "cases": [c.__dict__ for c in plan.cases],
+                 "budget": [plan.budget.qps, plan.budget.burst], "warmup": plan.warmup,
+                 "fault": plan.fault, "settle": plan.settle, "real": plan.real},
+        "sides": {k: make_side(k, plan.budget).label for k in SIDE_KEYS}, "errors": {}}
     todo = sessions(plan, available)
-    deadline = time.monotonic() + (plan.budget or float("inf"))
+    deadline = time.monotonic() + (plan.time_budget or float("inf"))
+    best: Path | None = None
+    if any(s.side.patched for s in todo):
+        try:
+            best = trainer_best_binary()
+            res["trainer_best_binary"] = str(best)
+        except Exception as exc:
+            res["errors"]["trainer_best"] = f"{type(exc).__name__}: {exc}"[:2000]
+            todo = [s for s in todo if not s.side.patched]
     try:
+        t_cluster = time.monotonic()
         with _cluster() as cluster:
+            res["cluster_start_seconds"] = time.monotonic() - t_cluster
             res["stack_versions"] = cluster.stack_versions
-            for s in todo:
+            for k, s in enumerate(todo):
+                head = {"side": s.side.key, "keys": list(s.keys), "jobs": s.jobs,
+                        "every": s.every, "percent_seconds": s.case.percent_seconds,
+                        "label": s.label}
                 left = deadline - time.monotonic() - session_seconds(s)
                 if left < 60:
-                    res["runs"].append({"design": s.design, "jobs": s.jobs, "every": s.every,
-                                        "label": s.label, "error": "not run: the run's time "
-                                        f"budget ({plan.budget:g} s) was spent"})
+                    res["runs"].append({**head, "error": "not run: the run's time budget "
+                                        f"({plan.time_budget:g} s) was spent"})
                     continue
                 s.setup_timeout = min(s.setup_timeout, left)
+                t_session = time.monotonic()
                 try:
-                    one = run_session(cluster, s)
+                    one = run_session(cluster, s, best)
                 except Exception as exc:  # the other sessions still count
-                    one = {"design": s.design, "jobs": s.jobs, "every": s.every,
-                           "label": s.label, "error": f"{type(exc).__name__}: {exc}"[:1000]}
+                    one = {**head, "error": f"{type(exc).__name__}: {exc}"[:1000]}
                 res["runs"].append(one)
                 print(json.dumps(_brief(one), default=str), flush=True)
-                _wait_namespace_gone(cluster, s.namespace, 60.0)
+                if k < len(todo) - 1:  # the next session's window does not pay for it
+                    _wait_namespace_gone(cluster, s.namespace, 60.0)
+                one["wall_seconds"] = time.monotonic() - t_session
     except Exception as exc:
         res["errors"]["cluster"] = f"{type(exc).__name__}: {exc}"[:2000]
     summarise(res)
@@ -582,12 +681,14 @@ def run(plan: Plan) -> dict[str, Any]:
 
 def _brief(one: dict[str, Any]) -> dict[str, Any]:
     """A session's headline figures for the console."""
-    keep = ("design", "label", "real", "setup_seconds", "finals_delivered", "error")
-    out = {k: one.get(k) for k in keep}
-    for w in one.get("windows", []):
-        out[w["label"]] = {k: w.get(k) for k in (
-            "api_writes_per_trainjob_hour", "progress_freshness_p99_s",
-            "metrics_freshness_p99_s", "progress_censored")}
+    out = {k: one.get(k) for k in ("side", "label", "real", "setup_seconds", "error")}
+    w = one.get("window") or {}
+    out.update({k: w.get(k) for k in (
+        "api_writes_per_s", "progress_freshness_p99_s", "progress_freshness_p99_censored",
+        "metrics_freshness_p99_s", "values_reported", "values_shown", "values_superseded",
+        "values_never_shown", "trainer_reconciles")})
+    out["finals"] = {g: (f.get("delivered"), f.get("expected"))
+                     for g, f in (one.get("finals") or {}).items()}
     return out
 
 
@@ -606,58 +707,114 @@ def _wait_namespace_gone(cluster: Cluster, namespace: str, timeout: float) -> No
         wait_until(gone, timeout, 2.0)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _budget(text: str) -> Budget:
+    qps, sep, burst = text.partition("/")
+    try:
+        budget = Budget(float(qps), int(burst) if sep else max(1, int(float(qps) * 1.5)))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--budget={text!r}: must be QPS/BURST, e.g. 20/30") from None
+    if not (0 < budget.qps <= 1000 and 1 <= budget.burst <= 10000):
+        raise argparse.ArgumentTypeError(
+            f"--budget={text!r}: QPS must be in (0, 1000] and burst in [1, 10000]")
+    return budget
+
+
+def plan_of(args: argparse.Namespace) -> Plan:
+    """The plan the command line asks for."""
+    jobs = sorted(set(args.jobs)) if args.jobs else None
+    if args.plan == "quick":
+        cases = [Case(4, 1.0, 3.0, args.window or 12.0, SIDE_KEYS)]
+        return Plan("quick", cases, args.budget or pull_defaults(), 1.0, 2.0, 15.0,
+                    args.setup_timeout or 120.0, 2, args.time_budget)
+    if args.plan == "cliff":
+        cases = cliff_cases(jobs, args.window or 180.0)
+        budget = args.budget or Budget(5.0, 10)
+    elif args.plan == "main":
+        cases = main_cases(jobs)
+        budget = args.budget or pull_defaults()
+        if args.window:
+            cases = [Case(c.jobs, c.every, c.percent_seconds, args.window, c.sides)
+                     for c in cases]
+    else:  # custom: --jobs at --every for --sides
+        cases = [Case(n, args.every, args.percent_seconds, args.window or 600.0,
+                      tuple(args.sides or SIDE_KEYS)) for n in (jobs or [20])]
+        budget = args.budget or pull_defaults()
+    if args.sides:
+        cases = [Case(c.jobs, c.every, c.percent_seconds, c.window,
+                      tuple(k for k in c.sides if k in args.sides)) for c in cases]
+    return Plan(args.plan, cases, budget, args.warmup, args.fault, args.settle,
+                args.setup_timeout, args.real, args.time_budget)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (argparse exits 2 naming the option, value and limit)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.vs_push", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", nargs="+", type=int, default=[20, 200, 1000],
-                        help="N (TrainJobs) of each session pair")
-    parser.add_argument("--every", type=float, default=1.0, help="report interval (s)")
-    parser.add_argument("--every-small", type=float, default=10.0,
-                        help="also this report interval at the smallest N (0: not)")
-    parser.add_argument("--window", type=float, default=90.0,
-                        help="seconds measured at the defaults")
-    parser.add_argument("--sweep-window", type=float, default=45.0,
-                        help="seconds measured per sweep setting")
-    parser.add_argument("--sweep", action="append", default=None, metavar="LABEL=FLAGS",
-                        help="a pull setting of the picture: a label, '=', scraper flags "
-                        "(repeatable; default: the policy's staleness and floor values)")
+    parser.add_argument("--plan", choices=("main", "cliff", "custom", "quick"), default="main",
+                        help="main: the main table; cliff: N=20..200 at 5/s; custom: --jobs "
+                        "at --every for --sides; quick: N=4 (2 real), every side, a 12 s "
+                        "window, a 2 s fault")
+    parser.add_argument("--jobs", nargs="+", type=int, default=None,
+                        help="only these N of the plan (each N may run on its own)")
+    parser.add_argument("--sides", nargs="+", choices=SIDE_KEYS, default=None,
+                        help="only these sides")
+    parser.add_argument("--budget", type=_budget, default=None, metavar="QPS/BURST",
+                        help="writes/s and burst of push (b), (c) and pull_equal_budget "
+                        "(default: the scraper's defaults; the cliff: 5/10)")
+    parser.add_argument("--every", type=float, default=1.0, help="report interval (custom)")
+    parser.add_argument("--percent-seconds", type=float, default=15.0,
+                        help="seconds per percentage point (custom)")
+    parser.add_argument("--window", type=float, default=None,
+                        help="seconds measured per session (default: the plan's)")
     parser.add_argument("--warmup", type=float, default=10.0,
                         help="seconds before a window (plus N/20 for the first writes)")
     parser.add_argument("--fault", type=float, default=30.0,
-                        help="seconds the worker is down across the trainings' end")
+                        help="seconds the worker is down across the fault half's end")
     parser.add_argument("--settle", type=float, default=60.0,
-                        help="seconds after the restart for the finals to land")
+                        help="seconds for each half's finals to land")
     parser.add_argument("--setup-timeout", type=float, default=None,
                         help="seconds for N trainings to report (default 60 + 2 N)")
-    parser.add_argument("--percent-seconds", type=float, default=15.0,
-                        help="seconds per percentage point of the trainings")
     parser.add_argument("--real", type=int, default=None,
-                        help="real training processes per session (default: by memory, "
-                        f">= {MIN_REAL})")
-    parser.add_argument("--budget", type=float, default=None,
+                        help=f"real training processes per session (default: by memory, "
+                        f"{MIN_REAL}..{MAX_REAL})")
+    parser.add_argument("--time-budget", type=float, default=None,
                         help="seconds for the whole run: a session that would not end in "
-                        "time is not started, setups are cut to fit")
-    parser.add_argument("--quick", action="store_true",
-                        help="N=4 (2 real), every 1 s, one 20 s sweep window, 30 s window, "
-                        "10 s fault, 30 s settle")
+                        "time is not started")
+    parser.add_argument("--estimate", action="store_true",
+                        help="print the plan's sessions and expected wall time; run nothing")
+    parser.add_argument("--quick", action="store_true", help="the same as --plan quick")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    sweep = (default_sweep() if args.sweep is None else
-             [(text.split("=", 1)[0], tuple(shlex.split(text.split("=", 1)[1])))
-              for text in args.sweep if "=" in text])
-    plan = Plan(sorted(set(args.jobs)), args.every, args.every_small or None, args.window,
-                args.sweep_window, sweep, args.warmup, args.fault, args.settle,
-                args.setup_timeout, args.percent_seconds, args.real, args.budget)
     if args.quick:
-        plan = Plan([4], 1.0, None, 30.0, 20.0, sweep[:1], 5.0, 10.0, 30.0,
-                    args.setup_timeout or 120.0, 5.0, 2)
-    if min(plan.jobs) < 1 or plan.every <= 0 or plan.window < 20 or plan.fault < 0:
-        parser.error(f"--jobs={plan.jobs} (each >= 1), --every={plan.every:g} (> 0), "
-                     f"--window={plan.window:g} (>= 20), --fault={plan.fault:g} (>= 0)")
+        args.plan = "quick"
+    if args.jobs and min(args.jobs) < 2:
+        parser.error(f"--jobs={args.jobs}: each N must be >= 2 (one TrainJob per finals half)")
+    if args.window is not None and args.window < 5:
+        parser.error(f"--window={args.window:g}: must be >= 5 seconds")
+    if args.every <= 0 or args.fault < 0 or args.settle < 0:
+        parser.error(f"--every={args.every:g} (> 0), --fault={args.fault:g} (>= 0), "
+                     f"--settle={args.settle:g} (>= 0)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = plan_of(args)
+    for case in plan.cases:
+        if case.window <= lookahead(case.every):
+            raise SystemExit(f"--window={case.window:g}: must be longer than the lookahead "
+                             f"of {case.label} ({lookahead(case.every):g} s): nothing "
+                             "would be judged")
+    if args.estimate:
+        print(json.dumps(estimate(plan, memory_available()), indent=1))
+        return 0
     started = time.monotonic()
     res = run(plan)
-    stem = write_report(res, args.out, "vs-push", table, started)
+    stem = write_report(res, args.out, f"vs-push-{plan.name}", table, started)
     plot(res, stem)
+    if plan.name == "cliff":
+        plot_cliff(res, stem)
     return 0
 
 

@@ -1,22 +1,11 @@
-"""The figures of ``benchmarks.vs_push`` from what a run recorded: the API server's
+"""The cost figures of ``benchmarks.vs_push`` from what a run recorded: the API server's
 audit log, the trainings' records (:meth:`benchmarks.vs_push_training.Training.record`)
-and a watch of the TrainJobs (:class:`StatusWatch`).
-
-Freshness is measured from the training's own wall time to the first watch event that
-shows the value (or a newer one):
-
-* progress: the first report of each new integer percentage -> the TrainJob's
-  ``progressPercentage`` at least that;
-* metrics: every report's ``stamp`` metric -> the TrainJob's ``stamp`` at least that.
-
-Only changes inside ``[a, b - lookahead]`` of a window ``[a, b]`` are counted; one
-never shown by ``b`` counts as ``b - t`` (a lower bound, counted in ``*_censored``), so
-a design that falls behind is not flattered by leaving its slowest changes out.
+and a watch of the TrainJobs (:class:`StatusWatch`; delivery and freshness from it are
+:mod:`benchmarks.vs_push_delivery`'s).
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import json
 from collections import Counter
@@ -30,17 +19,8 @@ from urllib.parse import parse_qs, urlsplit
 from kubernetes import client
 
 from benchmarks.status_watch import TrainJobWatch
-from benchmarks.vs_push_training import LOST
+from benchmarks.vs_push_delivery import percentile
 from localdev.cluster.controlplane import trainjob_status_writes
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The ``q`` quantile (nearest rank) of ``values``; None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
 
 # ------------------------------------------------------------------ audit log
 
@@ -95,7 +75,9 @@ class StatusWatch(TrainJobWatch):
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
         self.seen: dict[str, list[tuple[float, int, float]]] = {}
-        super().__init__(api, namespace, self._record)
+        # Short requests: a session's end waits for the watch to stop (a resumed
+        # request loses no event: it starts at the last resourceVersion seen).
+        super().__init__(api, namespace, self._record, request_seconds=3)
 
     def _record(self, now: float, name: str, ts: Mapping[str, Any]) -> None:
         self.seen.setdefault(name, []).append(
@@ -114,55 +96,11 @@ def stamp_of(status: Mapping[str, Any]) -> float | None:
 # ------------------------------------------------------------------ figures
 
 
-def _first_at_least(views: list[tuple[float, float]], since: float, value: float) -> float | None:
-    """The first time >= ``since`` in ``views`` ((time, shown value), time-sorted) that
-    shows at least ``value``."""
-    i = bisect.bisect_left(views, (since, float("-inf")))
-    for at, shown in views[i:]:
-        if shown >= value - 1e-3:
-            return at
-    return None
-
-
-def freshness(records: Mapping[str, Mapping[str, Any]],
-              seen: Mapping[str, list[tuple[float, int, float]]],
-              a: float, b: float, lookahead: float) -> dict[str, Any]:
-    """Progress and metrics freshness over window ``[a, b]`` (module doc)."""
-    prog: list[float] = []
-    mets: list[float] = []
-    censored = {"progress": 0, "metrics": 0}
-    last = b - lookahead
-    for job, rec in records.items():
-        all_views = sorted(v for v in seen.get(job, []) if v[0] <= b)
-        pviews = [(t, float(p)) for t, p, _ in all_views]
-        sviews = [(t, s) for t, _, s in all_views]
-        stamps, percents = rec["stamps"][:-1], rec["percents"][:-1]  # the final: not here
-        for i, (stamp, pct) in enumerate(zip(stamps, percents, strict=True)):
-            if not a <= stamp <= last:
-                continue
-            at = _first_at_least(sviews, stamp, stamp)
-            if at is None:
-                censored["metrics"] += 1
-            mets.append((b if at is None else at) - stamp)
-            if i and pct != percents[i - 1]:
-                at = _first_at_least(pviews, stamp, pct)
-                if at is None:
-                    censored["progress"] += 1
-                prog.append((b if at is None else at) - stamp)
-    return {
-        "progress_changes": len(prog), "progress_censored": censored["progress"],
-        "progress_freshness_p50_s": percentile(prog, 0.5),
-        "progress_freshness_p99_s": percentile(prog, 0.99),
-        "progress_freshness_max_s": max(prog) if prog else None,
-        "metrics_reports": len(mets), "metrics_censored": censored["metrics"],
-        "metrics_freshness_p50_s": percentile(mets, 0.5),
-        "metrics_freshness_p99_s": percentile(mets, 0.99),
-    }
-
-
 def costs(records: Iterable[Mapping[str, Any]], a: float, b: float) -> dict[str, Any]:
-    """Training-side cost per report call (microseconds: p50, p99, max) of the calls in
-    ``[a, b]``, and the outcomes, per kind of training (``sdk``, ``sdk-farm``, ...)."""
+    """Training-side cost per report call: the time the training is blocked in it
+    (microseconds: p50, p99, max) of the calls in ``[a, b]``, and what the calls
+    returned (not delivery: that is judged by the watch), per kind of training
+    (``sdk``, ``sdk-farm``, ...)."""
     by_kind: dict[str, list[float]] = {}
     outcomes: dict[str, Counter[str]] = {}
     for rec in records:
@@ -177,12 +115,10 @@ def costs(records: Iterable[Mapping[str, Any]], a: float, b: float) -> dict[str,
     for kind, calls in by_kind.items():
         out[kind] = {"calls": len(calls), "p50_us": percentile(calls, 0.5),
                      "p99_us": percentile(calls, 0.99), "max_us": max(calls) if calls else None,
-                     "outcomes": dict(outcomes[kind]),
-                     "lost": sum(outcomes[kind][o] for o in LOST)}
+                     "outcomes": dict(outcomes[kind])}
     every = [c for calls in by_kind.values() for c in calls]
     out["all"] = {"calls": len(every), "p50_us": percentile(every, 0.5),
-                  "p99_us": percentile(every, 0.99), "max_us": max(every) if every else None,
-                  "lost": sum(v["lost"] for v in out.values())}
+                  "p99_us": percentile(every, 0.99), "max_us": max(every) if every else None}
     return out
 
 

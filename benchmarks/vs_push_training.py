@@ -33,13 +33,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-#: What a report call came to (the record's ``outcomes``): ``ok`` a push answered 200
+#: What a report call returned (the record's ``outcomes``): ``ok`` a push answered 200
 #: or a pull update taken; ``throttled`` the SDK's 5 s window (not sent); ``http`` a
 #: non-200 answer; ``timeout`` no answer within the SDK's 5 s; ``error`` any other
 #: failure to send (refused connection, TLS); ``skipped`` not sent for want of a URL or
-#: token.  ``http``, ``timeout`` and ``error`` are reports lost: the SDK never retries.
+#: token.  Diagnostics only: whether a value was delivered is judged by a watch on the
+#: TrainJob, the same way for every side (:mod:`benchmarks.vs_push_delivery`).
 OUTCOMES = ("ok", "throttled", "http", "timeout", "error", "skipped")
-LOST = ("http", "timeout", "error")
 
 #: A report call: (progress percentage, remaining seconds, metrics) -> outcome.
 Reporter = Callable[[int, int, dict[str, str]], str]

@@ -357,6 +357,11 @@ class ControlPlane:
         return [p.pid for p in (self._etcd, self._apiserver) if p is not None]
 
     @property
+    def etcd_pid(self) -> int | None:
+        """Process id of etcd (None before :meth:`start`)."""
+        return None if self._etcd is None else self._etcd.pid
+
+    @property
     def apiserver_pid(self) -> int | None:
         """Process id of kube-apiserver (None before :meth:`start`)."""
         return None if self._apiserver is None else self._apiserver.pid

@@ -161,7 +161,8 @@ def pod_cidrs() -> tuple[str, str]:
 
 
 def trainer_configuration(*, webhook_port: int, probe_port: int, status_port: int,
-                          push: bool) -> dict[str, Any]:
+                          push: bool, status_qps: float | None = None,
+                          status_burst: int | None = None) -> dict[str, Any]:
     """Trainer v2.3.0's ``--config`` file (``config.trainer.kubeflow.org/v1alpha1``).
 
     The shipped ``manifests/base/manager/controller_manager_config.yaml`` with the
@@ -169,8 +170,15 @@ def trainer_configuration(*, webhook_port: int, probe_port: int, status_port: in
     machine, so the status server's default 10443 is not used), no leader
     election, no metrics server, and the ``TrainJobStatus`` gate set to ``push``.
     Every other value stays the shipped default (certificate management on,
-    status server QPS 5, burst 10).
+    status server QPS 5, burst 10), unless ``status_qps``/``status_burst`` set the
+    status server client's documented ``statusServer.qps``/``burst``
+    (``pkg/apis/config/v1alpha1/configuration_types.go``).
     """
+    status: dict[str, Any] = {"port": status_port}
+    if status_qps is not None:
+        status["qps"] = status_qps
+    if status_burst is not None:
+        status["burst"] = status_burst
     return {
         "apiVersion": "config.trainer.kubeflow.org/v1alpha1", "kind": "Configuration",
         "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"},
@@ -179,7 +187,7 @@ def trainer_configuration(*, webhook_port: int, probe_port: int, status_port: in
         "leaderElection": {"leaderElect": False},
         "certManagement": {"enable": True, "webhookServiceName": TRAINER_WEBHOOK_SERVICE,
                            "webhookSecretName": TRAINER_WEBHOOK_SECRET},
-        "statusServer": {"port": status_port},
+        "statusServer": status,
         "featureGates": {TRAINER_STATUS_GATE: push},
     }
 
@@ -310,6 +318,7 @@ class Cluster(ControlPlane):
         self._spawned: dict[str, tuple[list[str], dict[str, str] | None]] = {}
         self._jobset_probe = self._trainer_probe = self._kueue_probe = ""
         self._trainer_ca = b""
+        self._trainer_ports = (0, 0)
         self.stack_startup_seconds: float | None = None
         """Wall time from the API server ready to the whole stack ready (seconds)."""
 
@@ -386,6 +395,54 @@ class Cluster(ControlPlane):
             self._wait("Trainer controller", lambda: _http_ok(self._trainer_probe))
             if self.push:
                 self._wait("Trainer status server", self._status_server_serves)
+
+    def restart_trainer(self, binary: Path | None = None, *, status_qps: float | None = None,
+                        status_burst: int | None = None) -> None:
+        """Stop the v2.3.0 Trainer controller and start it again with another binary
+        (``None``: the bundle's) and status server ``qps``/``burst`` (``None``: the
+        shipped defaults), the same ports, certificates and ServiceAccount files; return
+        once it is ready (a benchmark's variants of push on one cluster).
+
+        Raises:
+            ValueError: the cluster runs the v2.0.0 Trainer (no status server).
+            ControlPlaneError: it did not get ready again.
+        """
+        name = "trainer-controller-manager"
+        if self.flavour != FLAVOUR_CURRENT or self.status_server_port is None:
+            raise ValueError(f"restart_trainer needs flavour={FLAVOUR_CURRENT!r}")
+        args, env = self._spawned[name]
+        shipped = str(self.assets.require_stack()[name])
+        current = next(a for a in args if Path(a).name == name)
+        if name in self._children:
+            self.stop_component(name)
+        webhook_port, probe_port = self._trainer_ports
+        (self.workdir / "trainer-config.yaml").write_text(yaml.safe_dump(trainer_configuration(
+            webhook_port=webhook_port, probe_port=probe_port,
+            status_port=self.status_server_port, push=self.push, status_qps=status_qps,
+            status_burst=status_burst), sort_keys=False))
+        chosen = str(binary) if binary is not None else shipped
+        self._spawned[name] = ([chosen if a == current else a for a in args], env)
+        self.start_trainer_again()
+
+    def start_trainer_again(self, attempts: int = 4) -> None:
+        """Start the stopped Trainer controller, up to ``attempts`` times 2 s apart: its
+        status server listens on a fixed port of all interfaces, which an outgoing
+        connection's ephemeral port may hold for a moment while it is down.
+
+        Raises:
+            ControlPlaneError: the last attempt did not get ready.
+        """
+        name = "trainer-controller-manager"
+        for attempt in range(attempts):
+            try:
+                self.start_component(name)
+                return
+            except ControlPlaneError:
+                if attempt == attempts - 1:
+                    raise
+                if name in self._children:
+                    self.stop_component(name)
+                time.sleep(2.0)
 
     def check_running(self) -> None:
         """Check that every process of the stack still runs and the pod runner's loop
@@ -590,6 +647,7 @@ class Cluster(ControlPlane):
                     "--leader-elect=false", "--zap-log-level=info"]
         else:
             self.status_server_port = processes.free_port()
+            self._trainer_ports = (trainer_port, trainer_probe)
             config_file = work / "trainer-config.yaml"
             config_file.write_text(yaml.safe_dump(trainer_configuration(
                 webhook_port=trainer_port, probe_port=trainer_probe,

@@ -1,6 +1,7 @@
-"""benchmarks.vs_push: the audit-log count on the real API server, the freshness rule, the
-SDK outcome rule, and a ``--quick`` run of both designs on the local stack (the JSON's
-keys and sane values, not timings)."""
+"""benchmarks.vs_push: the audit-log count on the real API server, the delivery rule (shown,
+superseded, never shown; censored freshness), the SDK outcome rule, the plans' sessions,
+and a ``--quick`` run of every side on the local stack, the patched Trainer included (the
+JSON's keys and sane values, not timings)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import pytest
 from kubernetes import client
 
 from benchmarks import vs_push
-from benchmarks import vs_push_figures as figures
+from benchmarks import vs_push_delivery as delivery
 from benchmarks import vs_push_report as report
+from benchmarks import vs_push_sides as sides
 from benchmarks import vs_push_training as training
 from exporter_lib.status import API_GROUP, API_VERSION
 from localdev.cluster import ControlPlane, install_trainjob_crds, objects
+from localdev.cluster.stack import trainer_configuration
 
 pytestmark = pytest.mark.benchmarks
 
@@ -27,27 +30,53 @@ def _apply(api: client.ApiClient, ns: str, name: str, manager: str, progress: in
         field_manager=manager)
 
 
-def test_picture_labels_each_window_once_with_its_values(tmp_path: Path) -> None:
-    """Two pull windows at the same point (as at N=20: the defaults and the 120 s
-    staleness both at 240 writes) get a legend entry each, not labels drawn over each
-    other; a censored p99 is marked as a lower bound."""
-    def win(label: str, x: float, y: float, censored: int = 0) -> dict[str, object]:
-        return {"label": label, "progress_freshness_p99_s": x,
-                "api_writes_per_trainjob_hour": y, "progress_censored": censored}
+def test_picture_labels_each_side_with_its_settings_and_values(tmp_path: Path) -> None:
+    """A point per session: two keys for one session (pull at its defaults = pull capped
+    at the same budget) share one legend entry; a censored p99 is labelled ">="."""
+    def run(side: str, keys: list[str], x: float, y: float, censored: bool = False
+            ) -> dict[str, object]:
+        return {"side": side, "keys": keys, "side_label": f"label of {side}",
+                "design": "push" if side.startswith("push") else "pull",
+                "label": "N=20 every=1s percent=15s", "jobs": 20, "every": 1.0,
+                "window": {"progress_freshness_p99_s": x, "api_writes_per_trainjob_hour": y,
+                           "progress_freshness_p99_censored": censored}}
 
-    runs = [{"design": "push", "jobs": 20, "every": 1.0, "windows": [win("defaults", 59.0, 0, 5)]},
-            {"design": "pull", "jobs": 20, "every": 1.0, "windows": [
-                win("metrics staleness 10 s", 0.12, 504), win("metrics staleness 120 s", 0.16, 240),
-                win("defaults", 0.17, 240)]}]
+    runs = [run("push_as_shipped", ["push_as_shipped"], 59.0, 0.0, True),
+            run("push_best", ["push_best"], 0.5, 720.0),
+            run("pull", ["pull", "pull_equal_budget"], 0.17, 240.0)]
     points = report.plot_points(runs)
     labels = [p[0] for p in points]
-    assert len(set(labels)) == len(labels) == 4
-    assert labels[0].startswith("push") and "p99 >= 59.00 s, 0 writes/h" in labels[0]
-    assert "pull: defaults: p99 0.17 s, 240 writes/h" in labels
-    assert len({(p[3], p[5]) for p in points}) == 4  # each its own marker
-    written = report.plot({"plan": {"every": 1.0}, "runs": runs}, tmp_path / "vs-push-x")
-    assert [p.name for p in written] == ["vs-push-x-n20.png"]
+    assert len(set(labels)) == len(labels) == 3
+    assert labels[0].startswith("push_as_shipped: label of push_as_shipped")
+    assert "p99 >= 59.00 s, 0 writes/h" in labels[0]
+    assert labels[2].startswith("pull = pull_equal_budget: label of pull: p99 0.17 s")
+    assert len({p[3] for p in points}) == 3  # each side its own marker
+    written = report.plot({"runs": runs}, tmp_path / "vs-push-x")
+    assert [p.name for p in written] == ["vs-push-x-n20-every1s-percent15s.png"]
     assert written[0].stat().st_size > 1000
+
+
+def test_cliff_states_both_n_and_draws_one_picture(tmp_path: Path) -> None:
+    def h(rate: float, p99: float, censored: bool = False) -> dict[str, object]:
+        return {"api_writes_per_s": rate, "progress_freshness_p99_s": p99,
+                "progress_freshness_p99_censored": censored, "budget": [5.0, 10]}
+
+    res = {"plan": {"budget": [5.0, 10]}, "sides": {k: k for k in sides.SIDE_KEYS},
+           "by_label": {
+               "N=20 every=1s percent=15s": {"push_as_shipped": h(4.9, 5.0),
+                                             "push_best": h(4.9, 5.0),
+                                             "pull_equal_budget": h(4.0, 6.0)},
+               "N=60 every=1s percent=15s": {"push_as_shipped": h(0.0, 170.0, True),
+                                             "push_best": h(5.0, 9.0),
+                                             "pull_equal_budget": h(4.5, 8.0)},
+               "N=200 every=10s percent=15s": {"push_as_shipped": h(0.0, 1.0)}}}
+    assert report.cliff(res) == {"push_as_shipped_cliff_n": 60,
+                                 "push_best_slower_than_pull_from_n": 60,
+                                 "measured_n": [20, 60]}
+    series = report.cliff_series(res)
+    assert series["push_as_shipped"] == [(20, 4.9, 5.0, False), (60, 0.0, 170.0, True)]
+    path = report.plot_cliff(res, tmp_path / "vs-push-cliff-x")
+    assert path.name == "vs-push-cliff-x-cliff.png" and path.stat().st_size > 1000
 
 
 @pytest.mark.timeout(180)
@@ -91,20 +120,71 @@ def test_audit_log_counts_status_writes_by_field_manager_with_bytes() -> None:
     assert all(k.split(" ")[1] == "devcluster-admin" for k in audit.count), audit.count
 
 
-def test_freshness_counts_unseen_changes_as_lower_bounds() -> None:
-    # One training: reports at 100..105 s, its percentage 1 -> 2 at 102 s; the TrainJob
-    # shows stamp 100 at 100.5 and percent 2 with stamp 102 at 103.0, nothing after.
+def test_delivery_tells_shown_superseded_and_never_shown_values_apart() -> None:
+    # One training reports every second at 100..105 s (stamps = report times), its
+    # percentage 1 -> 2 at 102 s -> 3 at 105 s; the final at 200 s.  The TrainJob shows
+    # (1, stamp 100) at 100.5 and (2, stamp 102) at 103.0, nothing after.
     record = {"stamps": [100.0, 101.0, 102.0, 103.0, 104.0, 105.0, 200.0],
-              "percents": [1, 1, 2, 2, 2, 2, 100]}
+              "percents": [1, 1, 2, 2, 2, 3, 100], "final": 200.0}
     seen = {"job-0": [(100.5, 1, 100.0), (103.0, 2, 102.0)]}
-    got = figures.freshness({"job-0": record}, seen, a=100.0, b=110.0, lookahead=5.0)
-    assert got["progress_changes"] == 1 and got["progress_censored"] == 0
-    assert got["progress_freshness_p99_s"] == pytest.approx(1.0)
-    # Stamps 100..105 count: 100 -> 0.5 s, 101 and 102 -> seen at 103.0; 103, 104, 105 never
-    # shown: counted as b - t (7, 6, 5 s), not left out.
-    assert got["metrics_reports"] == 6 and got["metrics_censored"] == 3
-    assert got["metrics_freshness_p99_s"] == pytest.approx(7.0)
-    assert got["metrics_freshness_p50_s"] == pytest.approx(5.0)
+    got = delivery.delivery({"job-0": record}, seen, a=100.0, b=110.0, observed_until=120.0)
+    # Percentages 1 and 2 shown (0.5 s, 1.0 s); 3 never shown: a lower bound of 15 s.
+    assert (got["progress_values_reported"], got["progress_values_shown"],
+            got["progress_values_superseded"], got["progress_values_never_shown"]) == (3, 2, 0, 1)
+    assert got["progress_freshness_p50_s"] == pytest.approx(1.0)
+    assert got["progress_freshness_p50_censored"] is False
+    assert got["progress_freshness_p99_s"] == pytest.approx(15.0)
+    assert got["progress_freshness_p99_censored"] is True
+    # Stamps: 100 and 102 shown; 101 superseded (102 was shown instead); 103..105 never
+    # shown; freshness over the shown ones and the bounds, not the superseded one.
+    assert (got["metrics_values_reported"], got["metrics_values_shown"],
+            got["metrics_values_superseded"], got["metrics_values_never_shown"]) == (6, 2, 1, 3)
+    assert got["values_reported"] == 9 and got["values_never_shown"] == 4
+    assert got["metrics_freshness_p50_s"] == pytest.approx(15.0)  # of 0.5, 1, 15, 16, 17
+    # Percent error each second of [100, 110]: 0 while 1 is shown, 1 at 102 (shown 1),
+    # 0 from 103 to 104, 1 from 105 (3 reported, 2 shown): max 1.
+    assert got["percent_error_max"] == 1 and got["percent_error_p50"] == 1
+    # The final: delivered only when a watch event shows 100 with its stamp.
+    assert delivery.finals({"job-0": record}, seen, ["job-0"], 300.0)["delivered"] == 0
+    seen["job-0"].append((201.5, 100, 200.0))
+    fin = delivery.finals({"job-0": record}, seen, ["job-0"], 300.0)
+    assert fin == {"delivered": 1, "expected": 1, "freshness_max_s": pytest.approx(1.5),
+                   "freshness_p50_s": pytest.approx(1.5)}
+    assert delivery.finals({"job-0": record}, seen, ["job-0"], 201.0)["delivered"] == 0
+
+
+def test_censored_percentile_is_a_lower_bound_only_when_a_bound_can_move_it() -> None:
+    assert delivery.censored_percentile([1.0, 2.0, 3.0], [], 0.5) == (2.0, False)
+    # A bound above the percentile cannot move it: exact.
+    assert delivery.censored_percentile([1.0, 2.0, 3.0], [50.0], 0.5) == (3.0, False)
+    assert delivery.censored_percentile([1.0, 2.0, 3.0], [0.5], 0.5) == (2.0, True)
+    assert delivery.censored_percentile([], [], 0.99) == (None, False)
+
+
+def test_sessions_share_pull_only_at_the_scrapers_own_budget() -> None:
+    args = ["--plan", "main", "--jobs", "20"]
+    plan = vs_push.plan_of(vs_push.parse_args(args))
+    one = [s for s in vs_push.sessions(plan, 8 << 30) if s.every == 1.0]
+    assert [s.side.key for s in one] == ["push_as_shipped", "push_equal_budget", "push_best",
+                                         "pull"]
+    assert one[-1].keys == ("pull", "pull_equal_budget") and one[-1].side.scraper_flags() == ()
+    assert one[1].side.budget == sides.pull_defaults()
+    cliff = vs_push.plan_of(vs_push.parse_args(["--plan", "cliff", "--jobs", "40"]))
+    keys = [(s.side.key, s.keys) for s in vs_push.sessions(cliff, 8 << 30)]
+    assert keys == [("push_as_shipped", ("push_as_shipped",)), ("push_best", ("push_best",)),
+                    ("pull_equal_budget", ("pull_equal_budget",))]
+    capped = vs_push.sessions(cliff, 8 << 30)[-1].side
+    assert capped.scraper_flags() == ("--write-qps", "5", "--write-burst", "10")
+    with pytest.raises(SystemExit):
+        vs_push.parse_args(["--budget", "fast"])
+
+
+def test_trainer_configuration_sets_the_status_servers_budget_only_when_asked() -> None:
+    shipped = trainer_configuration(webhook_port=1, probe_port=2, status_port=3, push=True)
+    assert shipped["statusServer"] == {"port": 3}
+    budget = trainer_configuration(webhook_port=1, probe_port=2, status_port=3, push=True,
+                                   status_qps=20.0, status_burst=30)
+    assert budget["statusServer"] == {"port": 3, "qps": 20.0, "burst": 30}
 
 
 def test_sdk_failures_are_told_from_its_throttle() -> None:
@@ -119,34 +199,44 @@ def test_sdk_failures_are_told_from_its_throttle() -> None:
 
 
 @pytest.mark.timeout(1500)
-def test_quick_run_writes_both_designs(tmp_path: Path) -> None:
+def test_quick_run_measures_every_side_by_the_watch(tmp_path: Path) -> None:
     assert vs_push.main(["--quick", "--out", str(tmp_path)]) == 0
-    (path,) = tmp_path.glob("vs-push-*.json")
+    (path,) = tmp_path.glob("vs-push-quick-*.json")
     res = json.loads(path.read_text())
     assert not res["errors"], res["errors"]
     assert not [r for r in res["runs"] if "error" in r], res["runs"]
     assert (tmp_path / path.name.replace(".json", ".md")).exists()
-    assert (tmp_path / path.name.replace(".json", "-n4.png")).stat().st_size > 1000
-    for design in ("push", "pull"):
-        figures_n = res["by_n"]["4"][design]
-        assert set(report.KEYS) <= set(figures_n)
-        assert figures_n["finals_expected"] == 4
-        assert figures_n["api_writes_per_trainjob_hour"] > 0, (design, res["runs"])
-        assert 0 <= figures_n["progress_freshness_p50_s"] <= figures_n["progress_freshness_p99_s"]
-        assert figures_n["training_cost_p99_us"] > 0
-        assert figures_n["real_trainings"] == 2 and figures_n["farmed_trainings"] == 2
-        (run,) = [r for r in res["runs"] if r["design"] == design]
-        cost = run["windows"][-1]["cost"]
+    png = tmp_path / path.name.replace(".json", "-n4-every1s-percent3s.png")
+    assert png.stat().st_size > 1000
+    (case,) = res["by_label"].values()
+    assert set(case) == set(sides.SIDE_KEYS)
+    # Push (c) ran our patched build; pull capped at the scraper's own budget is the
+    # pull session itself.
+    assert Path(res["trainer_best_binary"]).name == "trainer-controller-manager"
+    assert case["pull_equal_budget"]["session"] == "pull"
+    for key, got in case.items():
+        assert set(report.KEYS) <= set(got), key
+        assert got["finals_expected"] == {"no_fault": 2, "fault": 2}, key
+        assert got["api_writes_per_trainjob_hour"] > 0, (key, res["runs"])
+        assert 0 < got["values_shown"] <= got["values_reported"], key
+        assert got["values_reported"] == (got["values_shown"] + got["values_superseded"]
+                                          + got["values_never_shown"]), key
+        assert 0 <= got["progress_freshness_p50_s"] <= got["progress_freshness_p99_s"], key
+        assert got["training_cost_p99_us"] > 0 and got["apiserver_cpu_s"] > 0, key
+        assert got["real_trainings"] == 2 and got["farmed_trainings"] == 2, key
+        # Every status write is an update the Trainer's TrainJob controller admits.
+        assert got["trainer_reconciles"] > 0, key
+        assert got["percent_error_p99"] is not None, key
+    for run in res["runs"]:
+        cost = run["window"]["cost"]
+        design = run["design"]
         # The real trainings and the farm both reported, and push's farm got through
         # the status server (its token, CA and Service name as the pod's).
         assert cost[report.REAL_KIND[design]]["outcomes"].get("ok", 0) > 0, cost
         assert cost[report.FARM_KIND[design]]["outcomes"].get("ok", 0) > 0, cost
-    # Pull delivers every final although the scraper was down across the trainings' end,
-    # and its sweep window came before the defaults'.
-    assert res["by_n"]["4"]["pull"]["finals_delivered"] == 4, res["runs"]
-    (pull,) = [r for r in res["runs"] if r["design"] == "pull"]
-    assert [w["label"] for w in pull["windows"]][-1] == "defaults"
-    assert len(pull["windows"]) == 2
+    # Pull delivers every final, with nothing down and with the scraper down across the
+    # trainings' end, as the watch saw them.
+    assert case["pull"]["finals_delivered"] == {"no_fault": 2, "fault": 2}, res["runs"]
     assert res["targets"]
 
 
