@@ -83,6 +83,7 @@ from scraper.write.deferral import Deferrals
 from scraper.write.notices import Notices
 from scraper.write.outcome import FIELD_MANAGER, NotLeader, WriteOutcome
 from scraper.write.queue import Pending, Priority, WriteQueue
+from scraper.write.rate import AdaptiveRate
 from scraper.write.rules import Report, WriteVerdict
 
 __all__ = ["QUEUE_BACKOFF", "OurWrite", "StatusApply", "StatusRequest", "WriteWorker",
@@ -209,6 +210,8 @@ class WriteWorker:
         may_write: the leader fence, checked before every write.
         on_write: called with each :class:`~scraper.write.outcome.WriteOutcome` of a try.
         on_request: called with the seconds each apply request took.
+        on_answer: called with ``(seconds, exception or None)`` of each apply request
+            that was sent (the adaptive rate's signal, :mod:`scraper.write.rate`).
         on_settled: called with ``(key, outcome)`` when a status leaves the queue
             (applied, refused, superseded), never for a retry.
         on_gone: called with ``(namespace, name)`` when a write finds the TrainJob gone.
@@ -224,7 +227,7 @@ class WriteWorker:
         store: TrainJobStore,
         custom: CustomObjectsApi,
         crd: CrdSupport,
-        limiter: AsyncLimiter,
+        limiter: AsyncLimiter | AdaptiveRate,
         request: StatusRequest,
         deferrals: Deferrals,
         notices: Notices,
@@ -239,8 +242,10 @@ class WriteWorker:
         health: ApiHealth | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        on_answer: Callable[[float, BaseException | None], object] = lambda s, exc: None,
     ) -> None:
         self.queue = queue
+        self._on_answer = on_answer
         self.store = store
         self._custom = custom
         self.crd = crd
@@ -343,12 +348,17 @@ class WriteWorker:
             async with self._limiter:
                 self._fence()
                 began = time.monotonic()
+                answer: BaseException | None = None
                 try:
                     obj = await call(self._request.apply, namespace, name, status, place,
                                      record.uid, record.resource_version,
                                      deadline=deadline_of(REQUEST_TIMEOUT))
+                except BaseException as exc:  # cancelled too: no sign of a fast write
+                    answer = exc
+                    raise
                 finally:
                     self._on_request(time.monotonic() - began)
+                    self._on_answer(time.monotonic() - began, answer)
         except NotLeader:
             return WriteOutcome.NOT_LEADER, None
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError,

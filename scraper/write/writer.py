@@ -70,6 +70,8 @@ from scraper.write.notices import Notices
 from scraper.write.outcome import WriteOutcome
 from scraper.write.policy import DEFAULT_POLICY, WritePolicy, significant
 from scraper.write.queue import Priority, WriteQueue
+from scraper.write.rate import AdaptiveRate
+from scraper.write.rate_rule import Change
 from scraper.write.rules import OTHER_WRITER_GRACE_SECONDS, Report, WriteVerdict, same_content
 from scraper.write.worker import OurWrite, StatusApply, StatusRequest, WriteWorker, writers_for
 
@@ -97,6 +99,10 @@ def already_stored(current: TrainerStatus | None, new: TrainerStatus) -> bool:
     (:func:`scraper.write.rules.same_content`; the exporter never unsets a field once
     reported, so ignoring unset fields cannot hide a removal of our own)."""
     return same_content(current, new)
+
+
+def _unheard(seconds: float, exc: BaseException | None) -> None:
+    """A fixed bucket hears nothing of the answers."""
 
 
 class StatusWriter:
@@ -139,7 +145,7 @@ class StatusWriter:
         store: TrainJobStore,
         crd: CrdSupport,
         events: EventRecorder,
-        limiter: AsyncLimiter,
+        limiter: AsyncLimiter | AdaptiveRate,
         may_write: Callable[[], bool] = lambda: True,
         on_write: Callable[[WriteOutcome], None] = lambda outcome: None,
         on_request: Callable[[float], None] = lambda seconds: None,
@@ -180,7 +186,8 @@ class StatusWriter:
             deferrals=self._deferrals, notices=self._notices, ours=self._ours,
             place=self.place, target=target, may_write=may_write, on_write=on_write,
             on_request=on_request, on_settled=self._settle, on_gone=self._dropped,
-            health=health, clock=clock, wall=wall)
+            health=health, clock=clock, wall=wall,
+            on_answer=limiter.observe if isinstance(limiter, AdaptiveRate) else _unheard)
         if health is not None:
             health.on_recovered(self.queue.resume)
 
@@ -205,11 +212,18 @@ class StatusWriter:
         on_deferred: Callable[[str], None] = lambda reason: None,
         on_skew: Callable[[str], None] = lambda direction: None,
         request: StatusRequest | None = None,
+        qps_max: float | None = None,
+        on_rate_change: Callable[[Change], None] = lambda change: None,
     ) -> Self:
         """A writer with its own CRD knowledge and Event recorder; writes take tokens of a
-        bucket of ``qps`` sustained, ``burst`` at once (Events have a bucket of their own:
-        they never spend the writes' budget)."""
-        limiter = AsyncLimiter(burst, burst / qps)
+        bucket of ``burst`` tokens at a rate from ``qps`` (start and floor) to ``qps_max``
+        adapted to the API server's answers (:class:`scraper.write.rate.AdaptiveRate`;
+        each change to ``on_rate_change``); ``qps_max`` None or not above ``qps``: a
+        fixed bucket of ``qps``.  Events have a bucket of their own: they never spend
+        the writes' budget."""
+        limiter: AsyncLimiter | AdaptiveRate = (
+            AdaptiveRate(qps, qps_max, burst, on_change=on_rate_change)
+            if qps_max is not None and qps_max > qps else AsyncLimiter(burst, burst / qps))
         events = EventRecorder(CoreV1Api(api_client), identity=identity, uid_of=store.uid_of)
         fallback = ("" if target is StatusTarget.STATUS
                     else f"{Place.ANNOTATION.value} (--status-target {target.value})")
