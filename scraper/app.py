@@ -50,6 +50,7 @@ from scraper.supervisor import Supervisor, first_set
 from scraper.telemetry import Telemetry
 from scraper.write.annotation_target import StatusTarget
 from scraper.write.policy import PolicyResolver, WritePolicy
+from scraper.write.rate_rule import Change
 from scraper.write.worker import StatusRequest
 from scraper.write.writer import StatusWriter
 
@@ -110,7 +111,9 @@ class ScraperApp:
             target=StatusTarget(s.status_target), health=self.health,
             other_writer_grace=s.other_writer_grace,
             on_deferred=lambda reason: t.writes_deferred.labels(reason).inc(),
-            on_skew=lambda direction: t.clock_skew.labels(direction).inc(), request=request)
+            on_skew=lambda direction: t.clock_skew.labels(direction).inc(), request=request,
+            qps_max=s.write_ceiling(), on_rate_change=self._rate_changed)
+        t.write_rate.set(s.write_qps)
         # Everything not applied yet, also what a writer took and waits on the budget for.
         t.writes_pending.set_function(lambda: self.writer.queue.unapplied())
         self.crd = self.writer.crd
@@ -334,6 +337,13 @@ class ScraperApp:
             self.writer.stop_leading()
         self.manager.set_leading(leading)
         self._targets_changed()
+
+    def _rate_changed(self, change: Change) -> None:
+        self.telemetry.write_rate.set(change.after)
+        self.telemetry.write_rate_changes.labels(change.reason.value).inc()
+        log.log(logging.INFO if change.after < change.before else logging.DEBUG,
+                "status write rate %.1f -> %.1f writes/s (%s)", change.before, change.after,
+                change.reason.value)
 
     def _drop_trainjob(self, namespace: str, trainjob: str) -> None:
         self.manager.drop_trainjob(namespace, trainjob)
