@@ -42,6 +42,7 @@ from scraper.metrics_auth import MetricsAuth, metrics_auth_for
 from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
 from scraper.scrape.loop import ScrapeLoop
 from scraper.scrape.manager import TargetManager
+from scraper.scrape.pod_confirm import PodCheck, PodConfirmer
 from scraper.scrape.scheduling import TargetScheduler
 from scraper.scrape.sources import SourceScraper
 from scraper.stall.marker import write_stall_marker
@@ -55,6 +56,9 @@ from scraper.write.worker import StatusRequest
 from scraper.write.writer import StatusWriter
 
 log = logging.getLogger(__name__)
+
+#: Seconds between two relists of one pod watch asked for by unconfirmed pods.
+RELIST_SPACING = 10.0
 
 CRD_RECHECK_SECONDS = 60.0
 
@@ -141,7 +145,11 @@ class ScraperApp:
             waiting=s.wait_scrapes, on_hold=self._on_hold,
             final_from_log=self._final_from_log if self.logs is not None else None,
             policy_of=self.policy_of, on_retry=self.scheduler.run_within,
-            pods_at=lambda url: self.manager.addresses.pods_at(url))
+            pods_at=lambda url: self.manager.addresses.pods_at(url),
+            confirm_pod=PodConfirmer(k8s.CoreV1Api(self.api)),
+            on_unconfirmed=self._pod_unconfirmed)
+        self._pod_watchers: dict[str | None, PodWatcher] = {}
+        self._relisted: dict[int, float] = {}
         # Any change to a link of an owner chain, and every list, re-checks the pods
         # waiting on it (scraper/discovery/identity.py, "Convergence").
         self.jobs = OwnerIndex(self.scopes, "Job", on_change=self._owners_changed)
@@ -221,6 +229,7 @@ class ScraperApp:
             tw.start()
         self.writer.start()
         self.scheduler.start()
+        self._pod_watchers = dict(zip(scopes, watchers, strict=True))
         for w in watchers:
             w.start()
         supervisor.root(ROOT_CONSUMER, self.pod_feed.run(queue, watchers))
@@ -337,6 +346,17 @@ class ScraperApp:
             self.writer.stop_leading()
         self.manager.set_leading(leading)
         self._targets_changed()
+
+    def _pod_unconfirmed(self, target: Target, check: PodCheck) -> None:
+        """A target's pod is not what the pod watch says (scraper/scrape/pod_confirm.py):
+        the watch relists at once."""
+        watcher = self._pod_watchers.get(target.namespace) or self._pod_watchers.get(None)
+        now = asyncio.get_running_loop().time()
+        if watcher is None or now - self._relisted.get(id(watcher), -RELIST_SPACING) < (
+                RELIST_SPACING):
+            return  # one list per watch every RELIST_SPACING s: a list of all pods is big
+        self._relisted[id(watcher)] = now
+        watcher.relist()
 
     def _rate_changed(self, change: Change) -> None:
         self.telemetry.write_rate.set(change.after)
