@@ -30,6 +30,7 @@ from localdev.cluster.controlplane import ControlPlane
 from scraper.kube.apply_request import ApplyClient
 from scraper.write.rate import AdaptiveRate, signal_of
 from scraper.write.rate_rule import Change, Reason, Signal
+from tests.helpers.apf import flow_schema, tiny_level
 
 FLOOR, CEILING, BURST, WRITERS = 5.0, 200.0, 5, 8
 #: Bounds of each phase (seconds): the test fails, not hangs, when a phase never ends.
@@ -41,25 +42,6 @@ def apf_plane() -> Iterator[ControlPlane]:
     """A control plane with API Priority and Fairness on, for this module only."""
     with ControlPlane(priority_and_fairness=True) as plane:
         yield plane
-
-
-def tiny_level(name: str) -> dict[str, object]:
-    return {"apiVersion": "flowcontrol.apiserver.k8s.io/v1",
-            "kind": "PriorityLevelConfiguration", "metadata": {"name": name},
-            "spec": {"type": "Limited", "limited": {
-                "nominalConcurrencyShares": 0, "lendablePercent": 0,
-                "borrowingLimitPercent": 0, "limitResponse": {"type": "Reject"}}}}
-
-
-def flow_schema(name: str, level: str, namespace: str, account: str) -> dict[str, object]:
-    return {"apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema",
-            "metadata": {"name": name},
-            "spec": {"priorityLevelConfiguration": {"name": level},
-                     "matchingPrecedence": 100,
-                     "rules": [{"subjects": [{"kind": "ServiceAccount", "serviceAccount": {
-                         "namespace": namespace, "name": account}}],
-                         "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"],
-                                            "resources": ["*"], "namespaces": ["*"]}]}]}}
 
 
 class Writers:
