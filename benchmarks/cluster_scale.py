@@ -76,6 +76,12 @@ SPARSE_NS = "bench-sparse"
 #: Scenario d: one change per 30 s at a 15 s interval (issue 14's sparse row).
 SPARSE_EVERY = 30.0
 SPARSE_INTERVAL = 15.0
+#: ``--write-qps-max`` of each ``--write-rate``: the scraper's default ceiling, or the
+#: floor (a fixed rate, the budget before the adaptive rate).
+WRITE_QPS_MAX = {"adaptive": 200.0, "fixed": DEFAULT_QPS}
+#: Nominal concurrency shares of the level the scraper and the pressure client share
+#: (kube-apiserver's workload-low has 100).
+PRESSURE_SHARES = 10
 #: Processes creating the TrainJobs of scenario a (8 client threads each).
 CREATE_WORKERS = 3
 
@@ -116,8 +122,7 @@ def serve(ports: list[int], mode_file: Path, duration: float) -> None:
                     changed.set()  # held requests answer under the new mode
             await asyncio.sleep(0.5)
 
-    def phase(port: int, period: float) -> float:
-        return (port * 7919 % 1000) / 1000 * period
+    from benchmarks.write_pressure import phase
 
     def stamp(port: int) -> int:
         period = state["period"]
@@ -277,24 +282,54 @@ class _Sampler:
 
 
 def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float,
-          window: float) -> dict[str, Any]:
-    """Scenarios a and b (module doc) with one scraper and one exporter child."""
-    out: dict[str, Any] = {"jobs": jobs, "interval": interval, "qps": DEFAULT_QPS}
+          window: float, *, write_rate: str = "adaptive", namespace: str = SCALE_NS,
+          change_every: float | None = None, pressure_qps: float = 0.0,
+          pressure_window: float = 30.0, picture: Path | None = None) -> dict[str, Any]:
+    """Scenarios a and b (module doc) with one scraper and one exporter child.
+
+    ``write_rate``: ``adaptive`` (the scraper's defaults: ``--write-qps`` 20 rising up to
+    ``--write-qps-max`` 200) or ``fixed`` (``--write-qps-max`` 20: the fixed budget).
+    The scraper runs as a ServiceAccount (:func:`benchmarks.write_pressure.bench_account`).
+    ``change_every``: seconds between two changes of each exporter in b (default: the
+    interval).  ``pressure_qps`` > 0: a :class:`~benchmarks.write_pressure.PressureClient`
+    in the scraper's priority level (:func:`~benchmarks.write_pressure.shared_level`)
+    runs ``pressure_window`` s alone before the scraper starts, and through b.
+    """
+    from benchmarks import write_pressure as wp
+
+    out: dict[str, Any] = {"jobs": jobs, "interval": interval, "qps": DEFAULT_QPS,
+                           "write_rate": write_rate, "write_qps_max": WRITE_QPS_MAX[write_rate]}
+    period = change_every or interval
     budget = jobs / DEFAULT_QPS
     exporters = _Exporters(jobs, plane.workdir, duration=3 * budget + window + 900)
-    watcher = _Watcher(api, SCALE_NS)
+    watcher = _Watcher(api, namespace)
     scraper: _Scraper | None = None
     sampler: _Sampler | None = None
+    pressure: wp.PressureClient | None = None
+    account = f"scraper-{write_rate}"
     try:
+        kubeconfig = wp.bench_account(plane, api, namespace, account)
+        if pressure_qps > 0:
+            pressure_config = wp.bench_account(plane, api, namespace, "pressure")
+            wp.shared_level(api, f"bench-{namespace}", {
+                f"bench-{namespace}-scraper": (namespace, account),
+                f"bench-{namespace}-pressure": (namespace, "pressure")}, shares=PRESSURE_SHARES)
+            pressure = wp.PressureClient(pressure_config, namespace, pressure_qps)
         t0 = time.time()
-        ran = _make_jobs(api, SCALE_NS, exporters.ports, kubeconfig=plane.kubeconfig_path,
+        ran = _make_jobs(api, namespace, exporters.ports, kubeconfig=plane.kubeconfig_path,
                          workers=CREATE_WORKERS)
         out["create_seconds"] = time.time() - t0
+        if pressure is not None:
+            pressure.start()
+            p0 = time.time()
+            time.sleep(pressure_window)
+            out["pressure_alone"] = pressure.summary(p0 + 2, time.time())
         # All N appear to the scraper at once: it starts (as after a restart or a
         # leader change) when every pod already runs.
         started = time.time()
-        scraper = _Scraper(plane.kubeconfig_path, plane.workdir, SCALE_NS,
-                           ["--interval", f"{interval:g}s"])  # budget: the defaults
+        scraper = _Scraper(kubeconfig, plane.workdir, namespace,
+                           ["--interval", f"{interval:g}s",
+                            "--write-qps-max", f"{WRITE_QPS_MAX[write_rate]:g}"])
         sampler = _Sampler(scraper.child.process.pid)
         scraper.wait_ready()
         serving = time.time()
@@ -324,9 +359,10 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             "peak_fds": sampler.peak_fds,
             "held": scraper.metric("trainjob_scraper_held_scrapes"),
         }
-        # b: every TrainJob changes every interval.
-        exporters.changing(interval)
+        # b: every TrainJob changes every period.
+        exporters.changing(period)
         time.sleep(interval + 2)
+        apf0 = wp.flowcontrol_counts(plane) if pressure is not None else None
         # One /metrics read at each end of the window (each read renders every
         # TrainJob's series; the row reports its size).
         w0, text0, a = len(watcher.seen), scraper.metrics(), time.time()
@@ -334,6 +370,10 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         time.sleep(window)
         b = time.time()
         cpu1 = _cpu(scraper.child.process.pid)
+        if pressure is not None and apf0 is not None:
+            out["pressure_with_scraper"] = pressure.summary(a, b)
+            out["scraper_apf"] = wp.rejected_share(apf0, wp.flowcontrol_counts(plane),
+                                                   f"bench-{namespace}-scraper")
         text1 = scraper.metrics()
 
         def delta(name: str, label: str | None = None) -> float:
@@ -359,7 +399,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             "window": b - a, "writes": written, "writes_per_s": written / (b - a),
             "jobs_written": len(per_job), "longest_gap": max(gaps) if gaps else None,
             "gap_p50": percentile(gaps, 0.5),
-            "target_gap": max(interval, budget) + 1.0, "skipped_runs": skipped,
+            "target_gap": max(period, budget) + 1.0, "skipped_runs": skipped,
             # Mean request time: with W writers, W / mean caps the rate below the budget.
             "request_mean": req_s / req_n if req_n else None, "pending_end": pending,
             # Every request spends a token: requests/s below the budget means the writers
@@ -374,9 +414,28 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             "peak_fds": sampler.peak_fds,
             "held": scraper.metric("trainjob_scraper_held_scrapes"),
         }
+        port_of = {f"job-{i}": port for i, port in enumerate(exporters.ports)}
+        errors = wp.percent_errors([s for s in watcher.seen if a - 60 <= s[2] <= b],
+                                   port_of, period, a, b)
+        out["b"]["change_every"] = period
+        out["b"]["percent_error_p50"] = percentile(errors, 0.5)
+        out["b"]["percent_error_p99"] = percentile(errors, 0.99)
+        out["b"]["rate_changes"] = {r: delta("trainjob_scraper_status_write_rate_changes_total",
+                                             f'reason="{r}"')
+                                    for r in ("writes_fast", "throttled", "apf_rejected",
+                                              "timeout", "latency")}
+        out["b"]["write_rate_end"] = _metric_sum(
+            text1, "trainjob_scraper_status_write_rate_limit_per_second")
+        out["writes_per_s"] = wp.writes_per_second(watcher.seen, started, b)
+        if picture is not None:
+            out["picture"] = str(wp.plot_writes(
+                {f"{write_rate}, N={jobs}": out["writes_per_s"]}, picture,
+                f"status writes/s from the scraper's start ({write_rate} rate)"))
         out["scraper_cpu_seconds"] = _cpu(scraper.child.process.pid)
         out["first_seen_missing"] = sorted(set(ran) - set(first))[:20]
     finally:
+        if pressure is not None:
+            pressure.stop()
         if sampler is not None:
             sampler.stop()
         watcher.stop()
@@ -504,8 +563,9 @@ def table(res: dict[str, Any]) -> str:
                 f" | | | {a['loadavg']} |"]
     if b:
         lines += [
-            f"| steady, {n} TrainJobs changing every {iv:g} s: longest gap between two "
-            f"writes of one TrainJob (p50 of per-job longest) | {fmt(b['longest_gap'], '.1f')} s "
+            f"| steady, {n} TrainJobs changing every {b.get('change_every', iv):g} s: longest "
+            f"gap between two writes of one TrainJob (p50 of per-job longest) | "
+            f"{fmt(b['longest_gap'], '.1f')} s "
             f"({fmt(b['gap_p50'], '.1f')} s; {b['writes_per_s']:.1f} writes/s over "
             f"{b['window']:.0f} s, {fmt(b.get('requests_per_s'), '.1f')} requests/s, "
             f"outcomes {_nonzero(b.get('outcomes'))}, "
@@ -547,10 +607,53 @@ def table(res: dict[str, Any]) -> str:
                   f"aiohttp on the loop (after) | {w.get('pre_queue', 0):.0f} / "
                   f"{w.get('call_api', 0):.0f} / {w['before']:.0f} / {w['after']:.0f} us | lower | "
                   f"{verdict(w['after'] < w['before'])} | {w['loadavg']} |"]
+    lines += _runs_table(res)
     for key in ("scale_error", "log_error", "sparse_error"):
         if res.get(key):
             lines += ["", f"{key}: `{res[key][:400]}`"]
     return "\n".join(lines)
+
+
+def run_entry(out: dict[str, Any]) -> dict[str, Any]:
+    """One run's entry of the report's ``runs``: the keys of the adaptive-rate
+    acceptance and the pressure figures when there was pressure."""
+    a, b = out.get("a") or {}, out.get("b") or {}
+    entry: dict[str, Any] = {
+        "trainjobs": out.get("jobs"), "write_rate": out.get("write_rate"),
+        "write_qps_max": out.get("write_qps_max"),
+        "first_status_p99_s": a.get("first_p99"),
+        "longest_write_gap_s": b.get("longest_gap"),
+        "skipped_runs": (a.get("skipped_runs") or 0) + (b.get("skipped_runs") or 0),
+        "writes_per_s": b.get("writes_per_s"), "change_every_s": b.get("change_every"),
+        "percent_error_p99": b.get("percent_error_p99"),
+        "rate_changes": b.get("rate_changes"), "write_rate_end": b.get("write_rate_end"),
+    }
+    if "pressure_alone" in out:
+        entry["pressure_p99_alone_s"] = out["pressure_alone"]["p99_s"]
+        entry["pressure_p99_with_scraper_s"] = (out.get("pressure_with_scraper") or {}).get(
+            "p99_s")
+        entry["scraper_429_share"] = (out.get("scraper_apf") or {}).get("rejected_share")
+    return entry
+
+
+def _runs_table(res: dict[str, Any]) -> list[str]:
+    runs = res.get("runs") or []
+    if not runs:
+        return []
+    lines = ["", "| write rate | TrainJobs | first status p99 | longest write gap | skipped "
+             "runs | writes/s (b) | percent error p99 | 429 share | other client p99 alone "
+             "/ with the scraper |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in runs:
+        share = r.get("scraper_429_share")
+        lines.append(
+            f"| {r['write_rate']} (max {fmt(r.get('write_qps_max'), 'g')}) | {r['trainjobs']} | "
+            f"{fmt(r['first_status_p99_s'], '.1f')} s | {fmt(r['longest_write_gap_s'], '.1f')} s"
+            f" | {r['skipped_runs']:.0f} | {fmt(r.get('writes_per_s'), '.1f')} | "
+            f"{fmt(r.get('percent_error_p99'), '.0f')} points | "
+            f"{'-' if share is None else f'{100 * share:.2f} %'} | "
+            f"{fmt(r.get('pressure_p99_alone_s'), '.3f')} / "
+            f"{fmt(r.get('pressure_p99_with_scraper_s'), '.3f')} s |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -569,6 +672,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="status writes per path for the CPU-per-write row (0: skip)")
     parser.add_argument("--scale-only", action="store_true",
                         help="scenarios a and b only (no c, d or the CPU-per-write row)")
+    parser.add_argument("--write-rate", action="append", choices=sorted(WRITE_QPS_MAX),
+                        help="adaptive (--write-qps 20 up to --write-qps-max 200, the "
+                        "default) or fixed (20/s); repeat for one run of a and b each")
+    parser.add_argument("--change-every", type=float, default=None,
+                        help="seconds between two changes of each exporter in b "
+                        "(default: --interval)")
+    parser.add_argument("--pressure-qps", type=float, default=0.0,
+                        help="a second client applying ConfigMaps at this rate in the "
+                        "scraper's priority level (0: none)")
+    parser.add_argument("--pressure-window", type=float, default=30.0,
+                        help="seconds the pressure client runs alone first")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--mode-file", type=Path, help=argparse.SUPPRESS)
@@ -581,23 +695,40 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--jobs={args.jobs}, --log-jobs={args.log_jobs}: each at least 1")
     if args.interval < 1:
         parser.error(f"--interval={args.interval:g}: at least 1 s (the scraper's minimum)")
+    if args.pressure_qps < 0 or (args.change_every is not None and args.change_every <= 0):
+        parser.error(f"--pressure-qps={args.pressure_qps:g}, --change-every="
+                     f"{args.change_every}: --pressure-qps at least 0, --change-every above 0")
+    rates = args.write_rate or ["adaptive"]
     window = args.window or 2.5 * args.jobs / DEFAULT_QPS
     res: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                            "machine": f"{os.cpu_count()} cores",
                            "loadavg_start": loadavg()}
     started = time.monotonic()
     try:
-        with ControlPlane() as plane:
+        # API Priority and Fairness on: kube-apiserver's default, and what the adaptive
+        # rate reads.
+        with ControlPlane(priority_and_fairness=True) as plane:
             api = plane.api_client()
             install_trainjob_crds(api)
             core = client.CoreV1Api(api)
-            for ns in (SCALE_NS, LOG_NS, SPARSE_NS):
+            for ns in (LOG_NS, SPARSE_NS, *(f"{SCALE_NS}-{rate}" for rate in rates)):
                 core.create_namespace({"metadata": {"name": ns}})
-            try:
-                res["scale"] = scale(plane, api, args.jobs, args.interval, window)
-                print(json.dumps(res["scale"], default=str), flush=True)
-            except Exception as exc:  # the other scenarios still count
-                res["scale_error"] = f"{type(exc).__name__}: {exc}"
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            res["runs"], res["scale_runs"] = [], []
+            for rate in rates:
+                try:
+                    out = scale(plane, api, args.jobs, args.interval, window,
+                                write_rate=rate, namespace=f"{SCALE_NS}-{rate}",
+                                change_every=args.change_every,
+                                pressure_qps=args.pressure_qps,
+                                pressure_window=args.pressure_window,
+                                picture=args.out / f"cluster-writes-{stamp}-{rate}.png")
+                    res["scale_runs"].append(out)
+                    res["runs"].append(run_entry(out))
+                    res.setdefault("scale", out)
+                    print(json.dumps(res["runs"][-1], default=str), flush=True)
+                except Exception as exc:  # the other scenarios still count
+                    res["scale_error"] = f"{rate}: {type(exc).__name__}: {exc}"
             if args.scale_only:
                 api.close()
                 return 0

@@ -43,6 +43,7 @@ from scraper.metrics_auth import MetricsAuth, metrics_auth_for
 from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
 from scraper.scrape.loop import ScrapeLoop, TargetState
 from scraper.scrape.manager import TargetManager
+from scraper.scrape.pod_confirm import PodCheck, PodConfirmer
 from scraper.scrape.scheduling import TargetScheduler
 from scraper.scrape.sources import SourceScraper
 from scraper.scrape.target_table import AddressIndex, TargetTable
@@ -55,10 +56,14 @@ from scraper.stall.watch import Observed, StallCollector, StallWatch
 from scraper.supervisor import Supervisor, first_set
 from scraper.telemetry import Telemetry
 from scraper.write.annotation_target import StatusTarget
+from scraper.write.rate_rule import Change
 from scraper.write.worker import StatusRequest
 from scraper.write.writer import StatusWriter
 
 log = logging.getLogger(__name__)
+
+#: Seconds between two relists of one pod watch asked for by unconfirmed pods.
+RELIST_SPACING = 10.0
 
 CRD_RECHECK_SECONDS = 60.0
 
@@ -136,7 +141,9 @@ class ScraperApp:
             on_gone=self._drop_trainjob,
             policy=write.policy, policy_of=self.policy_of,
             target=StatusTarget(write.status_target), health=self.health,
-            decide=decide, request=request)
+            decide=decide, request=request,
+            qps_max=write.qps_max, on_rate_change=self._rate_changed)
+        t.write_rate.set(write.qps)
         # Everything not applied yet, also what a writer took and waits on the budget for.
         t.writes_pending.set_function(lambda: self.writer.queue.unapplied())
         self.crd = self.writer.crd
@@ -164,7 +171,11 @@ class ScraperApp:
             waiting=scrape.wait_scrapes, on_hold=self._on_hold,
             final_from_log=self._final_from_log if self.logs is not None else None,
             policy_of=self.policy_of, on_retry=self.scheduler.run_within,
-            pods_at=self.addresses.pods_at)
+            pods_at=self.addresses.pods_at,
+            confirm_pod=PodConfirmer(k8s.CoreV1Api(self.api)),
+            on_unconfirmed=self._pod_unconfirmed)
+        self._pod_watchers: dict[str | None, PodWatcher] = {}
+        self._relisted: dict[int, float] = {}
         # Any change to a link of an owner chain, and every list, re-checks the pods
         # waiting on it (scraper/discovery/identity.py, "Convergence").
         self.jobs = OwnerIndex(self.scopes, "Job", on_change=self._owners_changed)
@@ -258,6 +269,7 @@ class ScraperApp:
             tw.start()
         self.writer.start()
         self.scheduler.start()
+        self._pod_watchers = dict(zip(scopes, watchers, strict=True))
         for w in watchers:
             w.start()
         supervisor.root(ROOT_CONSUMER, self.pod_feed.run(queue, watchers))
@@ -384,6 +396,24 @@ class ScraperApp:
             self.writer.stop_leading()
         self.manager.set_leading(leading)
         self._targets_changed()
+
+    def _pod_unconfirmed(self, target: Target, check: PodCheck) -> None:
+        """A target's pod is not what the pod watch says (scraper/scrape/pod_confirm.py):
+        the watch relists at once."""
+        watcher = self._pod_watchers.get(target.namespace) or self._pod_watchers.get(None)
+        now = asyncio.get_running_loop().time()
+        if watcher is None or now - self._relisted.get(id(watcher), -RELIST_SPACING) < (
+                RELIST_SPACING):
+            return  # one list per watch every RELIST_SPACING s: a list of all pods is big
+        self._relisted[id(watcher)] = now
+        watcher.relist()
+
+    def _rate_changed(self, change: Change) -> None:
+        self.telemetry.write_rate.set(change.after)
+        self.telemetry.write_rate_changes.labels(change.reason.value).inc()
+        log.log(logging.INFO if change.after < change.before else logging.DEBUG,
+                "status write rate %.1f -> %.1f writes/s (%s)", change.before, change.after,
+                change.reason.value)
 
     def _drop_trainjob(self, namespace: str, trainjob: str) -> None:
         self.manager.drop_trainjob(namespace, trainjob)

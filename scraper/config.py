@@ -167,6 +167,12 @@ class ScraperSettings(BaseSettings):
     )
     write_burst: int = Field(default=30, ge=1, le=10000,
                              description="status writes in a burst")
+    write_qps_max: float = Field(
+        default=200.0, ge=0.01, le=10000, allow_inf_nan=False,
+        description="highest status writes per second (0.01..10000): the rate starts at "
+        "--write-qps and rises while writes succeed quickly, and falls on 429, timeouts "
+        "and rising latency; below --write-qps it is --write-qps (equal: a fixed rate)",
+    )
     status_target: Literal["status", "annotation", "auto"] = Field(
         default="status",
         description="where the trainer status is written: 'status' (status.trainerStatus, "
@@ -375,6 +381,11 @@ class ScraperSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, FileSource(settings_cls, _config_file.get()))
+
+    def write_ceiling(self) -> float:
+        """The adaptive write rate's ceiling (writes per second): ``write_qps_max``, at
+        least ``write_qps``."""
+        return max(self.write_qps, self.write_qps_max)
 
     def write_policy(self) -> WritePolicy:
         """The default write policy (``--progress-floor``, ``--metrics-staleness``,

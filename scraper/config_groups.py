@@ -66,19 +66,21 @@ class ScrapeSettings(_Group):
 
 
 class WriteSettings(_Group):
-    """How statuses are written: ``--write-qps``, ``--write-burst``, ``--status-target``,
-    and the write policy (``--progress-floor``, ``--metrics-staleness``,
-    ``--other-writer-grace``)."""
+    """How statuses are written: ``--write-qps`` (the start and floor of the adaptive
+    rate), ``--write-qps-max`` (its ceiling, at least ``qps``; equal: a fixed rate),
+    ``--write-burst``, ``--status-target``, and the write policy (``--progress-floor``,
+    ``--metrics-staleness``, ``--other-writer-grace``)."""
 
     qps: float
+    qps_max: float
     burst: int
     status_target: Literal["status", "annotation", "auto"]
     policy: WritePolicy
 
     @classmethod
     def of(cls, s: Any) -> WriteSettings:
-        return cls(qps=s.write_qps, burst=s.write_burst, status_target=s.status_target,
-                   policy=s.write_policy())
+        return cls(qps=s.write_qps, qps_max=s.write_ceiling(), burst=s.write_burst,
+                   status_target=s.status_target, policy=s.write_policy())
 
 
 class StallSettings(_Group):

@@ -118,6 +118,14 @@ class Telemetry:
             "trainjob_scraper_status_write_duration_seconds", "Duration of one status write "
             "request (apply PATCH) to the API server, whatever its answer",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
+        self.write_rate = Gauge(
+            "trainjob_scraper_status_write_rate_limit_per_second", "Status writes per second "
+            "the write budget allows now (the adaptive rate, between --write-qps and "
+            "--write-qps-max)", registry=r)
+        self.write_rate_changes = Counter(
+            "trainjob_scraper_status_write_rate_changes_total", "Changes of the status "
+            "write rate by reason (writes_fast: raised; throttled, apf_rejected, timeout, "
+            "latency: lowered)", ["reason"], registry=r)
         self.writes_pending = Gauge(
             "trainjob_scraper_status_writes_pending", "TrainJobs with a status waiting in "
             "the write queue (newest only per TrainJob; in flight not counted)", registry=r)

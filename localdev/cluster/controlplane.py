@@ -131,16 +131,22 @@ class ControlPlane:
     audit log on with :func:`audit_policy` at that level for TrainJob writes; the
     events (JSON lines) go to :attr:`audit_log_path`.
 
+    ``priority_and_fairness`` turns API Priority and Fairness on (kube-apiserver's
+    default; off here unless asked: it costs about a second of start-up, and a test
+    that is not about fairness has nothing for it to protect).  With it on, a
+    FlowSchema and PriorityLevelConfiguration make the real API server answer 429.
+
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
 
     def __init__(self, assets_dir: str | Path | None = None,
                  workdir: str | Path | None = None, *, controllers: bool = False,
-                 audit_log: str | None = None) -> None:
+                 audit_log: str | None = None, priority_and_fairness: bool = False) -> None:
         if audit_log is not None:
             audit_policy(audit_log)  # refuses an unknown level before anything starts
         self._audit_log = audit_log
         self._controllers = controllers
+        self._priority_and_fairness = priority_and_fairness
         self._assets_dir = None if assets_dir is None else str(assets_dir)
         self._own_workdir = workdir is None
         self._workdir = None if workdir is None else Path(workdir)
@@ -245,8 +251,8 @@ class ControlPlane:
             # Without a controller manager no ServiceAccount "default" is ever created,
             # and that admission plugin would refuse every pod.
             *([] if self._controllers else ["--disable-admission-plugins=ServiceAccount"]),
-            # Saves a second of start-up; fairness has nothing to protect here.
-            "--enable-priority-and-fairness=false",
+            # Off saves a second of start-up where fairness has nothing to protect.
+            f"--enable-priority-and-fairness={str(self._priority_and_fairness).lower()}",
             # A fake node's Hostname address resolves nowhere; its InternalIP is loopback
             # (kwok's server, reached for pods/log).
             "--kubelet-preferred-address-types=InternalIP",

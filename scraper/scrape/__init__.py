@@ -4,6 +4,8 @@
 (:mod:`scraper.scrape.target_table`, :mod:`scraper.scrape.scheduling`);
 :mod:`scraper.scrape.loop` applies the rules of one run; a run reads the target's
 exporter (:mod:`scraper.scrape.exporter` over :mod:`scraper.scrape.http_exchange`) or
-its log (:mod:`scraper.logsource`), as :mod:`scraper.scrape.sources` picks.  What it
-reads goes to :mod:`scraper.write`.
+its log (:mod:`scraper.logsource`), as :mod:`scraper.scrape.sources` picks.  A changed
+status from an exporter that states no pod is written only once
+:mod:`scraper.scrape.pod_confirm` has read the pod again.  What it reads goes to
+:mod:`scraper.write`.
 """

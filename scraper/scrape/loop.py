@@ -65,6 +65,7 @@ from exporter_lib.hold_policy import format_policy
 from exporter_lib.status import TrainerStatus
 from scraper.discovery.pods import Final
 from scraper.scrape.exporter import excerpt
+from scraper.scrape.pod_confirm import PodCheck
 from scraper.shared.outcome import WriteOutcome
 from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
 from scraper.shared.scrapes import (
@@ -315,6 +316,11 @@ class ScrapeLoop:
         pods_at: keys of the live pods known at a target URL's ``host:port``
             (:meth:`scraper.scrape.target_table.AddressIndex.pods_at`); an answer that states
             no pod is refused (:class:`SharedAddress`) while there is more than one.
+        confirm_pod: reads a target's pod before a changed status of an answer that
+            stated no pod is written (:class:`scraper.scrape.pod_confirm.PodConfirmer`);
+            anything but ``CONFIRMED`` and the answer is not written (counted as the scrape
+            result ``unconfirmed``) and ``on_unconfirmed`` is called.  None: not read.
+        on_unconfirmed: ``(target, PodCheck)`` of each such answer (the pod watch relists).
     """
 
     def __init__(
@@ -337,8 +343,12 @@ class ScrapeLoop:
         policy_of: Callable[[str, str], WritePolicy] = lambda namespace, name: DEFAULT_POLICY,
         on_retry: Callable[[str, float], None] = lambda key, seconds: None,
         pods_at: Callable[[str], tuple[str, ...]] = lambda url: (),
+        confirm_pod: Callable[[Target], Awaitable[PodCheck]] | None = None,
+        on_unconfirmed: Callable[[Target, PodCheck], None] = lambda target, check: None,
     ) -> None:
         self._pods_at = pods_at
+        self._confirm_pod = confirm_pod
+        self._on_unconfirmed = on_unconfirmed
         self._policy_of = policy_of
         self._on_retry = on_retry
         self.final_from_log = final_from_log
@@ -469,10 +479,20 @@ class ScrapeLoop:
             log.debug("target %s: answer of sequence %s is older than %s; dropped",
                       target.key, result.sequence, state.sequence)
             return
+        content = (result.status, None if result.sequence is None else result.sequence.n)
+        if (not result.identified and self._confirm_pod is not None
+                and content != state.reported):
+            check = await self._confirm_pod(target)
+            if check is not PodCheck.CONFIRMED:
+                self._count_scrape("unconfirmed")
+                log.warning("target %s (%s): an answer that states no pod, and the pod "
+                            "is not the target's any more (%s); not written, the pod "
+                            "watch relists", target.key, target.url, check.value)
+                self._on_unconfirmed(target, check)
+                return
         self._count_scrape("ok")
         if result.sequence is not None:
             state.sequence = result.sequence
-        content = (result.status, None if result.sequence is None else result.sequence.n)
         if content != state.reported:
             state.reported_seen = float("-inf") if state.reported is None else self._clock()
             state.reported = content

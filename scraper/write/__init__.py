@@ -12,6 +12,8 @@ by server-side apply, only on change, under an API budget.  One module per job:
   :mod:`.order`: the queue's O(log n) indexes;
 * :mod:`.worker`: the writer tasks: the apply request, the write budget, retries, 409s,
   a TrainJob gone;
+* :mod:`.rate_rule` and :mod:`.rate`: the adaptive write rate (an AIMD rule between
+  ``--write-qps`` and ``--write-qps-max``, and the token bucket that follows it);
 * :mod:`.notices`: the Events and log lines told once per TrainJob (CRD without
   ``trainerStatus``, ``ClockSkew``);
 * :mod:`.outcome`: what a write came to (the metrics label), the field manager.

@@ -84,6 +84,7 @@ from scraper.write.annotation_target import (
 )
 from scraper.write.notices import Notices
 from scraper.write.queue import Pending, WriteQueue
+from scraper.write.rate import AdaptiveRate
 
 __all__ = ["QUEUE_BACKOFF", "Decisions", "OurWrite", "StatusApply", "StatusRequest",
            "WriteWorker", "writers_for"]
@@ -216,6 +217,8 @@ class WriteWorker:
         target: ``--status-target``.
         may_write: the leader fence, checked before every write.
         counts: where each try's outcome and each request's seconds are counted.
+        on_answer: called with ``(seconds, exception or None)`` of each apply request
+            that was sent (the adaptive rate's signal, :mod:`scraper.write.rate`).
         on_settled: called with ``(key, outcome)`` when a status leaves the queue
             (applied, refused, superseded), never for a retry.
         on_gone: called with ``(namespace, name)`` when a write finds the TrainJob gone.
@@ -231,7 +234,7 @@ class WriteWorker:
         store: TrainJobStore,
         custom: CustomObjectsApi,
         crd: CrdSupport,
-        limiter: AsyncLimiter,
+        limiter: AsyncLimiter | AdaptiveRate,
         request: StatusRequest,
         decisions: Decisions,
         notices: Notices,
@@ -245,8 +248,10 @@ class WriteWorker:
         health: ApiHealth | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        on_answer: Callable[[float, BaseException | None], object] = lambda s, exc: None,
     ) -> None:
         self.queue = queue
+        self._on_answer = on_answer
         self.store = store
         self._custom = custom
         self.crd = crd
@@ -347,12 +352,18 @@ class WriteWorker:
             async with self._limiter:
                 self._fence()
                 began = time.monotonic()
+                answer: BaseException | None = None
                 try:
                     obj = await call(self._request.apply, namespace, name, status, place,
                                      record.uid, record.resource_version,
                                      deadline=deadline_of(REQUEST_TIMEOUT))
+                except BaseException as exc:  # cancelled too: no sign of a fast write
+                    answer = exc
+                    raise
                 finally:
-                    self._counts.request_took(time.monotonic() - began)
+                    took = time.monotonic() - began
+                    self._counts.request_took(took)
+                    self._on_answer(took, answer)
         except NotLeader:
             return WriteOutcome.NOT_LEADER, None
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError,

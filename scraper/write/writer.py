@@ -82,6 +82,8 @@ from scraper.write.annotation_target import Place, StatusTarget, place_for, stat
 from scraper.write.deferral import Deferrals
 from scraper.write.notices import Notices
 from scraper.write.queue import WriteQueue
+from scraper.write.rate import AdaptiveRate
+from scraper.write.rate_rule import Change
 from scraper.write.worker import OurWrite, StatusApply, StatusRequest, WriteWorker, writers_for
 
 __all__ = ["StatusWriter", "already_stored"]
@@ -94,6 +96,10 @@ def already_stored(current: TrainerStatus | None, new: TrainerStatus) -> bool:
     (:func:`scraper.shared.writes.same_content`; the exporter never unsets a field once
     reported, so ignoring unset fields cannot hide a removal of our own)."""
     return same_content(current, new)
+
+
+def _unheard(seconds: float, exc: BaseException | None) -> None:
+    """A fixed bucket hears nothing of the answers."""
 
 
 class StatusWriter:
@@ -134,7 +140,7 @@ class StatusWriter:
         store: TrainJobStore,
         crd: CrdSupport,
         events: EventRecorder,
-        limiter: AsyncLimiter,
+        limiter: AsyncLimiter | AdaptiveRate,
         decide: Decide,
         may_write: Callable[[], bool] = lambda: True,
         counts: WriteCounts = NO_COUNTS,
@@ -176,7 +182,8 @@ class StatusWriter:
             decisions=self, notices=self._notices, ours=self._ours,
             place=self.place, target=target, may_write=may_write, counts=counts,
             on_settled=self._settle, on_gone=self._dropped,
-            health=health, clock=clock, wall=wall)
+            health=health, clock=clock, wall=wall,
+            on_answer=limiter.observe if isinstance(limiter, AdaptiveRate) else _unheard)
         if health is not None:
             health.on_recovered(self.queue.resume)
         store.on_changed(self.on_trainjob_change)
@@ -200,11 +207,18 @@ class StatusWriter:
         health: ApiHealth | None = None,
         other_writer_grace: float | None = None,
         request: StatusRequest | None = None,
+        qps_max: float | None = None,
+        on_rate_change: Callable[[Change], None] = lambda change: None,
     ) -> Self:
         """A writer with its own CRD knowledge and Event recorder; writes take tokens of a
-        bucket of ``qps`` sustained, ``burst`` at once (Events have a bucket of their own:
-        they never spend the writes' budget)."""
-        limiter = AsyncLimiter(burst, burst / qps)
+        bucket of ``burst`` tokens at a rate from ``qps`` (start and floor) to ``qps_max``
+        adapted to the API server's answers (:class:`scraper.write.rate.AdaptiveRate`;
+        each change to ``on_rate_change``); ``qps_max`` None or not above ``qps``: a
+        fixed bucket of ``qps``.  Events have a bucket of their own: they never spend
+        the writes' budget."""
+        limiter: AsyncLimiter | AdaptiveRate = (
+            AdaptiveRate(qps, qps_max, burst, on_change=on_rate_change)
+            if qps_max is not None and qps_max > qps else AsyncLimiter(burst, burst / qps))
         events = EventRecorder(CoreV1Api(api_client), identity=identity, uid_of=store.uid_of)
         fallback = ("" if target is StatusTarget.STATUS
                     else f"{Place.ANNOTATION.value} (--status-target {target.value})")

@@ -174,6 +174,7 @@ def _rules(role: dict[str, Any]) -> set[tuple[str, str, str, tuple[str, ...]]]:
 #: scraper/discovery/identity.py, scraper/shared/trainjobs.py, scraper/write/ and
 #: scraper/kube/events.py); any added verb must be justified here too.
 SCOPE_GRANTS = {
+    ("", "pods", "get", ()),  # scraper/scrape/pod_confirm.py
     ("", "pods", "list", ()),
     ("", "pods", "watch", ()),
     ("trainer.kubeflow.org", "trainjobs", "get", ()),
@@ -388,6 +389,10 @@ def test_dashboard_configmap_ships_the_repository_json(helm: Helm) -> None:
         # The scraper's own bound (scraper/config.py): below it the budget broke.
         pytest.param({"config": {"writeQps": 0.001}}, ["/config/writeQps", "minimum"],
                      id="write-qps-floor"),
+        pytest.param({"config": {"writeQpsMax": 0}}, ["/config/writeQpsMax", "minimum"],
+                     id="write-qps-max"),
+        pytest.param({"flowControl": {"limitResponse": "Drop"}},
+                     ["/flowControl/limitResponse", "must be one of"], id="flow-control"),
     ],
 )
 def test_bad_values_are_rejected_by_the_schema(
@@ -512,6 +517,43 @@ def test_validating_admission_policy_is_optional_and_names_the_scraper(helm: Hel
         assert (rule["resources"], rule["operations"]) == (resources, operations)
         binding = rendered.one("ValidatingAdmissionPolicyBinding", policy_name)
         assert binding["spec"] == {"policyName": policy_name, "validationActions": ["Deny"]}
+
+
+def test_write_ceiling_reaches_the_scraper_and_flow_control_is_optional(
+        helm: Helm, tmp_path: Path) -> None:
+    rendered = helm.template()
+    assert not rendered.of_kind("FlowSchema")
+    assert not rendered.of_kind("PriorityLevelConfiguration")
+    assert _settings_from(rendered, tmp_path).write_ceiling() == 200.0
+
+    rendered = helm.template({
+        "config": {"writeQps": 30, "writeQpsMax": 500},
+        "flowControl": {"enabled": True, "limitResponse": "Reject"},
+        "serviceAccount": {"create": False, "name": "preexisting"}})
+    settings = _settings_from(rendered, tmp_path)
+    assert (settings.write_qps, settings.write_ceiling()) == (30, 500)
+    level = rendered.one("PriorityLevelConfiguration", FULLNAME)
+    assert level["spec"] == {"type": "Limited", "limited": {
+        "nominalConcurrencyShares": 10, "lendablePercent": 0,
+        "limitResponse": {"type": "Reject"}}}
+    schema = rendered.one("FlowSchema", FULLNAME)
+    assert schema["spec"]["priorityLevelConfiguration"] == {"name": FULLNAME}
+    assert schema["spec"]["matchingPrecedence"] == 500
+    (rule,) = schema["spec"]["rules"]
+    assert rule["subjects"] == [{"kind": "ServiceAccount", "serviceAccount": {
+        "name": "preexisting", "namespace": RELEASE_NAMESPACE}}]
+    # The TrainJob reads and writes only: the Lease and the watches keep their levels.
+    assert rule["resourceRules"] == [{
+        "apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs", "trainjobs/status"],
+        "verbs": ["get", "patch", "update"], "namespaces": ["*"]}]
+    assert "nonResourceRules" not in rule
+
+    queued = helm.template({"flowControl": {"enabled": True, "queues": 8}})
+    assert queued.one("PriorityLevelConfiguration", FULLNAME)["spec"]["limited"][
+        "limitResponse"] == {"type": "Queue", "queuing": {
+            "queues": 8, "queueLengthLimit": 50, "handSize": 4}}
+    assert queued.one("FlowSchema", FULLNAME)["spec"]["rules"][0]["subjects"][0][
+        "serviceAccount"] == {"name": FULLNAME, "namespace": RELEASE_NAMESPACE}
 
 
 # ---------------------------------------------------------------- the annotation target

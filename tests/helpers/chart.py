@@ -162,6 +162,7 @@ MONITORING = {
         {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}]}},
     "validatingAdmissionPolicy": {"enabled": True},
     "dashboard": {"folder": "Training", "namespace": "monitoring"},
+    "flowControl": {"enabled": True},
 }
 CUSTOM = {
     "replicaCount": 1,

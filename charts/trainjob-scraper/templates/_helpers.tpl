@@ -73,6 +73,7 @@ would print 1048576 as 1.048576e+06.
   "backoff_max" $c.backoffMax
   "write_qps" $c.writeQps
   "write_burst" (int $c.writeBurst)
+  "write_qps_max" $c.writeQpsMax
   "resync_interval" $c.resyncInterval
   "progress_floor" $c.progressFloor
   "metrics_staleness" $c.metricsStaleness

@@ -1,0 +1,264 @@
+"""The adaptive write rate's figures for ``benchmarks/cluster_scale.py``.
+
+* :func:`bench_account`: a ServiceAccount bound to ``cluster-admin`` and a kubeconfig of
+  its token.  The scraper runs as it, as in a cluster: the admin certificate of the
+  local control plane is in ``system:masters``, which API Priority and Fairness (APF)
+  exempts, so a scraper run as admin never meets APF.
+* :func:`shared_level`: one PriorityLevelConfiguration and a FlowSchema per account, all
+  in that level: the scraper and the pressure client compete for the same seats, and
+  kube-apiserver's own counters (``apiserver_flowcontrol_dispatched_requests_total``,
+  ``apiserver_flowcontrol_rejected_requests_total``, by ``flow_schema``) give each its
+  share of 429s (:func:`flowcontrol_counts`).
+* :class:`PressureClient`: a second client applying ConfigMaps at a fixed rate, open
+  loop (a slow answer does not slow the next request), recording each latency.
+* :func:`percent_errors`: |reported - shown| in percentage points, sampled every second
+  for every TrainJob: the exporter's percentage is a function of time (one point per
+  change, :func:`stamp`), the shown one the last status the watch saw.
+* :func:`writes_per_second` and :func:`plot_writes`: writes/s over time, and a picture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+import ssl
+import threading
+import time
+import urllib.request
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
+
+from localdev.cluster import ControlPlane
+
+#: Token lifetime of the benchmark's accounts (a 10,000-TrainJob run takes about 40 min).
+TOKEN_SECONDS = 4 * 3600
+
+
+def phase(port: int, period: float) -> float:
+    """Seconds by which the exporter on ``port`` is ahead of the common clock (its
+    changes are spread over the period)."""
+    return (port * 7919 % 1000) / 1000 * period
+
+
+def stamp(port: int, period: float, at: float) -> int:
+    """The exporter's change count at epoch ``at`` (its percentage is this mod 100)."""
+    return int((at + phase(port, period)) // period)
+
+
+def percent_errors(seen: Iterable[tuple[str, float, float]], port_of: Mapping[str, int],
+                   period: float, start: float, end: float, step: float = 1.0) -> list[float]:
+    """|reported - shown| (percentage points) of every TrainJob in ``port_of`` every
+    ``step`` s in ``[start, end)``.
+
+    ``seen``: ``(job, stamp shown, epoch seen)`` of each status write the watch saw.  A
+    TrainJob not shown yet at a sample is not sampled (its first status is scenario a's).
+    """
+    shown: dict[str, tuple[list[float], list[float]]] = {}
+    for job, value, at in sorted(seen, key=lambda s: s[2]):
+        times, values = shown.setdefault(job, ([], []))
+        times.append(at)
+        values.append(value)
+    errors: list[float] = []
+    samples = max(0, int((end - start) / step))
+    for job, port in port_of.items():
+        times, values = shown.get(job, ([], []))
+        for k in range(samples):
+            t = start + k * step
+            i = bisect.bisect_right(times, t)
+            if i:
+                errors.append(abs(stamp(port, period, t) - values[i - 1]))
+    return errors
+
+
+def writes_per_second(seen: Iterable[tuple[str, float, float]], start: float,
+                      end: float) -> list[int]:
+    """Status writes the watch saw in each second of ``[start, end)``."""
+    counts = [0] * max(0, int(end - start))
+    for _, _, at in seen:
+        k = int(at - start)
+        if 0 <= k < len(counts):
+            counts[k] += 1
+    return counts
+
+
+def plot_writes(series: Mapping[str, list[int]], path: Path, title: str) -> Path:
+    """A line per series of writes/s over seconds, saved as a PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for label, counts in series.items():
+        ax.plot(range(len(counts)), counts, label=label, linewidth=1)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("status writes/s (seen by the watch)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def bench_account(plane: ControlPlane, api: client.ApiClient, namespace: str,
+                  name: str) -> Path:
+    """ServiceAccount ``namespace/name`` bound to ``cluster-admin``; a kubeconfig of its
+    token in the control plane's workdir."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    binding = f"bench-{namespace}-{name}"
+    try:
+        rbac.create_cluster_role_binding({
+            "metadata": {"name": binding},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "cluster-admin"},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+    token = plane.service_account_token(namespace, name, expiration_seconds=TOKEN_SECONDS)
+    return plane.kubeconfig_for_token(token, plane.workdir / f"kubeconfig-{name}")
+
+
+def shared_level(api: client.ApiClient, level: str, accounts: Mapping[str, tuple[str, str]],
+                 shares: int, queues: int = 8, queue_length: int = 50) -> None:
+    """PriorityLevelConfiguration ``level`` (``shares`` nominal concurrency shares, no
+    lending, queuing) and a FlowSchema named after each key of ``accounts``
+    (``(namespace, name)`` of a ServiceAccount) putting all its requests in it."""
+    flow = client.FlowcontrolApiserverV1Api(api)
+    flow.create_priority_level_configuration({
+        "metadata": {"name": level},
+        "spec": {"type": "Limited", "limited": {
+            "nominalConcurrencyShares": shares, "lendablePercent": 0,
+            "borrowingLimitPercent": 0,
+            "limitResponse": {"type": "Queue", "queuing": {
+                "queues": queues, "queueLengthLimit": queue_length, "handSize": 4}}}}})
+    for schema, (namespace, name) in accounts.items():
+        flow.create_flow_schema({
+            "metadata": {"name": schema},
+            "spec": {"priorityLevelConfiguration": {"name": level},
+                     "matchingPrecedence": 500,
+                     "distinguisherMethod": {"type": "ByUser"},
+                     "rules": [{"subjects": [{"kind": "ServiceAccount", "serviceAccount": {
+                         "namespace": namespace, "name": name}}],
+                         "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"],
+                                            "resources": ["*"], "namespaces": ["*"],
+                                            "clusterScope": True}]}]}})
+
+
+def flowcontrol_counts(plane: ControlPlane) -> dict[str, dict[str, float]]:
+    """kube-apiserver's APF counters by FlowSchema: ``{"dispatched": {schema: n},
+    "rejected": {schema: n}}`` (its /metrics, read as admin)."""
+    ctx = ssl.create_default_context(cafile=str(plane.ca_cert_path))
+    ctx.load_cert_chain(str(plane.pki.admin_cert), str(plane.pki.admin_key))
+    with urllib.request.urlopen(f"{plane.server_url}/metrics", context=ctx,
+                                timeout=30) as resp:
+        text = resp.read().decode()
+    out: dict[str, dict[str, float]] = {"dispatched": {}, "rejected": {}}
+    names = {"apiserver_flowcontrol_dispatched_requests": "dispatched",
+             "apiserver_flowcontrol_rejected_requests": "rejected"}
+    for family in text_string_to_metric_families(text):
+        key = names.get(family.name)
+        if key is None:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                schema = sample.labels.get("flow_schema", "")
+                out[key][schema] = out[key].get(schema, 0.0) + sample.value
+    return out
+
+
+def rejected_share(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
+                   schema: str) -> dict[str, float | None]:
+    """Requests of ``schema`` between two :func:`flowcontrol_counts`: dispatched,
+    rejected (429) and the rejected share (None without requests)."""
+    def delta(key: str) -> float:
+        return after[key].get(schema, 0.0) - before[key].get(schema, 0.0)
+
+    dispatched, rejected = delta("dispatched"), delta("rejected")
+    total = dispatched + rejected
+    return {"dispatched": dispatched, "rejected": rejected,
+            "rejected_share": rejected / total if total else None}
+
+
+class PressureClient:
+    """ConfigMap applies at ``qps`` per second as ``kubeconfig``'s identity, open loop,
+    in a thread of its own (:meth:`start`, :meth:`stop`); each request's latency and
+    HTTP status are kept."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, qps: float,
+                 objects: int = 50) -> None:
+        self.kubeconfig, self.namespace, self.qps, self.objects = (
+            kubeconfig, namespace, qps, objects)
+        self.results: list[tuple[float, float, int]] = []  # (epoch sent, seconds, status)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()),
+                                        name="pressure", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(60)
+
+    def summary(self, start: float, end: float) -> dict[str, Any]:
+        """Requests sent in ``[start, end)``: count, p50/p99 latency (s), 429s."""
+        from benchmarks.cp import percentile
+
+        rows = [r for r in self.results if start <= r[0] < end]
+        lat = [s for _, s, _ in rows]
+        return {"qps": self.qps, "requests": len(rows),
+                "p50_s": percentile(lat, 0.5), "p99_s": percentile(lat, 0.99),
+                "rejected": sum(1 for *_, code in rows if code == 429),
+                "failed": sum(1 for *_, code in rows if code not in (200, 201, 429))}
+
+    async def _run(self) -> None:
+        from kubernetes import config as k8s_config
+
+        from scraper.kube.apply_request import ApplyClient
+
+        api = k8s_config.new_client_from_config(str(self.kubeconfig))
+        apply = ApplyClient(api, connections=64)
+        tasks: set[asyncio.Task[None]] = set()
+        began, n = time.monotonic(), 0
+        try:
+            while not self._stop.is_set():
+                delay = began + n / self.qps - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                task = asyncio.create_task(self._one(apply, n))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                n += 1
+            if tasks:
+                await asyncio.wait(tasks, timeout=30)
+        finally:
+            await apply.close()
+            api.close()
+
+    async def _one(self, apply: Any, n: int) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        name = f"pressure-{n % self.objects}"
+        body = json.dumps({"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": name}, "data": {"n": str(n)}}).encode()
+        sent, t0, code = time.time(), time.monotonic(), 200
+        try:
+            await apply.patch(f"/api/v1/namespaces/{self.namespace}/configmaps/{name}",
+                              [("fieldManager", "pressure"), ("force", "true")], body,
+                              request_timeout=(10.0, 30.0))
+        except ApiException as exc:
+            code = exc.status or 0
+        except (OSError, TimeoutError):
+            code = 0
+        self.results.append((sent, time.monotonic() - t0, code))

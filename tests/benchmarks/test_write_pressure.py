@@ -1,0 +1,35 @@
+"""The adaptive-rate figures of benchmarks/write_pressure.py: the percent error and
+writes/s are computed from the watch's records as their definitions say."""
+
+from __future__ import annotations
+
+from benchmarks.write_pressure import percent_errors, phase, stamp, writes_per_second
+
+
+def test_stamp_counts_changes_of_the_port_at_its_phase() -> None:
+    port, period = 10001, 15.0
+    at = 100_000 * period - phase(port, period)  # a change of this port
+    assert stamp(port, period, at) == stamp(port, period, at - 0.001) + 1
+    assert stamp(port, period, at + period - 0.001) == stamp(port, period, at)
+
+
+def test_percent_error_is_reported_minus_shown_each_second() -> None:
+    port, period = 10001, 10.0
+    start = 1_000_000.0 - phase(port, period)  # the exporter changes at start + 10 k
+    first = stamp(port, period, start)
+    # Shown at once, then the change at start + 10 is shown 3 s late.
+    seen = [("job-0", float(first), start), ("job-0", float(first + 1), start + 13.0)]
+    errors = percent_errors(seen, {"job-0": port}, period, start, start + 20)
+    assert len(errors) == 20
+    assert errors[:10] == [0] * 10
+    assert errors[10:13] == [1, 1, 1]  # reported one change ahead for 3 samples
+    assert errors[13:] == [0] * 7
+
+
+def test_a_trainjob_never_shown_is_not_sampled() -> None:
+    assert percent_errors([], {"job-0": 10001}, 10.0, 0.0, 30.0) == []
+
+
+def test_writes_per_second_counts_each_second() -> None:
+    seen = [("a", 0, 100.2), ("b", 0, 100.9), ("a", 1, 101.5), ("a", 2, 99.0)]
+    assert writes_per_second(seen, 100.0, 103.0) == [2, 1, 0]
