@@ -24,6 +24,8 @@ from tests.helpers.scraper import (
 
 pytestmark = pytest.mark.usefixtures("trainjob_crd")
 
+#: The resync interval of the least-privilege test's scraper (seconds).
+RESYNC_SECONDS = 2.0
 LEASE = ["--leader-election", "--lease-duration=4s", "--renew-deadline=3s",
          "--retry-period=0.5s"]
 
@@ -71,8 +73,10 @@ def test_standby_takes_over_when_leader_dies_and_only_one_writes(
     died = time.monotonic()
     wait_for(lambda: leaders([standby]), 10, "takeover")
     assert time.monotonic() - died < 4 + 3
-    # It does not rewrite what the TrainJob already holds, and writes what is new.
-    time.sleep(2)
+    # It does not rewrite what the TrainJob already holds (after two scrapes of the
+    # unchanged exporter, each a chance to write), and writes what is new.
+    wait_for(lambda: standby.value("trainjob_scraper_scrapes_total", result="ok") >= 2, 15,
+             "two scrapes by the new leader")
     assert standby.value("trainjob_scraper_status_writes_total", result="written") == 0
     exp.body = status_json(40)
     wait_for(lambda: progress_of(kube_api, namespace, "ha") == 40, 20, "progress 40")
@@ -103,7 +107,8 @@ def test_least_privilege_cluster_role(
         objects.create_trainjob(kube_api, namespace, "rbac")
         pod = objects.create_trainer_pod(kube_api, namespace, "rbac", port=exp.port)
         scraper = scraper_factory("--interval=1s", f"--lease-namespace={namespace}",
-                                  "--resync-interval=2s", *LEASE, kubeconfig=kubeconfig)
+                                  f"--resync-interval={RESYNC_SECONDS:g}s", *LEASE,
+                                  kubeconfig=kubeconfig)
         wait_for(lambda: progress_of(kube_api, namespace, "rbac") == 15, 20, "progress 15")
         # Events (create, then patch of a repeat) work with these rules.
         exp.mode, exp.body = "garbage", {"progressPercentage": -1}
@@ -113,7 +118,9 @@ def test_least_privilege_cluster_role(
         objects.terminate_pod(kube_api, namespace, pod.metadata.name,
                               '{"progressPercentage":100,"lastUpdatedTime":"2025-01-01T00:00:00Z"}')
         wait_for(lambda: progress_of(kube_api, namespace, "rbac") == 100, 20, "final status")
-        time.sleep(2.5)
+        # A resync (every 2 s) after the final: a Forbidden has no event to wait for, so
+        # the test gives one resync interval and its slack, then reads the log.
+        time.sleep(RESYNC_SECONDS + 0.5)
         log = scraper.log()
         assert "Forbidden" not in log and "HTTP 403" not in log, log[-3000:]
         assert scraper.value("trainjob_scraper_leader") == 1
