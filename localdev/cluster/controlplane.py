@@ -184,8 +184,8 @@ class ControlPlane:
         Raises:
             AssetsError: the binaries cannot be found or built.
             ControlPlaneError: a process exited or ``/readyz`` did not turn ok
-                within :data:`READY_TIMEOUT_SECONDS`; the message quotes the
-                tail of the process logs.
+                within :data:`READY_TIMEOUT_SECONDS` (the message quotes the
+                tail of the process logs); or :data:`NO_CLUSTER_ENV` is set.
         """
         if self._apiserver is not None:
             raise ControlPlaneError("control plane already started")
