@@ -7,10 +7,11 @@
 #   make explore  the property tests with many more, new examples each run
 #   make image  build the scraper image only, check it and run its tests
 #
-# WORKERS: pytest-xdist workers (docs/testing.md, "Workers"); WORKERS=0 runs in one
-# process.  ARGS: more pytest arguments, e.g. ARGS="tests/scraper/test_loop.py -x".
+# WORKERS: pytest-xdist workers of make test and make explore, CHECK_WORKERS of make check
+# (docs/testing.md, "Workers"); 0 runs in one process.  ARGS: more pytest arguments, e.g. ARGS="tests/scraper/test_loop.py -x".
 WORKERS ?= 2
-PYTEST_PARALLEL = -n $(WORKERS) --dist loadgroup
+CHECK_WORKERS ?= 4
+PYTEST_PARALLEL = -n $(WORKERS)
 .PHONY: demo test check explore lint bench image
 
 demo:
@@ -29,7 +30,7 @@ check:
 	scripts/bootstrap test
 	.venv/bin/ruff check exporter_lib scraper trainjob_client localdev tests benchmarks
 	.venv/bin/mypy
-	TRAINJOB_PROGRESS_NO_CLUSTER=1 .venv/bin/pytest $(PYTEST_PARALLEL) -m "not cluster" $(ARGS)
+	TRAINJOB_PROGRESS_NO_CLUSTER=1 .venv/bin/pytest -n $(CHECK_WORKERS) -m "not cluster" $(ARGS)
 
 explore:
 	scripts/bootstrap test

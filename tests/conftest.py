@@ -25,6 +25,7 @@ from localdev.cluster.assets import AssetsError
 from localdev.cluster.controlplane import ControlPlane, ControlPlaneError
 from localdev.cluster.crds import FLAVOUR_CURRENT, FLAVOUR_LEGACY, CrdError, install_trainjob_crds
 from localdev.cluster.stack import Cluster
+from tests.helpers import xdist_groups
 from tests.helpers.stack import started, started_cluster
 
 # The tests' exporters run outside pods (in this process or its children; pods of the
@@ -54,23 +55,36 @@ _CLUSTER_STARTERS = ("control_plane", *_CLUSTER_FIXTURES)
 #: Folders whose every test runs a cluster: on a fixture, or its own (in the test, or
 #: in a child process such as the demo's).
 _CLUSTER_FOLDERS = ("e2e", "image")
-#: Session fixtures grouped like the clusters (one worker builds each), though they run
-#: no cluster: ``captures`` runs ten real trainings (about 40 s).
-_GROUPED_FIXTURES = (*_CLUSTER_FIXTURES, "captures")
+#: Fixtures grouped like the clusters, though they run no cluster: ``captures`` runs ten
+#: real trainings (about 40 s: once, in one worker); ``plugin_dir`` (tests/client) and
+#: ``wheel`` (tests/packaging) build the checkout's wheel, and setuptools writes build/
+#: and the egg-info into the checkout: two builds at once in two workers broke each
+#: other (seen with 3 workers), so both are in one group.
+_GROUPED_FIXTURES = (*_CLUSTER_FIXTURES, "captures", "plugin_dir", "wheel")
+#: Grouped fixtures that always share a group (a resource they both use).
+_SAME_GROUP = (("plugin_dir", "wheel"),)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist workers (``-n N``), schedule by the groups below
+    (:mod:`tests.helpers.xdist_groups`)."""
+    if (config.pluginmanager.hasplugin("xdist") and config.getoption("dist") != "no"
+            and not hasattr(config, "workerinput")):
+        config.pluginmanager.register(xdist_groups.GroupsPlugin(), "trainjob-xdist-groups")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test by its folder (``-m e2e``, ``-m "not chart"``), and ``cluster``
     when it runs a local cluster or control plane (``make check`` runs ``not cluster``).
 
-    Each test on a local cluster joins the xdist group of its cluster, so that under
-    ``--dist loadgroup`` every cluster starts in one worker only; tests that use two
-    clusters join both into one group.  The same for :data:`_GROUPED_FIXTURES`.
+    Each test on a local cluster joins the group of its cluster, so that under
+    pytest-xdist every cluster starts in one worker only; tests that use two clusters
+    join both into one group.  The same for :data:`_GROUPED_FIXTURES`.
     Selection and placement only: nothing is skipped, and a test's fixtures are the
     same in any worker.
     """
     groups = _cluster_groups(config, items)
+    placed: dict[str, str] = {}
     for item in items:
         folder = item.path.relative_to(item.config.rootpath / "tests").parts[0]
         if folder in _FOLDER_MARKERS:
@@ -79,11 +93,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("cluster")
         used = [name for name in _GROUPED_FIXTURES if name in item.fixturenames]
         if used:
-            item.add_marker(pytest.mark.xdist_group(groups[used[0]]))
+            placed[item.nodeid] = groups[used[0]]
+    xdist_groups.write_groups(config, placed)
 
 
 def _cluster_groups(config: pytest.Config, items: list[pytest.Item]) -> dict[str, str]:
-    """Each grouped fixture's xdist group: the fixtures some test uses together share
+    """Each grouped fixture's group: the fixtures some test uses together share
     one (connected components, named by their fixtures)."""
     parent = {name: name for name in _GROUPED_FIXTURES}
 
@@ -97,6 +112,8 @@ def _cluster_groups(config: pytest.Config, items: list[pytest.Item]) -> dict[str
 
     if config.getoption("push"):  # push_stack is then kube_stack itself
         join("push_stack", "kube_stack")
+    for a, b in _SAME_GROUP:
+        join(a, b)
     for item in items:
         used = [name for name in _GROUPED_FIXTURES if name in item.fixturenames]
         for other in used[1:]:
