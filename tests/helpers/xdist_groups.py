@@ -49,8 +49,8 @@ def write_groups(config: pytest.Config, groups: dict[str, str]) -> None:
 class GroupScheduling:
     """A pytest-xdist scheduler (its ``Scheduling`` protocol) that keeps groups whole."""
 
-    def __init__(self, config: pytest.Config, groups_file: Path) -> None:
-        self.numnodes = len(parse_tx_spec_config(config))
+    def __init__(self, numnodes: int, groups_file: Path) -> None:
+        self.numnodes = numnodes
         self.groups_file = groups_file
         self.collection: list[str] | None = None
         self.collections: dict[Any, list[str]] = {}
@@ -159,7 +159,7 @@ class GroupsPlugin:
 
     @pytest.hookimpl
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> GroupScheduling:
-        return GroupScheduling(config, self.groups_file)
+        return GroupScheduling(len(parse_tx_spec_config(config)), self.groups_file)
 
     @pytest.hookimpl
     def pytest_unconfigure(self) -> None:
