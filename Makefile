@@ -8,7 +8,8 @@
 #   make image  build the scraper image only, check it and run its tests
 #
 # WORKERS: pytest-xdist workers of make test and make explore, CHECK_WORKERS of make check
-# (docs/testing.md, "Workers"); 0 runs in one process.  ARGS: more pytest arguments, e.g. ARGS="tests/scraper/test_loop.py -x".
+# (docs/testing.md, "Workers"); 0 runs in one process.
+# ARGS: more pytest arguments, e.g. ARGS="tests/scraper/test_loop.py -x".
 WORKERS ?= 2
 CHECK_WORKERS ?= 4
 PYTEST_PARALLEL = -n $(WORKERS)
