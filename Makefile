@@ -2,8 +2,18 @@
 #   make demo   run the main job: local control plane + training + scraper, live progress
 #   make test   run every test (control plane, Prometheus, Transformers, Kubeflow SDK,
 #               the scraper image built with buildah and run with podman)
+# and the inner loop while changing code (docs/testing.md):
+#   make check  lint, types and every test that needs no cluster (a few minutes)
+#   make explore  the property tests with many more, new examples each run
 #   make image  build the scraper image only, check it and run its tests
-.PHONY: demo test lint bench image
+#
+# WORKERS: pytest-xdist workers of make test and make explore, CHECK_WORKERS of make check
+# (docs/testing.md, "Workers"); 0 runs in one process.
+# ARGS: more pytest arguments, e.g. ARGS="tests/scraper/test_loop.py -x".
+WORKERS ?= 2
+CHECK_WORKERS ?= 4
+PYTEST_PARALLEL = -n $(WORKERS)
+.PHONY: demo test check explore lint bench image
 
 demo:
 	scripts/bootstrap demo
@@ -15,7 +25,18 @@ test:
 	@scripts/image build >.venv/image-build.log 2>&1 || { tail -n 60 .venv/image-build.log; exit 1; }
 	.venv/bin/ruff check exporter_lib scraper trainjob_client localdev tests benchmarks charts/trainjob-scraper/dashboards
 	.venv/bin/mypy
-	.venv/bin/pytest $(ARGS)
+	.venv/bin/pytest $(PYTEST_PARALLEL) $(ARGS)
+
+check:
+	scripts/bootstrap test
+	.venv/bin/ruff check exporter_lib scraper trainjob_client localdev tests benchmarks
+	.venv/bin/mypy
+	TRAINJOB_PROGRESS_NO_CLUSTER=1 .venv/bin/pytest -n $(CHECK_WORKERS) -m "not cluster" $(ARGS)
+
+explore:
+	scripts/bootstrap test
+	.venv/bin/pytest $(PYTEST_PARALLEL) -m hypothesis --hypothesis-profile=explore \
+		--timeout=1800 $(ARGS)
 
 lint:
 	.venv/bin/ruff check exporter_lib scraper trainjob_client localdev tests benchmarks charts/trainjob-scraper/dashboards

@@ -100,9 +100,11 @@ class _Client:
 
 
 def flood(kind: str, count: int, port: int, seconds: float, source: str,
-          reconnect: bool) -> dict[str, int]:
-    """Open ``count`` flood connections of ``kind`` and hold them for ``seconds``;
-    with ``reconnect`` every one the exporter closes is opened again at once.
+          reconnect: bool, full: Path | None = None) -> dict[str, int]:
+    """Open ``count`` flood connections of ``kind`` and hold them for ``seconds`` from
+    when all were opened; with ``reconnect`` every one the exporter closes is opened
+    again at once.  ``full``, if given, is created once all were opened (a test waits
+    for it instead of guessing how long opening takes on a loaded machine).
 
     Returns counts: connects made, closes seen (the exporter evicted or refused).
     """
@@ -131,8 +133,10 @@ def flood(kind: str, count: int, port: int, seconds: float, source: str,
         client.sock.close()
         stats["closed"] += 1
 
-    end = time.monotonic() + seconds
+    # Bounded: opening takes well under a minute even on a loaded machine.
+    end = time.monotonic() + seconds + 60
     next_trickle = time.monotonic()
+    opened = False
     while time.monotonic() < end:
         # Keep ``count`` open: at most 500 connects per pass, as a fast client would.
         missing = count - (len(clients) if reconnect else stats["connects"])
@@ -141,6 +145,10 @@ def flood(kind: str, count: int, port: int, seconds: float, source: str,
                 open_one()
             except OSError:
                 break
+        if not opened and stats["connects"] >= count:
+            opened, end = True, time.monotonic() + seconds
+            if full is not None:
+                full.touch()
         for fd, events in poller.poll(0.05):
             client = clients.get(fd)
             if client is None:
@@ -331,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.flood:
         kind, n, port, seconds, source, again = args.flood
-        stats = flood(kind, int(n), int(port), float(seconds), source, again == "1")
+        stats = flood(kind, int(n), int(port), float(seconds), source, again == "1",
+                      Path(args.out + ".full"))
         Path(args.out).write_text(json.dumps(stats))
         return 0
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 from kubernetes import client
 
 from localdev.cluster import objects
@@ -24,6 +25,7 @@ from localdev.cluster.assets import AssetsError
 from localdev.cluster.controlplane import ControlPlane, ControlPlaneError
 from localdev.cluster.crds import FLAVOUR_CURRENT, FLAVOUR_LEGACY, CrdError, install_trainjob_crds
 from localdev.cluster.stack import Cluster
+from tests.helpers import xdist_groups
 from tests.helpers.stack import started, started_cluster
 
 # The tests' exporters run outside pods (in this process or its children; pods of the
@@ -31,16 +33,95 @@ from tests.helpers.stack import started, started_cluster
 # their pod's hostname (exporter_lib/pod.py) and make the scraper refuse them.
 os.environ.pop("HOSTNAME", None)
 
+# Property tests (docs/testing.md, "Property tests"): the same examples on every run of
+# `make test` and CI ("ci", the default), so a red run is a change of the code or the
+# test, never a new draw; `make explore` draws many more, new ones each run, and keeps
+# failures in .hypothesis/ to replay.  No deadline and no too_slow health check in
+# either: they time the machine (a shared or loaded one fails them), not the property.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None,
+                          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("explore", max_examples=2000, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci")  # pytest --hypothesis-profile=explore loads the other
+
 _FOLDER_MARKERS = ("e2e", "chart", "exporter", "scraper", "client", "controlplane",
                    "packaging", "benchmarks", "image")
 
+#: The session fixtures that are local clusters with controllers.
+_CLUSTER_FIXTURES = ("kube_stack", "push_stack", "kueue_stack", "legacy_stack")
+#: What starts a cluster: a test using one of these (itself or through another fixture)
+#: is marked ``cluster``.
+_CLUSTER_STARTERS = ("control_plane", *_CLUSTER_FIXTURES)
+#: Folders whose every test runs a cluster: on a fixture, or its own (in the test, or
+#: in a child process such as the demo's).
+_CLUSTER_FOLDERS = ("e2e", "image")
+#: Fixtures grouped like the clusters, though they run no cluster: ``captures`` runs ten
+#: real trainings (about 40 s: once, in one worker); ``plugin_dir`` (tests/client) and
+#: ``wheel`` (tests/packaging) build the checkout's wheel, and setuptools writes build/
+#: and the egg-info into the checkout: two builds at once in two workers broke each
+#: other (seen with 3 workers), so both are in one group.
+_GROUPED_FIXTURES = (*_CLUSTER_FIXTURES, "captures", "plugin_dir", "wheel")
+#: Grouped fixtures that always share a group (a resource they both use).
+_SAME_GROUP = (("plugin_dir", "wheel"),)
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test by its folder (``-m e2e``, ``-m "not chart"``): selection only."""
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist workers (``-n N``), schedule by the groups below
+    (:mod:`tests.helpers.xdist_groups`)."""
+    if (config.pluginmanager.hasplugin("xdist") and config.getoption("dist") != "no"
+            and not hasattr(config, "workerinput")):
+        config.pluginmanager.register(xdist_groups.GroupsPlugin(), "trainjob-xdist-groups")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test by its folder (``-m e2e``, ``-m "not chart"``), and ``cluster``
+    when it runs a local cluster or control plane (``make check`` runs ``not cluster``).
+
+    Each test on a local cluster joins the group of its cluster, so that under
+    pytest-xdist every cluster starts in one worker only; tests that use two clusters
+    join both into one group.  The same for :data:`_GROUPED_FIXTURES`.
+    Selection and placement only: nothing is skipped, and a test's fixtures are the
+    same in any worker.
+    """
+    groups = _cluster_groups(config, items)
+    placed: dict[str, str] = {}
     for item in items:
         folder = item.path.relative_to(item.config.rootpath / "tests").parts[0]
         if folder in _FOLDER_MARKERS:
             item.add_marker(folder)
+        if folder in _CLUSTER_FOLDERS or set(_CLUSTER_STARTERS) & set(item.fixturenames):
+            item.add_marker("cluster")
+        used = [name for name in _GROUPED_FIXTURES if name in item.fixturenames]
+        if used:
+            placed[item.nodeid] = groups[used[0]]
+    xdist_groups.write_groups(config, placed)
+
+
+def _cluster_groups(config: pytest.Config, items: list[pytest.Item]) -> dict[str, str]:
+    """Each grouped fixture's group: the fixtures some test uses together share
+    one (connected components, named by their fixtures)."""
+    parent = {name: name for name in _GROUPED_FIXTURES}
+
+    def root(name: str) -> str:
+        while parent[name] != name:
+            name = parent[name]
+        return name
+
+    def join(a: str, b: str) -> None:
+        parent[root(a)] = root(b)
+
+    if config.getoption("push"):  # push_stack is then kube_stack itself
+        join("push_stack", "kube_stack")
+    for a, b in _SAME_GROUP:
+        join(a, b)
+    for item in items:
+        used = [name for name in _GROUPED_FIXTURES if name in item.fixturenames]
+        for other in used[1:]:
+            join(used[0], other)
+    members: dict[str, list[str]] = {}
+    for name in _GROUPED_FIXTURES:
+        members.setdefault(root(name), []).append(name)
+    return {name: "+".join(members[root(name)]) for name in _GROUPED_FIXTURES}
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -51,10 +132,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     rep = yield
     setattr(item, "rep_" + rep.when, rep)
     return rep
-
-
-#: The session fixtures that are local clusters with controllers.
-_CLUSTER_FIXTURES = ("kube_stack", "push_stack", "kueue_stack", "legacy_stack")
 
 
 @pytest.fixture(autouse=True)

@@ -4,8 +4,8 @@ They come from ``scripts/stack-assets``: it runs ``scripts/controlplane-assets``
 (kube-apiserver, kubectl, etcd and helm from the Go modules pinned under
 ``tools/controlplane/``, or ``KUBEBUILDER_ASSETS``), builds
 kube-controller-manager, kube-scheduler, kwok, the JobSet controller (v0.12.0) and
-the Kubeflow Trainer controller (v2.3.0, and v2.0.0 for the "before-v2.2" flavour),
-Kueue (v0.17.0, for ``Cluster(kueue=True)``;
+the Kubeflow Trainer controller (v2.3.0; v2.0.0 for the "before-v2.2" flavour and
+Kueue v0.17.0 for ``Cluster(kueue=True)`` only when asked for, see :data:`OPTIONAL_PARTS`;
 ``tools/controlplane/kube``, ``tools/stack/*``),
 copies the manifests those projects ship out of the Go module cache, and prints
 one bundle directory.  This module runs that script, streams its progress to
@@ -27,10 +27,13 @@ from pathlib import Path
 BUILD_TIMEOUT_SECONDS = 2 * 60 * 60
 
 REQUIRED_BINARIES = ("kube-apiserver", "etcd", "kubectl")
-#: Binaries of the controllers (present in a bundle from ``scripts/stack-assets``).
+#: Binaries of the controllers every cluster runs (in every bundle of ``scripts/stack-assets``).
 STACK_BINARIES = ("kube-controller-manager", "kube-scheduler", "kwok",
-                  "jobset-controller-manager", "trainer-controller-manager",
-                  "trainer-controller-manager-v2.0.0")
+                  "jobset-controller-manager", "trainer-controller-manager")
+#: The optional parts of ``scripts/stack-assets`` (its arguments) and their binaries:
+#: built only for a cluster that runs them (the demo runs neither).
+OPTIONAL_PARTS = {"trainer-legacy": "trainer-controller-manager-v2.0.0",
+                  "kueue": "kueue-controller-manager"}
 #: Lines of the script's stderr quoted in an :class:`AssetsError`.
 STDERR_TAIL_LINES = 20
 
@@ -43,8 +46,9 @@ class AssetsError(RuntimeError):
 class Assets:
     """Paths of the local cluster's binaries (``helm`` is ``None`` when absent).
 
-    ``stack`` maps each of :data:`STACK_BINARIES` to its path; it is empty for a
-    directory with only the control plane (``KUBEBUILDER_ASSETS`` style).
+    ``stack`` maps each of :data:`STACK_BINARIES` and of the :data:`OPTIONAL_PARTS`'
+    binaries present to its path; it is empty for a directory with only the control
+    plane (``KUBEBUILDER_ASSETS`` style).
     ``manifests`` is the directory of the shipped manifests (``kwok/stage``,
     ``jobset/crd``, ``jobset/webhook/``, ``trainer/crds``, ``trainer/webhook/``,
     ``trainer/runtimes/``, and the same three under ``trainer-v2.0.0/``), or ``None``.
@@ -58,13 +62,15 @@ class Assets:
     stack: dict[str, Path]
     manifests: Path | None
 
-    def require_stack(self) -> dict[str, Path]:
-        """The controllers' binaries.
+    def require_stack(self, parts: tuple[str, ...] = ()) -> dict[str, Path]:
+        """The controllers' binaries, with those of the optional ``parts``.
 
         Raises:
-            AssetsError: the directory lacks one of :data:`STACK_BINARIES` or the manifests.
+            AssetsError: the directory lacks one of :data:`STACK_BINARIES`, a binary of
+                ``parts`` (keys of :data:`OPTIONAL_PARTS`) or the manifests.
         """
-        missing = [b for b in STACK_BINARIES if b not in self.stack]
+        wanted = [*STACK_BINARIES, *(OPTIONAL_PARTS[p] for p in parts)]
+        missing = [b for b in wanted if b not in self.stack]
         if missing or self.manifests is None:
             raise AssetsError(f"{self.directory} lacks {', '.join(missing) or 'manifests/'}: "
                               "build the stack with scripts/stack-assets")
@@ -89,7 +95,8 @@ class Assets:
             etcd=path / "etcd",
             kubectl=path / "kubectl",
             helm=helm if os.access(helm, os.X_OK) else None,
-            stack={b: path / b for b in STACK_BINARIES if os.access(path / b, os.X_OK)},
+            stack={b: path / b for b in (*STACK_BINARIES, *OPTIONAL_PARTS.values())
+                   if os.access(path / b, os.X_OK)},
             manifests=manifests if manifests.is_dir() else None,
         )
 
@@ -111,8 +118,12 @@ def repo_root() -> Path:
 
 
 @functools.cache
-def ensure_assets(assets_dir: str | None = None) -> Assets:
+def ensure_assets(assets_dir: str | None = None, parts: tuple[str, ...] = ()) -> Assets:
     """Return the local cluster's binaries, building them on first use.
+
+    ``parts`` names the optional parts to build too (keys of :data:`OPTIONAL_PARTS`,
+    the arguments of ``scripts/stack-assets``); without them the bundle holds what
+    every cluster runs.
 
     ``assets_dir`` (a directory holding the binaries) wins; otherwise the asset
     script runs (it honours ``KUBEBUILDER_ASSETS`` and its cache, so a warm run
@@ -120,13 +131,17 @@ def ensure_assets(assets_dir: str | None = None) -> Assets:
     process's stderr as they come.  The result is cached per process.
 
     Raises:
-        AssetsError: the script failed (the message quotes its last stderr lines),
+        AssetsError: ``parts`` names an unknown part; the script failed (the
+            message quotes its last stderr lines),
             timed out (:data:`BUILD_TIMEOUT_SECONDS`), or its directory lacks a binary.
     """
     if assets_dir is not None:
         return Assets.from_directory(assets_dir)
+    unknown = [p for p in parts if p not in OPTIONAL_PARTS]
+    if unknown:
+        raise AssetsError(f"parts={unknown!r}: must be among {sorted(OPTIONAL_PARTS)}")
     script = repo_root() / "scripts" / "stack-assets"
-    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen(["bash", str(script), *sorted(parts)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     # The script's own timeouts bound each build; this bounds the whole run.
     timer = threading.Timer(BUILD_TIMEOUT_SECONDS, proc.terminate)

@@ -102,6 +102,12 @@ def audit_policy(status_level: str = "Metadata") -> dict[str, Any]:
     }
 
 
+#: When set (non-empty), :meth:`ControlPlane.start` refuses to start: ``make check`` sets
+#: it, so a test that starts a cluster but is not marked ``cluster`` fails there by name
+#: instead of slowing the quick loop (also in child processes, which inherit it).
+NO_CLUSTER_ENV = "TRAINJOB_PROGRESS_NO_CLUSTER"
+
+
 class ControlPlaneError(RuntimeError):
     """The control plane failed to start, or an operation on it failed."""
 
@@ -170,6 +176,11 @@ class ControlPlane:
                  tb: TracebackType | None) -> None:
         self.stop()
 
+    def _asset_parts(self) -> tuple[str, ...]:
+        """The optional parts of the stack this cluster runs (none for a control plane;
+        keys of :data:`localdev.cluster.assets.OPTIONAL_PARTS`)."""
+        return ()
+
     def start(self) -> None:
         """Start etcd and kube-apiserver and wait until ``/readyz`` answers ok.
 
@@ -179,12 +190,17 @@ class ControlPlane:
         Raises:
             AssetsError: the binaries cannot be found or built.
             ControlPlaneError: a process exited or ``/readyz`` did not turn ok
-                within :data:`READY_TIMEOUT_SECONDS`; the message quotes the
-                tail of the process logs.
+                within :data:`READY_TIMEOUT_SECONDS` (the message quotes the
+                tail of the process logs); or :data:`NO_CLUSTER_ENV` is set.
         """
         if self._apiserver is not None:
             raise ControlPlaneError("control plane already started")
-        self._assets = ensure_assets(self._assets_dir)
+        if os.environ.get(NO_CLUSTER_ENV):
+            raise ControlPlaneError(
+                f"{NO_CLUSTER_ENV} is set (make check runs the tests that need no cluster): "
+                "this test starts a control plane, so mark it `cluster` "
+                "(@pytest.mark.cluster; tests/conftest.py marks those on cluster fixtures)")
+        self._assets = ensure_assets(self._assets_dir, self._asset_parts())
         if self._workdir is None:
             self._workdir = Path(tempfile.mkdtemp(prefix="trainjob-devcluster-"))
             # Removed also when the process exits or is signalled without stop().

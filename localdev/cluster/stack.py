@@ -324,6 +324,11 @@ class Cluster(ControlPlane):
 
     # ----------------------------------------------------------------- lifecycle
 
+    def _asset_parts(self) -> tuple[str, ...]:
+        """Trainer v2.0.0 for the "before-v2.2" flavour, Kueue with ``kueue=True``."""
+        return (*(("trainer-legacy",) if self.flavour == FLAVOUR_LEGACY else ()),
+                *(("kueue",) if self.kueue else ()))
+
     def start(self) -> None:
         """Start the control plane, then the controllers; wait until all serve.
 
@@ -509,7 +514,7 @@ class Cluster(ControlPlane):
         raise ControlPlaneError(f"{what} not ready after {timeout:.0f}s (logs in {self.workdir})")
 
     def _start_stack(self) -> None:
-        stack = self.assets.require_stack()
+        stack = self.assets.require_stack(self._asset_parts())
         manifests = self.assets.manifests
         assert manifests is not None
         work = self.workdir

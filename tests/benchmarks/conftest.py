@@ -1,4 +1,8 @@
-"""Make the repository's ``benchmarks`` package importable (it is not installed)."""
+"""Make the repository's ``benchmarks`` package importable (it is not installed).
+
+Tests here that start a control plane of their own carry ``@pytest.mark.cluster``
+(``make check`` leaves them out; one that forgets fails there by name:
+tests/conftest.py, docs/testing.md)."""
 
 import sys
 from pathlib import Path

@@ -189,6 +189,7 @@ def test_benchmark_pods_belong_to_their_trainjobs(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.cluster  # breakdown.status_writes starts a control plane of its own
 def test_write_cost_harness_writes_through_every_path() -> None:
     """breakdown.status_writes drives every write path against its own API server; a
     writer whose request signature drifted from StatusWriter's raised on every write."""

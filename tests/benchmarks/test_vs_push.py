@@ -80,6 +80,7 @@ def test_cliff_states_both_n_and_draws_one_picture(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.cluster  # starts a control plane of its own
 def test_audit_log_counts_status_writes_by_field_manager_with_bytes() -> None:
     with ControlPlane(audit_log="Request") as plane, plane.api_client() as api:
         # The CPU column "apiserver" reads this pid: kube-apiserver's own executable.
@@ -199,6 +200,7 @@ def test_sdk_failures_are_told_from_its_throttle() -> None:
 
 
 @pytest.mark.timeout(1500)
+@pytest.mark.cluster  # starts a control plane of its own
 def test_quick_run_measures_every_side_by_the_watch(tmp_path: Path) -> None:
     assert vs_push.main(["--quick", "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("vs-push-quick-*.json")

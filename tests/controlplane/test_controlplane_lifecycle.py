@@ -49,6 +49,7 @@ def _pids_running(marker: str) -> list[int]:
     return found
 
 
+@pytest.mark.cluster  # starts a control plane of its own
 def test_failed_start_quotes_the_log_and_leaves_no_process(tmp_path: Path) -> None:
     assets = tmp_path / "assets"
     assets.mkdir()

@@ -35,7 +35,7 @@ from tests.controlplane.test_controlplane_lifecycle import _alive, _pids_running
 
 
 def _manifests() -> Path:
-    manifests = ensure_assets().manifests
+    manifests = ensure_assets(parts=("trainer-legacy",)).manifests  # both flavours' CRDs
     assert manifests is not None, "scripts/stack-assets gave no manifests/"
     return manifests
 
@@ -88,6 +88,7 @@ def test_kwok_ending_stages_skip_the_runner_node_and_nothing_else_changes() -> N
             "matchExpressions", [])
 
 
+@pytest.mark.cluster  # starts a cluster of its own
 def test_stop_leaves_no_controller_and_no_container_process(tmp_path: Path) -> None:
     marker = f"{secrets.randbelow(10**6) + 1000}.5"
     cluster = Cluster(workdir=tmp_path / "cluster")
@@ -113,6 +114,7 @@ def test_stop_leaves_no_controller_and_no_container_process(tmp_path: Path) -> N
 
 
 
+@pytest.mark.cluster  # starts a cluster of its own
 def test_a_dead_pod_runner_is_reported_then_started_again_and_runs_pods(
         tmp_path: Path) -> None:
     marker = f"{secrets.randbelow(10**6) + 1000}.75"
@@ -166,6 +168,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.cluster  # starts a cluster of its own
 def test_sigkill_of_the_owner_leaves_no_controller_and_no_container_process() -> None:
     marker = f"{secrets.randbelow(10**6) + 1000}.25"
     workdir = ""

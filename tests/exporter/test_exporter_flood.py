@@ -26,8 +26,15 @@ import pytest
 
 from benchmarks import exporter_flood
 from exporter_lib import server
+from tests.helpers.scraper import wait_for
 
 CONNECTIONS = 3000
+
+
+def _stepping(steps: Path) -> None:
+    """Until the training's loop has stepped (its exporter serves and its threads are
+    all up: the baseline of threads and descriptors is taken then)."""
+    wait_for(lambda: exporter_flood.training_steps(steps) >= 10, 30, "the training stepping")
 
 
 def test_connection_flood_leaves_threads_fds_and_the_loop_alone(tmp_path: Path) -> None:
@@ -42,7 +49,7 @@ def test_connection_flood_leaves_threads_fds_and_the_loop_alone(tmp_path: Path) 
     try:
         assert child.stdout is not None
         port = int(child.stdout.readline())
-        time.sleep(0.5)
+        _stepping(steps)
         base_threads, base_fds = exporter_flood.proc_counts(child.pid)
         before = exporter_flood.training_steps(steps)
         peak_threads, peak_fds = base_threads, base_fds
@@ -134,12 +141,13 @@ def test_normal_scrapes_succeed_under_a_flood(tmp_path: Path, kind: str, count: 
     try:
         assert child.stdout is not None
         port = int(child.stdout.readline())
-        time.sleep(0.5)
+        _stepping(steps)
         base_threads, base_fds = exporter_flood.proc_counts(child.pid)
         flooder = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.exporter_flood", "--flood", kind, str(count),
              str(port), "8", source, "1" if reconnect else "0", str(tmp_path / "flood.json")])
-        time.sleep(2.0)  # the flood is at full size
+        # The flood at full size (all opened; held 8 s from then).
+        wait_for(lambda: (tmp_path / "flood.json.full").exists(), 60, "the flood at full size")
         before, started = exporter_flood.training_steps(steps), time.monotonic()
         # The scraper's own client (pooled keep-alive connection) beside fresh connections:
         # a number of scrapes, not a number within a time (a connect that waits for the

@@ -59,7 +59,8 @@ from tests.helpers.scraper import (
 )
 from tests.helpers.tcp_hold import HoldingProxy
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.timeout(400),
+              pytest.mark.cluster]  # starts a control plane of its own (audit log on)
 
 TRAININGS = 20
 #: How long nothing of either replica reaches the API server (seconds).

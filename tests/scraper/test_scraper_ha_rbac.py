@@ -24,6 +24,8 @@ from tests.helpers.scraper import (
 
 pytestmark = pytest.mark.usefixtures("trainjob_crd")
 
+#: The resync interval of the least-privilege test's scraper (seconds).
+RESYNC_SECONDS = 2.0
 LEASE = ["--leader-election", "--lease-duration=4s", "--renew-deadline=3s",
          "--retry-period=0.5s"]
 
@@ -31,6 +33,12 @@ LEASE = ["--leader-election", "--lease-duration=4s", "--renew-deadline=3s",
 def _written(scrapers: list[ScraperProcess]) -> float:
     return sum(s.value("trainjob_scraper_status_writes_total", result="written")
                for s in scrapers if s.proc.poll() is None)
+
+
+def _scrapes(scraper: ScraperProcess) -> float:
+    """Scrapes the scraper ended, whatever their result."""
+    return sum(v for (name, _), v in scraper.metrics().items()
+               if name == "trainjob_scraper_scrapes_total")
 
 
 def test_standby_takes_over_when_leader_dies_and_only_one_writes(
@@ -67,13 +75,17 @@ def test_standby_takes_over_when_leader_dies_and_only_one_writes(
 
     # The leader dies without a goodbye (no release): the standby takes over within
     # the lease duration (4 s) plus a few retry periods.
+    scraped = _scrapes(standby)
     leader.kill()
     died = time.monotonic()
     wait_for(lambda: leaders([standby]), 10, "takeover")
     assert time.monotonic() - died < 4 + 3
-    # It does not rewrite what the TrainJob already holds, and writes what is new.
-    time.sleep(2)
-    assert standby.value("trainjob_scraper_status_writes_total", result="written") == 0
+    # It does not rewrite what the TrainJob already holds (after its first scrape of the
+    # unchanged exporter, the chance to write, and the settling second of
+    # settled_value), and writes what is new.
+    wait_for(lambda: _scrapes(standby) > scraped, 15, "a scrape by the new leader")
+    assert standby.settled_value("trainjob_scraper_status_writes_total", 0,
+                                 result="written") == 0
     exp.body = status_json(40)
     wait_for(lambda: progress_of(kube_api, namespace, "ha") == 40, 20, "progress 40")
     assert standby.settled_value("trainjob_scraper_status_writes_total", 1,
@@ -103,7 +115,8 @@ def test_least_privilege_cluster_role(
         objects.create_trainjob(kube_api, namespace, "rbac")
         pod = objects.create_trainer_pod(kube_api, namespace, "rbac", port=exp.port)
         scraper = scraper_factory("--interval=1s", f"--lease-namespace={namespace}",
-                                  "--resync-interval=2s", *LEASE, kubeconfig=kubeconfig)
+                                  f"--resync-interval={RESYNC_SECONDS:g}s", *LEASE,
+                                  kubeconfig=kubeconfig)
         wait_for(lambda: progress_of(kube_api, namespace, "rbac") == 15, 20, "progress 15")
         # Events (create, then patch of a repeat) work with these rules.
         exp.mode, exp.body = "garbage", {"progressPercentage": -1}
@@ -113,7 +126,9 @@ def test_least_privilege_cluster_role(
         objects.terminate_pod(kube_api, namespace, pod.metadata.name,
                               '{"progressPercentage":100,"lastUpdatedTime":"2025-01-01T00:00:00Z"}')
         wait_for(lambda: progress_of(kube_api, namespace, "rbac") == 100, 20, "final status")
-        time.sleep(2.5)
+        # A resync (every 2 s) after the final: a Forbidden has no event to wait for, so
+        # the test gives one resync interval and its slack, then reads the log.
+        time.sleep(RESYNC_SECONDS + 0.5)
         log = scraper.log()
         assert "Forbidden" not in log and "HTTP 403" not in log, log[-3000:]
         assert scraper.value("trainjob_scraper_leader") == 1

@@ -32,6 +32,7 @@ from scraper.shared.targets import Target
 from scraper.syntax import parse_duration
 from scraper.telemetry import JobView, Telemetry
 from tests.helpers.scraper import REPO
+from tests.helpers.waits import until
 
 
 def test_flags_env_file_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -370,26 +371,36 @@ async def test_scheduler_runs_each_target_once_per_interval_at_its_phase() -> No
     scheduler = TargetScheduler(scrape)
     targets = [Target("ns", f"job-{i}", f"pod-{i}", "uid", f"http://127.0.0.1:1/{i}", 1.0)
                for i in range(30)]
+    others = [t.key for t in targets[1:]]
+
+    def each_ran(times: dict[str, int]) -> bool:
+        return all(len(runs.get(key, [])) >= n for key, n in times.items())
+
     try:
         for target in targets:  # the start-up list: scheduled before the scheduler runs
             scheduler.schedule(target)
         scheduler.start()
-        await asyncio.sleep(3.2)
+        await until(lambda: each_ran({t.key: 3 for t in targets}), 20, "three runs of each")
         scheduler.unschedule(targets[0].key)
-        before = len(runs.get(targets[0].key, []))
-        await asyncio.sleep(1.2)
+        before = len(runs[targets[0].key])
+        # Two more runs of every other target: the unscheduled one had its turn twice.
+        want = {k: len(runs[k]) + 2 for k in others}
+        await until(lambda: each_ran(want), 20, "two more runs of each other target")
     finally:
         scheduler.shutdown()
     assert set(runs) == {t.key for t in targets}
     assert len(runs[targets[0].key]) == before  # unscheduled: no more runs
-    for target in targets[1:]:
-        stamps = runs[target.key]
-        assert 3 <= len(stamps) <= 5, (target.key, stamps)
+    # Timing is the behaviour here: one run per interval (1 s), at the target's phase.
+    # The slack, 0.4 s on the gaps and 0.3 s on the phase, absorbs a loaded machine's
+    # lateness of the event loop and still tells the wrong schedules apart: a missed
+    # interval (a gap of 2 s) and a doubled run (a gap of at most 0.5 s; the runs take
+    # 0.3 s and must not overlap).
+    for key in others:
+        stamps = runs[key]
         gaps = [b - a for a, b in itertools.pairwise(stamps)]
-        assert all(0.7 < g < 1.3 for g in gaps), (target.key, gaps)
-        # Each run starts at the target's phase (within the lateness of a loaded CI machine).
-        phase = offset_seconds(target.key, 1.0)
-        assert all(abs((s - phase + 0.5) % 1.0 - 0.5) < 0.25 for s in stamps), (phase, stamps)
+        assert all(0.6 < g < 1.4 for g in gaps), (key, gaps)
+        phase = offset_seconds(key, 1.0)
+        assert all(abs((s - phase + 0.5) % 1.0 - 0.5) < 0.3 for s in stamps), (phase, stamps)
 
 
 async def test_new_targets_are_scraped_within_a_second_a_surge_takes_turns() -> None:
@@ -420,15 +431,19 @@ async def test_new_targets_are_scraped_within_a_second_a_surge_takes_turns() -> 
         at_phase = sum(1 for t in targets
                        if first_run(t.key, interval, began_wall).timestamp() - began_wall
                        <= SOON_SECONDS + over + 1.0)
-        await asyncio.sleep(SOON_SECONDS + over + 1.0)
-        # A retry asked for sooner than the next run happens then.
+        # Until every target ran; bounded far below the interval (60 s), which a target
+        # that waited for its phase would take.
+        await until(lambda: len(runs) == surge, 20, "a first run of every target")
+        # A retry asked for sooner than the next run happens then (not an interval later).
         last = targets[-1]
-        before = len(runs[last.key]) if last.key in runs else 0
+        before = len(runs[last.key])
         scheduler.run_within(last.key, 0.2)  # its next run is an interval away
-        await asyncio.sleep(0.8)
+        await until(lambda: len(runs[last.key]) > before, 10, "the retry's run")
     finally:
         scheduler.shutdown()
-    # Every target ran once, within its turn (plus a loaded machine's lateness).
+    # Every target ran once, within its turn.  Timing is the behaviour here; the slack,
+    # 0.8 s, is a loaded machine's lateness of the event loop, and far below the 60 s a
+    # target that waited for its phase could take.
     assert len(runs) == surge, (len(runs), surge)
     firsts = sorted(stamps[0] - began for stamps in runs.values())
     assert firsts[-1] <= SOON_SECONDS + over + scheduled + 0.8, firsts[-5:]
@@ -454,7 +469,8 @@ async def test_skipped_runs_are_counted_and_warned_once_a_minute(
         with caplog.at_level("INFO"):
             for target in targets:
                 scheduler.schedule(target)
-            await asyncio.sleep(4.2)
+            # Each run takes 1.6 s of its 1 s interval: the next one finds it running.
+            await until(lambda: len(skipped) >= 3, 20, "three skipped runs")
     finally:
         scheduler.shutdown()
     assert len(skipped) >= 3 and set(skipped) <= {t.key for t in targets}, skipped
@@ -466,8 +482,12 @@ async def test_skipped_runs_are_counted_and_warned_once_a_minute(
 async def test_scrapes_cancelled_at_shutdown_log_no_error(
         caplog: pytest.LogCaptureFixture) -> None:
     started = asyncio.Event()
+    runs: list[asyncio.Task[object]] = []
 
     async def scrape(key: str) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        runs.append(task)  # the scheduler's task of this run
         started.set()
         await asyncio.sleep(30)  # a hung exporter: still in flight at shutdown
 
@@ -477,7 +497,10 @@ async def test_scrapes_cancelled_at_shutdown_log_no_error(
         scheduler.schedule(Target("ns", "job", "pod", "uid", "http://127.0.0.1:1/", 1.0))
         await asyncio.wait_for(started.wait(), 5)
         scheduler.shutdown()
-        await asyncio.sleep(0.3)  # the cancellation and APScheduler's callbacks run
+        # Until the runs' tasks ended: their done-callbacks (APScheduler's, which would
+        # log an error) were added before asyncio.wait's own, so they ran by its return.
+        _, pending = await asyncio.wait(runs, timeout=10)
+        assert not pending, "a run still in flight 10 s after the shutdown"
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, [r.getMessage() for r in errors]
 
@@ -533,7 +556,10 @@ async def test_metrics_render_leaves_the_event_loop_running() -> None:
 
 
 async def test_a_run_waits_for_a_slot_at_most_one_scrape_timeout() -> None:
+    accepted = asyncio.Event()
+
     async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.set()
         await asyncio.sleep(20)  # accepts, never answers: a hung exporter
         writer.close()
 
@@ -550,9 +576,12 @@ async def test_a_run_waits_for_a_slot_at_most_one_scrape_timeout() -> None:
         other = Target("ns", "other", "other-0", "u",
                        f"http://127.0.0.1:{refused_port}/metrics", 1.0)
         first = asyncio.create_task(scraper.scrape(hung))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(accepted.wait(), 10)  # the hung scrape holds the slot
         t0 = time.monotonic()
         assert isinstance(await scraper.scrape(other), Busy)
+        # Timing is the behaviour: it waited for the slot (over 0.8 s of its 0.9 s
+        # timeout), and no longer than that timeout plus 2.1 s of a loaded machine's
+        # lateness, far below the 10 s the hung scrape holds the slot.
         assert 0.8 < time.monotonic() - t0 < 3.0
         first.cancel()  # the hung scrape ends: its slot comes free
         with contextlib.suppress(asyncio.CancelledError):

@@ -7,10 +7,11 @@ Pure code with an injected clock: nothing to mock.  The rule against the real st
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from exporter_lib.status import TrainerStatus
@@ -129,21 +130,47 @@ def _run(clock: StallClock, until: float, *, step: float, given_: float | None,
     return out
 
 
+def _within(start: float, elapsed: float) -> float:
+    """The latest clock reading ``now`` with ``now - start <= elapsed`` as the rule
+    computes it (``start + elapsed`` rounds, and may measure a few ulps longer)."""
+    now = start + elapsed
+    while now - start > elapsed:
+        now = math.nextafter(now, -math.inf)
+    return now
+
+
 @given(changes=st.lists(gaps, min_size=1, max_size=20), interval=intervals,
        pause_share=st.floats(min_value=0.0, max_value=1.0))
+# Drawn once by a CI run: a pause of exactly 3x the longest gap came out STALLED, because
+# the test derived the pause from the gap it fed in (4054.3364101711622), not from the gap
+# the clock measured between two summed readings (4.5e-13 s shorter), and stepped to
+# ``t + pause`` by repeated additions (measured 1.8e-12 s longer than the pause).
+@example(changes=[166.9999899999998, 4054.3364101711622], interval=1.0, pause_share=1.0)
+# Found by `make explore`: a pause below the clock's resolution at t.
+@example(changes=[2731.0, 5461.0], interval=1.0, pause_share=2.220446049250313e-16)
 def test_a_pause_no_longer_than_a_gap_already_seen_raises_nothing(
         changes: list[float], interval: float, pause_share: float) -> None:
-    """An evaluation phase of a length already seen (or shorter) is no stall."""
+    """An evaluation phase of a length already seen (or shorter) is no stall.
+
+    Lengths are what the clock measures (differences of its readings), as in the
+    scraper: the rule's promise is about measured gaps and pauses, so the pause is
+    derived from the longest gap the clock measured and each check time is a reading
+    whose distance from the last change is at most that pause.
+    """
     clock = StallClock.start(_status(1), 0.0, 0.0)
     t = 0.0
     for n, gap in enumerate(changes):
         t += gap
         assert clock.observe(_status(1, f"{n}"), t, t)
-    longest = max(changes)
-    assert clock.longest_gap == pytest.approx(longest)
-    pause = pause_share * longest * STALL_GAP_FACTOR  # up to 3x the longest gap seen
-    assert _run(clock, t + pause, step=max(1.0, pause / 50), given_=None,
-                interval=interval, start=t) == []
+    assert clock.longest_gap == pytest.approx(max(changes))
+    pause = pause_share * clock.longest_gap * STALL_GAP_FACTOR  # up to 3x the longest gap
+    step = max(1.0, pause / 50)
+    checks = [_within(t, min(k * step, pause)) for k in range(math.ceil(pause / step) + 1)]
+    raised = [(now, clock.check(now, watched=True, answers=True, given=None,
+                                interval=interval)) for now in checks]
+    assert [(now, e) for now, e in raised if e is not None] == []
+    # The run reached the end of the pause (to the clock's resolution at ``t + pause``).
+    assert checks[-1] - t == pytest.approx(pause, abs=2 * math.ulp(t + pause))
 
 
 @given(changes=st.lists(gaps, min_size=0, max_size=10), interval=intervals)

@@ -29,6 +29,7 @@ from scraper.scrape.loop import ScrapeLoop, TargetState
 from scraper.shared.outcome import WriteOutcome
 from scraper.shared.targets import Target
 from scraper.telemetry import JobView
+from tests.helpers.waits import until
 
 INTERVAL = 1.0
 BODY = '{"progressPercentage": 3, "lastUpdatedTime": "2025-01-01T00:00:00Z"}'
@@ -129,7 +130,7 @@ async def test_schedule_is_the_floor_between_two_answers(
     for progress in range(2, 12):  # ten changes 50 ms apart
         state.update(progress_percentage=progress)
         await asyncio.sleep(0.05)
-    await asyncio.sleep(2 * INTERVAL)
+    await until(lambda: rig.writer.applied[-1][1] == 11, 10, "the newest progress written")
     times = [t for t, _ in rig.writer.applied]
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert len(times) >= 2
@@ -143,7 +144,7 @@ async def test_leadership_loss_and_drop_close_the_held_request(
     assert rig.scraper.held == 1
     rig.state.stop_holding()  # what TargetManager.set_leading(False) does per state
     rig.leading[0] = False
-    await asyncio.sleep(0.1)
+    await until(lambda: rig.scraper.held == 0, 5, "the held request closed")
     assert rig.scraper.held == 0 and rig.state.held is None
     await rig.runs(1)  # not leading: nothing re-opened
     assert rig.scraper.held == 0
@@ -152,8 +153,7 @@ async def test_leadership_loss_and_drop_close_the_held_request(
     assert rig.scraper.held == 1
     rig.state.dropped = True
     rig.state.stop_holding()
-    await asyncio.sleep(0.1)
-    assert rig.scraper.held == 0
+    await until(lambda: rig.scraper.held == 0, 5, "the held request closed")
 
 
 async def test_exporter_without_the_contract_is_polled() -> None:
@@ -202,11 +202,15 @@ async def test_one_connection_per_waiting_target(exporter: tuple[State, int]) ->
     state = TargetState(JobView("ns", "tj", "tj-node-0-0"), target=target, uid="uid")
     try:
         await loop.run(state)  # the poll: contract 2 learnt
-        await asyncio.sleep(0.1)
         assert state.max_wait is not None
-        assert _established_to(port) == 0  # the polled connection was closed, not pooled
+        # the polled connection was closed, not pooled
+        await until(lambda: _established_to(port) == 0, 5, "the polled connection closed")
         await loop.run(state)  # the held request
-        await asyncio.sleep(INTERVAL + 0.3)
+        await until(lambda: scraper.held == 1 and _established_to(port) == 1, 5,
+                    "the held request on one connection")
+        # And it stays one over an interval: the absence of a second connection has no
+        # event to wait for.
+        await asyncio.sleep(INTERVAL)
         assert scraper.held == 1
         assert _established_to(port) == 1
     finally:
@@ -224,7 +228,7 @@ async def test_polled_connection_kept_without_waiting(exporter: tuple[State, int
     try:
         await scraper.scrape(target)
         await scraper.scrape(target)
-        await asyncio.sleep(0.1)
+        await until(lambda: _established_to(port) == 1, 5, "one pooled connection")
         assert _established_to(port) == 1
     finally:
         await scraper.close()
