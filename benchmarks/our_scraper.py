@@ -40,6 +40,7 @@ from exporter_lib.status import TrainerStatus
 from scraper.app import ScraperApp
 from scraper.config import ScraperSettings
 from scraper.scrape.loop import TargetState
+from scraper.scrape.pod_confirm import PodCheck
 from scraper.shared.outcome import WriteOutcome
 from scraper.shared.targets import Target
 from scraper.shared.trainjobs import TrainJobRecord, TrainJobStore
@@ -96,6 +97,10 @@ class ScrapeOnlyWriter(StatusWriter):
         return WriteOutcome.UNCHANGED
 
 
+async def _confirmed(target: Target) -> PodCheck:
+    return PodCheck.CONFIRMED
+
+
 def skipped(app: ScraperApp) -> float:
     return app.telemetry.registry.get_sample_value("trainjob_scraper_skipped_runs_total") or 0.0
 
@@ -125,13 +130,18 @@ async def run(urls: list[str], interval: float, warmup: float, window: float,
     # for up to 30 s, so a farm whose percentage moves every 50 s gets few scrapes at
     # all: no like-for-like CPU per scrape (2026-12-03 19:26: 10 scrapes in 10 s).
     settings = ScraperSettings(interval=interval, concurrency=concurrency,
-                               write_qps=budget[0], write_burst=budget[1],
+                               write_qps=budget[0], write_qps_max=budget[0],
+                               write_burst=budget[1],
                                listen_host="127.0.0.1", listen_port=0,
                                log_level="WARNING", wait_scrapes=wait,
                                metrics_staleness=0.0)
     api = k8s.ApiClient()
+    # The rows state a fixed budget (write_qps_max = write_qps).  Discovery is bypassed,
+    # so there are no pod objects to confirm an unidentified answer against: every pod is
+    # taken as confirmed, as exporter_lib's answers in a pod (which state the pod) are.
     app = ScraperApp(settings, api_client=api, store=OfflineStore(), request=OfflineRequest(),
-                     writer_class=StatusWriter if writes else ScrapeOnlyWriter)
+                     writer_class=StatusWriter if writes else ScrapeOnlyWriter,
+                     confirm_pod=_confirmed)
     app.scheduler.start()
     if not queue_only:
         app.writer.start()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from kubernetes import client as k8s
@@ -96,13 +96,15 @@ class ScraperApp:
 
     def __init__(self, settings: ScraperSettings, api_client: k8s.ApiClient | None = None,
                  *, store: TrainJobStore | None = None, request: StatusRequest | None = None,
-                 writer_class: type[StatusWriter] = StatusWriter) -> None:
+                 writer_class: type[StatusWriter] = StatusWriter,
+                 confirm_pod: Callable[[Target], Awaitable[PodCheck]] | None = None) -> None:
         """Every part is built here with the callbacks it calls (methods of this class,
         which read parts built after it only when called).
 
-        ``store``, ``request`` and ``writer_class`` replace the TrainJob informer's
-        store, the apply request and the writer's class: the benchmarks keep TrainJobs
-        in memory (benchmarks/our_scraper.py)."""
+        ``store``, ``request``, ``writer_class`` and ``confirm_pod`` replace the TrainJob
+        informer's store, the apply request, the writer's class and the read of a
+        target's pod (:class:`scraper.scrape.pod_confirm.PodConfirmer`): the benchmarks
+        keep TrainJobs in memory and have no pod objects (benchmarks/our_scraper.py)."""
         self.settings = settings
         found, scrape, write = settings.discovery, settings.scrape, settings.write
         stall, logs, lease, tel = (settings.stall, settings.logs, settings.lease,
@@ -172,7 +174,7 @@ class ScraperApp:
             final_from_log=self._final_from_log if self.logs is not None else None,
             policy_of=self.policy_of, on_retry=self.scheduler.run_within,
             pods_at=self.addresses.pods_at,
-            confirm_pod=PodConfirmer(k8s.CoreV1Api(self.api)),
+            confirm_pod=confirm_pod or PodConfirmer(k8s.CoreV1Api(self.api)),
             on_unconfirmed=self._pod_unconfirmed)
         self._pod_watchers: dict[str | None, PodWatcher] = {}
         self._relisted: dict[int, float] = {}

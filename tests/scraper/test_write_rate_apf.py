@@ -95,6 +95,7 @@ class Writers:
         await self._apply.close()
 
 
+@pytest.mark.cluster  # starts a control plane of its own (APF on)
 async def test_rate_rises_then_falls_when_apf_answers_429_then_rises_again(
         apf_plane: ControlPlane) -> None:
     namespace, account = f"t-rate-{secrets.token_hex(3)}", "writer"

@@ -52,6 +52,7 @@ def status(progress: int) -> TrainerStatus:
                                    "lastUpdatedTime": "2026-01-01T00:00:00Z"})
 
 
+@pytest.mark.cluster  # starts a control plane of its own (APF on)
 async def test_the_status_writer_rises_then_gives_way_when_apf_answers_429(
         apf_plane: ControlPlane) -> None:
     namespace = f"t-writer-rate-{secrets.token_hex(3)}"
