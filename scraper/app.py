@@ -33,7 +33,8 @@ from scraper.decide.decision import decide
 from scraper.discovery.feed import PodFeed
 from scraper.discovery.identity import Identity, Link, OwnerIndex
 from scraper.discovery.owner_watches import owner_watches
-from scraper.discovery.pods import Final, PodWatcher, WatchItem, probe_selector
+from scraper.discovery.pod_targets import PodTargets
+from scraper.discovery.pods import PodWatcher, WatchItem, probe_selector
 from scraper.kube.client import load_client, without_retries
 from scraper.kube.health import ApiHealth
 from scraper.kube.informer import ScopesListed
@@ -48,7 +49,7 @@ from scraper.scrape.sources import SourceScraper
 from scraper.scrape.target_table import AddressIndex, TargetTable
 from scraper.shared.leadership import Leadership
 from scraper.shared.policy import PolicyResolver, WritePolicy
-from scraper.shared.targets import Target
+from scraper.shared.targets import Final, Target
 from scraper.shared.trainjobs import TrainJobKey, TrainJobStore
 from scraper.stall.marker import write_stall_marker
 from scraper.stall.watch import Observed, StallCollector, StallWatch
@@ -172,13 +173,14 @@ class ScraperApp:
         self.identity = Identity(self.jobs, self.jobsets, self.trainjobs)
         self.manager = TargetManager(
             self.scrape_loop, self.scheduler, spawn=self._spawn, forget=self.writer.forget,
-            default_port=found.default_port, default_path=found.default_path,
-            default_interval=found.default_interval, leading=self.leadership,
-            identify=self.identity.verify, on_dropped=self.scraper.forget,
-            trainjob_source=self._trainjob_source, addresses=self.addresses,
-            states=self.targets)
+            leading=self.leadership, on_dropped=self.scraper.forget,
+            addresses=self.addresses, states=self.targets)
+        self.pods = PodTargets(
+            self.manager, default_port=found.default_port, default_path=found.default_path,
+            default_interval=found.default_interval, identify=self.identity.verify,
+            trainjob_source=self._trainjob_source)
         self.pod_feed = PodFeed(
-            self.manager, ScopesListed(self.scopes), on_ready=t.ready.set,
+            self.pods, ScopesListed(self.scopes), on_ready=t.ready.set,
             on_failure=lambda kind: t.pod_apply_failures.labels(kind).inc(),
             on_applied=self._targets_changed)
         self.stalls = StallWatch(
@@ -301,7 +303,8 @@ class ScraperApp:
         """Entries of every map kept per pod or TrainJob, by ``component.map``: each is
         bounded by the live objects."""
         parts: dict[str, dict[str, int]] = {
-            "manager": self.manager.sizes(), "writer": self.writer.sizes(),
+            "manager": self.manager.sizes(), "pods": self.pods.sizes(),
+            "writer": self.writer.sizes(),
             "scraper": self.scraper.exporter.sizes(), "scheduler": self.scheduler.sizes(),
             "stalls": self.stalls.sizes(),
             "informers": {"trainjobs": len(self.trainjobs), "jobs": len(self.jobs),
@@ -396,7 +399,7 @@ class ScraperApp:
         self.manager.trainjob_seen(key)  # an owed final it now holds settles
 
     def _owners_changed(self, link: Link | None) -> None:
-        self.manager.recheck(link)
+        self.pods.recheck(link)
         self._targets_changed()
 
     def _trainjob_gone(self, namespace: str, name: str, uid: str) -> None:

@@ -63,7 +63,6 @@ from typing import Protocol
 
 from exporter_lib.hold_policy import format_policy
 from exporter_lib.status import TrainerStatus
-from scraper.discovery.pods import Final
 from scraper.scrape.exporter import excerpt
 from scraper.shared.outcome import WriteOutcome
 from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
@@ -79,7 +78,7 @@ from scraper.shared.scrapes import (
     WrongPod,
 )
 from scraper.shared.sequence import Sequence, is_late
-from scraper.shared.targets import Target
+from scraper.shared.targets import Final, Target
 from scraper.shared.trainjobs import TrainJobGone
 from scraper.telemetry import JobView
 
