@@ -241,7 +241,7 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
                                      store=store, decide=decide)
     telemetry = Telemetry(lambda: [])
     loop = ScrapeLoop(scraper, writer, writer.events, backoff_max=60,
-                      count_scrape=lambda label: telemetry.scrapes.labels(label).inc())
+                      counts=telemetry)
     status = TrainerStatus.from_json(body)
     states = []
     for t in targets:

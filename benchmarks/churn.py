@@ -78,9 +78,7 @@ async def run(targets: int, rounds: int, cycles: int) -> list[dict[str, Any]]:
         await holder["m"].run(key)
 
     scheduler = TargetScheduler(job)
-    loop = ScrapeLoop(scraper, _Writer(), _Events(), backoff_max=5.0,
-                      on_hold=lambda key, holding: (scheduler.pause(key) if holding
-                                                    else scheduler.resume(key)))
+    loop = ScrapeLoop(scraper, _Writer(), _Events(), backoff_max=5.0, pacing=scheduler)
     manager = TargetManager(loop, scheduler, spawn=asyncio.ensure_future, leading=True,
                             on_dropped=scraper.forget)
     pods = PodTargets(manager, default_port=28080, default_path="/metrics",

@@ -25,7 +25,6 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from exporter_lib.status import TrainerStatus
 from scraper.boost.watch import BoostCollector, BoostWatch
 from scraper.boost.workload import list_workloads, write_boost
 from scraper.config import ScraperSettings
@@ -49,7 +48,7 @@ from scraper.scrape.sources import SourceScraper
 from scraper.scrape.target_table import AddressIndex, TargetTable
 from scraper.shared.leadership import Leadership
 from scraper.shared.policy import PolicyResolver, WritePolicy
-from scraper.shared.targets import Final, Target
+from scraper.shared.targets import Target
 from scraper.shared.trainjobs import TrainJobKey, TrainJobStore
 from scraper.stall.marker import write_stall_marker
 from scraper.stall.watch import Observed, StallCollector, StallWatch
@@ -152,20 +151,15 @@ class ScraperApp:
             observe=t.scrape_duration.observe, waiting=scrape.wait_scrapes,
         ), self.logs, on_exporter_answer=self._exporter_answered)
         t.held_scrapes.set_function(lambda: self.scraper.held)
-        self.scheduler = TargetScheduler(self._run_target,
-                                         on_skipped=lambda key: t.skipped_runs.inc())
+        self.scheduler = TargetScheduler(
+            self._run_target, on_skipped=lambda key: t.skipped_runs.inc(),
+            busy_reason=f"no scrape slot came free in time (all {scrape.concurrency} in use)")
         self.scrape_loop = ScrapeLoop(
             self.scraper, self.writer, self.events, backoff_max=scrape.backoff_max,
             leading=self.leadership, on_gone=self._drop_trainjob,
-            on_busy=lambda key: self.scheduler.note_skipped(
-                key, f"no scrape slot came free in time (all {scrape.concurrency} in use)"),
-            count_scrape=lambda result: t.scrapes.labels(result).inc(),
-            count_wrong_pod=lambda reason: t.wrong_pod_answers.labels(reason).inc(),
-            count_write=t.written,
-            waiting=scrape.wait_scrapes, on_hold=self._on_hold,
-            final_from_log=self._final_from_log if self.logs is not None else None,
-            policy_of=self.policy_of, on_retry=self.scheduler.run_within,
-            pods_at=self.addresses.pods_at)
+            pacing=self.scheduler, counts=t, waiting=scrape.wait_scrapes,
+            final_from_log=self.logs.final_of if self.logs is not None else None,
+            policy_of=self.policy_of, pods_at=self.addresses.pods_at)
         # Any change to a link of an owner chain, and every list, re-checks the pods
         # waiting on it (scraper/discovery/identity.py, "Convergence").
         self.jobs = OwnerIndex(self.scopes, "Job", on_change=self._owners_changed)
@@ -178,7 +172,7 @@ class ScraperApp:
         self.pods = PodTargets(
             self.manager, default_port=found.default_port, default_path=found.default_path,
             default_interval=found.default_interval, identify=self.identity.verify,
-            trainjob_source=self._trainjob_source)
+            trainjob_source=self.trainjobs.source_of)
         self.pod_feed = PodFeed(
             self.pods, ScopesListed(self.scopes), on_ready=t.ready.set,
             on_failure=lambda kind: t.pod_apply_failures.labels(kind).inc(),
@@ -195,7 +189,7 @@ class ScraperApp:
         t.registry.register(StallCollector(self.stalls))
         self.boosts: BoostWatch | None = BoostWatch(
             max_boost=settings.boost.max_boost, signals=lambda: observed(self.manager.chosen()),
-            uid_of=self._trainjob_uid,
+            uid_of=self.trainjobs.uid_of,
             list_workloads=lambda: list_workloads(self.api, self.scopes),
             write_boost=functools.partial(write_boost, self.api),
             leading=self.leadership,
@@ -325,32 +319,10 @@ class ScraperApp:
                                     record.policy if record is not None else (),
                                     where=f"TrainJob {namespace}/{name}")
 
-    def _trainjob_source(self, namespace: str, name: str) -> str | None:
-        record = self.trainjobs.get(namespace, name)
-        return record.source if record is not None else None
-
-    def _trainjob_uid(self, namespace: str, name: str) -> str | None:
-        record = self.trainjobs.get(namespace, name)
-        return record.uid if record is not None else None
-
     def _exporter_answered(self, target: Target) -> None:
         state = self.manager.states.get(target.key)
         if state is not None and state.uid == target.pod_uid:
             state.exporter_did_answer()
-
-    async def _final_from_log(self, final: Final, answered: bool) -> TrainerStatus | None:
-        assert self.logs is not None
-        if final.source == "auto" and answered:
-            return None  # its exporter answered: the exporter's last status stands
-        return await self.logs.final(final.namespace, final.pod_name, final.pod_uid,
-                                     final.log_container)
-
-    def _on_hold(self, key: str, holding: bool) -> None:
-        # The scheduler's job waits while the target's waiting scrape is held.
-        if holding:
-            self.scheduler.pause(key)
-        else:
-            self.scheduler.resume(key)
 
     async def _run_target(self, key: str) -> None:
         # A coroutine function (not a lambda returning a coroutine): APScheduler runs

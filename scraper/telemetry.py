@@ -158,6 +158,16 @@ class Telemetry:
         self.log_reads.labels(result).inc()
         self.log_read_bytes.inc(size)
 
+    # The scrape loop's counts (scraper.shared.scrapes.ScrapeCounts; ``written`` below).
+
+    def scraped(self, result: str) -> None:
+        """One scrape came to ``result`` (the label)."""
+        self.scrapes.labels(result).inc()
+
+    def wrong_pod(self, reason: str) -> None:
+        """One answer came from another pod, for ``reason``."""
+        self.wrong_pod_answers.labels(reason).inc()
+
     # The write stage's counts (scraper.shared.outcome.WriteCounts).
 
     def written(self, outcome: enum.Enum) -> None:

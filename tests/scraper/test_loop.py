@@ -151,6 +151,41 @@ class FakeEvents:
         self.recorded.append((namespace, name, reason, message))
 
 
+class Counted:
+    """The scrape loop's counts kept in lists: the results, and the failed writes."""
+
+    def __init__(self, results: list[str] | None = None,
+                 failed: list[WriteOutcome] | None = None) -> None:
+        self.results = results if results is not None else []
+        self.failed = failed if failed is not None else []
+
+    def scraped(self, result: str) -> None:
+        self.results.append(result)
+
+    def wrong_pod(self, reason: str) -> None:
+        pass
+
+    def written(self, outcome: WriteOutcome) -> None:
+        self.failed.append(outcome)
+
+
+@dataclass
+class RecordingPacing:
+    """The scrape loop's pacing kept in lists: busy runs and sooner runs asked."""
+
+    busy_keys: list[str] = field(default_factory=list)
+    retries: list[tuple[str, float]] = field(default_factory=list)
+
+    def busy(self, key: str) -> None:
+        self.busy_keys.append(key)
+
+    def holding(self, key: str, held: bool) -> None:
+        pass
+
+    def run_within(self, key: str, seconds: float) -> None:
+        self.retries.append((key, seconds))
+
+
 @dataclass
 class FakeScheduler:
     scheduled: dict[str, Target] = field(default_factory=dict)
@@ -230,9 +265,8 @@ def _make_rig() -> Rig:
 
     loop = ScrapeLoop(scraper, writer, events, backoff_max=35.0,
                       leading=lambda: holder["manager"].leading, on_gone=on_gone,
-                      on_busy=busy.append, count_scrape=scrapes.append,
-                      count_write=failed.append, clock=clock,
-                      on_retry=lambda key, seconds: retries.append((key, seconds)))
+                      pacing=RecordingPacing(busy, retries), counts=Counted(scrapes, failed),
+                      clock=clock)
     manager = TargetManager(loop, scheduler,
                             spawn=lambda coro: spawned.append(asyncio.ensure_future(coro)),
                             leading=True)

@@ -31,7 +31,7 @@ from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
 from scraper.scrape.loop import REASON_SHARED_ADDRESS, ScrapeLoop
 from scraper.scrape.manager import TargetManager
 from scraper.scrape.target_table import AddressIndex, address_of
-from tests.scraper.test_loop import FakeEvents, FakeScheduler, QueueWriter
+from tests.scraper.test_loop import Counted, FakeEvents, FakeScheduler, QueueWriter
 
 NS = "ns"
 
@@ -84,7 +84,7 @@ class Stack:
         self.scraper = ExporterScraper(ScrapeLimits(5.0, 1 << 20, 4))
         holder: dict[str, TargetManager] = {}
         self.loop = ScrapeLoop(self.scraper, self.writer, self.events, backoff_max=35.0,
-                               leading=lambda: True, count_scrape=self.scrapes.append,
+                               leading=lambda: True, counts=Counted(self.scrapes),
                                pods_at=lambda url: holder["m"].addresses.pods_at(url))
         self.manager = TargetManager(self.loop, FakeScheduler(), spawn=lambda coro: coro.close(),
                                      leading=True)
