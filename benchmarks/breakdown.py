@@ -241,7 +241,7 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
                                      store=store, decide=decide)
     telemetry = Telemetry(lambda: [])
     loop = ScrapeLoop(scraper, writer, writer.events, backoff_max=60,
-                      count_scrape=lambda label: telemetry.scrapes.labels(label).inc())
+                      counts=telemetry)
     status = TrainerStatus.from_json(body)
     states = []
     for t in targets:
@@ -302,7 +302,7 @@ async def status_writes(count: int) -> dict[str, float]:
     from localdev.cluster.crds import install_trainjob_crds
     from localdev.cluster.objects import create_trainjob
     from scraper.decide.decision import decide
-    from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
+    from scraper.kube.apply_request import APPLY_CONTENT_TYPE, encode_apply_body
     from scraper.kube.calls import Retries, call
     from scraper.kube.client import REQUEST_TIMEOUT
     from scraper.shared.outcome import FIELD_MANAGER, WriteOutcome

@@ -5,7 +5,7 @@
 In one process, the scraper's real target manager, scheduler (APScheduler), scrape
 loop and exporter scraper (aiohttp) get ``--targets`` Running pods, then rounds of
 ``--cycles`` pod create/delete cycles (a pod added Running, scheduled, scraped for
-a moment, deleted), fed through :meth:`TargetManager.on_pod` as the pod watch feeds
+a moment, deleted), fed through :meth:`PodTargets.on_pod` as the pod watch feeds
 them; discovery's list+watch against an API server is left out (the watch thread's
 own memory is not measured here).  Targets point at 127.0.0.1 ports where nothing
 listens (refused: backed off) or at one loopback exporter answering 304, and every
@@ -37,6 +37,7 @@ from typing import Any
 from benchmarks.procstat import rss_bytes
 from benchmarks.static_exporter import start_static_exporter
 from exporter_lib.status import TrainerStatus
+from scraper.discovery.pod_targets import PodTargets
 from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
 from scraper.scrape.loop import ScrapeLoop
 from scraper.scrape.manager import TargetManager
@@ -77,20 +78,18 @@ async def run(targets: int, rounds: int, cycles: int) -> list[dict[str, Any]]:
         await holder["m"].run(key)
 
     scheduler = TargetScheduler(job)
-    loop = ScrapeLoop(scraper, _Writer(), _Events(), backoff_max=5.0,
-                      on_hold=lambda key, holding: (scheduler.pause(key) if holding
-                                                    else scheduler.resume(key)))
-    manager = TargetManager(loop, scheduler, spawn=asyncio.ensure_future,
-                            default_port=28080, default_path="/metrics",
-                            default_interval=1.0, leading=True,
+    loop = ScrapeLoop(scraper, _Writer(), _Events(), backoff_max=5.0, pacing=scheduler)
+    manager = TargetManager(loop, scheduler, spawn=asyncio.ensure_future, leading=True,
                             on_dropped=scraper.forget)
+    pods = PodTargets(manager, default_port=28080, default_path="/metrics",
+                      default_interval=1.0)
     holder["m"] = manager
     scheduler.start()
     tracemalloc.start()
     out: list[dict[str, Any]] = []
     try:
         for i in range(targets):
-            manager.on_pod(_pod(f"base-{i}", f"base-{i}", live_port), deleted=False)
+            pods.on_pod(_pod(f"base-{i}", f"base-{i}", live_port), deleted=False)
         await asyncio.sleep(3)
         next_port = 40000
         for r in range(rounds + 1):
@@ -101,10 +100,10 @@ async def run(targets: int, rounds: int, cycles: int) -> list[dict[str, Any]]:
                     port = live_port if c % 4 == 0 else next_port
                     next_port = 40000 + (next_port - 40000 + 1) % 20000
                     pod = _pod(f"churn-{r}-{c}", f"uid-{r}-{c}", port)
-                    manager.on_pod(pod, deleted=False)
+                    pods.on_pod(pod, deleted=False)
                     if c % 50 == 49:
                         await asyncio.sleep(0.05)  # let some runs happen
-                    manager.on_pod(pod, deleted=True)
+                    pods.on_pod(pod, deleted=True)
                 took = time.monotonic() - started
             else:
                 took = 0.0

@@ -1,6 +1,7 @@
 """CPU per pod event, per relist pod and per write taken, at several numbers of targets.
 
 ``python -m benchmarks.event_cost [N ...]`` (default 1000 10000 50000) builds a
+:class:`scraper.discovery.pod_targets.PodTargets` feeding a
 :class:`scraper.scrape.manager.TargetManager` (stub scheduler and scrape loop: the manager's
 own work only, as issue 27 measured it) and a :class:`scraper.write.queue.WriteQueue`,
 and prints the process CPU time of: the first list (and its longest slice between two
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from exporter_lib.status import TrainerStatus
+from scraper.discovery.pod_targets import PodTargets
 from scraper.discovery.pods import Synced
 from scraper.scrape.manager import TargetManager
 from scraper.shared.targets import Target
@@ -45,9 +47,10 @@ def _pod(i: int, rv: int = 1) -> dict[str, Any]:
 
 
 def manager_cost(n: int, events: int = 2000) -> dict[str, float]:
-    manager = TargetManager(None, _Scheduler(), spawn=lambda c: c.close(),  # type: ignore[arg-type]
-                            default_port=28080, default_path="/metrics",
-                            default_interval=30.0, leading=True)
+    target_manager = TargetManager(None, _Scheduler(), spawn=lambda c: c.close(),  # type: ignore[arg-type]
+                                   leading=True)
+    manager = PodTargets(target_manager, default_port=28080, default_path="/metrics",
+                         default_interval=30.0)
     pods = [_pod(i) for i in range(n)]
     # As the scraper applies a list: in slices, returning to the event loop between them.
     began = time.process_time()

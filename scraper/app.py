@@ -25,7 +25,6 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from exporter_lib.status import TrainerStatus
 from scraper.boost.watch import BoostCollector, BoostWatch
 from scraper.boost.workload import list_workloads, write_boost
 from scraper.config import ScraperSettings
@@ -33,7 +32,9 @@ from scraper.decide.decision import decide
 from scraper.discovery.feed import PodFeed
 from scraper.discovery.identity import Identity, Link, OwnerIndex
 from scraper.discovery.owner_watches import owner_watches
-from scraper.discovery.pods import Final, PodWatcher, WatchItem, probe_selector
+from scraper.discovery.pod_targets import PodTargets
+from scraper.discovery.pods import PodWatcher, WatchItem, probe_selector
+from scraper.discovery.relists import Relists
 from scraper.kube.client import load_client, without_retries
 from scraper.kube.health import ApiHealth
 from scraper.kube.informer import ScopesListed
@@ -56,14 +57,10 @@ from scraper.stall.watch import Observed, StallCollector, StallWatch
 from scraper.supervisor import Supervisor, first_set
 from scraper.telemetry import Telemetry
 from scraper.write.annotation_target import StatusTarget
-from scraper.write.rate_rule import Change
 from scraper.write.worker import StatusRequest
 from scraper.write.writer import StatusWriter
 
 log = logging.getLogger(__name__)
-
-#: Seconds between two relists of one pod watch asked for by unconfirmed pods.
-RELIST_SPACING = 10.0
 
 CRD_RECHECK_SECONDS = 60.0
 
@@ -144,7 +141,8 @@ class ScraperApp:
             policy=write.policy, policy_of=self.policy_of,
             target=StatusTarget(write.status_target), health=self.health,
             decide=decide, request=request,
-            qps_max=write.qps_max, on_rate_change=self._rate_changed)
+            qps_max=write.qps_max, on_rate_change=lambda change: t.write_rate_changed(
+                change.before, change.after, change.reason.value))
         t.write_rate.set(write.qps)
         # Everything not applied yet, also what a writer took and waits on the budget for.
         t.writes_pending.set_function(lambda: self.writer.queue.unapplied())
@@ -160,24 +158,20 @@ class ScraperApp:
             observe=t.scrape_duration.observe, waiting=scrape.wait_scrapes,
         ), self.logs, on_exporter_answer=self._exporter_answered)
         t.held_scrapes.set_function(lambda: self.scraper.held)
-        self.scheduler = TargetScheduler(self._run_target,
-                                         on_skipped=lambda key: t.skipped_runs.inc())
+        self.scheduler = TargetScheduler(
+            self._run_target, on_skipped=lambda key: t.skipped_runs.inc(),
+            busy_reason=f"no scrape slot came free in time (all {scrape.concurrency} in use)")
+        # A scrape that finds its pod replaced asks the pod watch to list again.
+        self.relists = Relists()
         self.scrape_loop = ScrapeLoop(
             self.scraper, self.writer, self.events, backoff_max=scrape.backoff_max,
             leading=self.leadership, on_gone=self._drop_trainjob,
-            on_busy=lambda key: self.scheduler.note_skipped(
-                key, f"no scrape slot came free in time (all {scrape.concurrency} in use)"),
-            count_scrape=lambda result: t.scrapes.labels(result).inc(),
-            count_wrong_pod=lambda reason: t.wrong_pod_answers.labels(reason).inc(),
-            count_write=t.written,
-            waiting=scrape.wait_scrapes, on_hold=self._on_hold,
-            final_from_log=self._final_from_log if self.logs is not None else None,
-            policy_of=self.policy_of, on_retry=self.scheduler.run_within,
-            pods_at=self.addresses.pods_at,
+            pacing=self.scheduler, counts=t, waiting=scrape.wait_scrapes,
+            final_from_log=self.logs.final_of if self.logs is not None else None,
+            policy_of=self.policy_of, pods_at=self.addresses.pods_at,
             confirm_pod=confirm_pod or PodConfirmer(k8s.CoreV1Api(self.api)),
-            on_unconfirmed=self._pod_unconfirmed)
-        self._pod_watchers: dict[str | None, PodWatcher] = {}
-        self._relisted: dict[int, float] = {}
+            on_unconfirmed=lambda target, check: self.relists.relist_for(target.namespace))
+
         # Any change to a link of an owner chain, and every list, re-checks the pods
         # waiting on it (scraper/discovery/identity.py, "Convergence").
         self.jobs = OwnerIndex(self.scopes, "Job", on_change=self._owners_changed)
@@ -185,13 +179,14 @@ class ScraperApp:
         self.identity = Identity(self.jobs, self.jobsets, self.trainjobs)
         self.manager = TargetManager(
             self.scrape_loop, self.scheduler, spawn=self._spawn, forget=self.writer.forget,
-            default_port=found.default_port, default_path=found.default_path,
-            default_interval=found.default_interval, leading=self.leadership,
-            identify=self.identity.verify, on_dropped=self.scraper.forget,
-            trainjob_source=self._trainjob_source, addresses=self.addresses,
-            states=self.targets)
+            leading=self.leadership, on_dropped=self.scraper.forget,
+            addresses=self.addresses, states=self.targets)
+        self.pods = PodTargets(
+            self.manager, default_port=found.default_port, default_path=found.default_path,
+            default_interval=found.default_interval, identify=self.identity.verify,
+            trainjob_source=self.trainjobs.source_of)
         self.pod_feed = PodFeed(
-            self.manager, ScopesListed(self.scopes), on_ready=t.ready.set,
+            self.pods, ScopesListed(self.scopes), on_ready=t.ready.set,
             on_failure=lambda kind: t.pod_apply_failures.labels(kind).inc(),
             on_applied=self._targets_changed)
         self.stalls = StallWatch(
@@ -202,20 +197,9 @@ class ScraperApp:
             given=stall.after, leading=self.leadership,
             ready=lambda: (self.pod_feed.listed.event.is_set()
                            and self.trainjobs.synced.is_set()),
-            spawn=lambda coro: self._spawn_named("stall-record", coro))
+            spawn=lambda coro: self.spawn_named("stall-record", coro))
         t.registry.register(StallCollector(self.stalls))
-        self.boosts: BoostWatch | None = BoostWatch(
-            max_boost=settings.boost.max_boost, signals=lambda: observed(self.manager.chosen()),
-            uid_of=self._trainjob_uid,
-            list_workloads=lambda: list_workloads(self.api, self.scopes),
-            write_boost=functools.partial(write_boost, self.api),
-            leading=self.leadership,
-            ready=lambda: (self.pod_feed.listed.event.is_set()
-                           and self.trainjobs.synced.is_set()),
-            spawn=lambda coro: self._spawn_named("priority-boost-write", coro),
-        ) if settings.boost.max_boost > 0 else None
-        if self.boosts is not None:
-            t.registry.register(BoostCollector(self.boosts))
+        self.boosts = _boosts(self, settings.boost.max_boost)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -271,7 +255,7 @@ class ScraperApp:
             tw.start()
         self.writer.start()
         self.scheduler.start()
-        self._pod_watchers = dict(zip(scopes, watchers, strict=True))
+        self.relists.watch(dict(zip(scopes, watchers, strict=True)))
         for w in watchers:
             w.start()
         supervisor.root(ROOT_CONSUMER, self.pod_feed.run(queue, watchers))
@@ -315,7 +299,8 @@ class ScraperApp:
         """Entries of every map kept per pod or TrainJob, by ``component.map``: each is
         bounded by the live objects."""
         parts: dict[str, dict[str, int]] = {
-            "manager": self.manager.sizes(), "writer": self.writer.sizes(),
+            "manager": self.manager.sizes(), "pods": self.pods.sizes(),
+            "writer": self.writer.sizes(),
             "scraper": self.scraper.exporter.sizes(), "scheduler": self.scheduler.sizes(),
             "stalls": self.stalls.sizes(),
             "informers": {"trainjobs": len(self.trainjobs), "jobs": len(self.jobs),
@@ -336,32 +321,10 @@ class ScraperApp:
                                     record.policy if record is not None else (),
                                     where=f"TrainJob {namespace}/{name}")
 
-    def _trainjob_source(self, namespace: str, name: str) -> str | None:
-        record = self.trainjobs.get(namespace, name)
-        return record.source if record is not None else None
-
-    def _trainjob_uid(self, namespace: str, name: str) -> str | None:
-        record = self.trainjobs.get(namespace, name)
-        return record.uid if record is not None else None
-
     def _exporter_answered(self, target: Target) -> None:
         state = self.manager.states.get(target.key)
         if state is not None and state.uid == target.pod_uid:
             state.exporter_did_answer()
-
-    async def _final_from_log(self, final: Final, answered: bool) -> TrainerStatus | None:
-        assert self.logs is not None
-        if final.source == "auto" and answered:
-            return None  # its exporter answered: the exporter's last status stands
-        return await self.logs.final(final.namespace, final.pod_name, final.pod_uid,
-                                     final.log_container)
-
-    def _on_hold(self, key: str, holding: bool) -> None:
-        # The scheduler's job waits while the target's waiting scrape is held.
-        if holding:
-            self.scheduler.pause(key)
-        else:
-            self.scheduler.resume(key)
 
     async def _run_target(self, key: str) -> None:
         # A coroutine function (not a lambda returning a coroutine): APScheduler runs
@@ -372,7 +335,9 @@ class ScraperApp:
         assert self.supervisor is not None, "spawned before run()"
         self.supervisor.background("final-status", coro)
 
-    def _spawn_named(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn_named(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background as ``name`` under the supervisor (a failure is
+        logged with its name); only once :meth:`run` has started it."""
         assert self.supervisor is not None, "spawned before run()"
         self.supervisor.background(name, coro)
 
@@ -399,24 +364,6 @@ class ScraperApp:
         self.manager.set_leading(leading)
         self._targets_changed()
 
-    def _pod_unconfirmed(self, target: Target, check: PodCheck) -> None:
-        """A target's pod is not what the pod watch says (scraper/scrape/pod_confirm.py):
-        the watch relists at once."""
-        watcher = self._pod_watchers.get(target.namespace) or self._pod_watchers.get(None)
-        now = asyncio.get_running_loop().time()
-        if watcher is None or now - self._relisted.get(id(watcher), -RELIST_SPACING) < (
-                RELIST_SPACING):
-            return  # one list per watch every RELIST_SPACING s: a list of all pods is big
-        self._relisted[id(watcher)] = now
-        watcher.relist()
-
-    def _rate_changed(self, change: Change) -> None:
-        self.telemetry.write_rate.set(change.after)
-        self.telemetry.write_rate_changes.labels(change.reason.value).inc()
-        log.log(logging.INFO if change.after < change.before else logging.DEBUG,
-                "status write rate %.1f -> %.1f writes/s (%s)", change.before, change.after,
-                change.reason.value)
-
     def _drop_trainjob(self, namespace: str, trainjob: str) -> None:
         self.manager.drop_trainjob(namespace, trainjob)
         self._targets_changed()
@@ -428,7 +375,7 @@ class ScraperApp:
         self.manager.trainjob_seen(key)  # an owed final it now holds settles
 
     def _owners_changed(self, link: Link | None) -> None:
-        self.manager.recheck(link)
+        self.pods.recheck(link)
         self._targets_changed()
 
     def _trainjob_gone(self, namespace: str, name: str, uid: str) -> None:
@@ -436,3 +383,19 @@ class ScraperApp:
                  namespace, name, uid)
         self._drop_trainjob(namespace, name)
 
+
+def _boosts(app: ScraperApp, max_boost: int) -> BoostWatch | None:
+    """The optional priority-boost stage (``--priority-boost-max`` above 0), built on the
+    parts ``app`` already has and registered with its telemetry; None when off."""
+    if max_boost <= 0:
+        return None
+    boosts = BoostWatch(
+        max_boost=max_boost, signals=lambda: observed(app.manager.chosen()),
+        uid_of=app.trainjobs.uid_of,
+        list_workloads=lambda: list_workloads(app.api, app.scopes),
+        write_boost=functools.partial(write_boost, app.api),
+        leading=app.leadership,
+        ready=lambda: app.pod_feed.listed.event.is_set() and app.trainjobs.synced.is_set(),
+        spawn=lambda coro: app.spawn_named("priority-boost-write", coro))
+    app.telemetry.registry.register(BoostCollector(boosts))
+    return boosts

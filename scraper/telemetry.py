@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -166,11 +167,30 @@ class Telemetry:
         self.log_reads.labels(result).inc()
         self.log_read_bytes.inc(size)
 
+    # The scrape loop's counts (scraper.shared.scrapes.ScrapeCounts; ``written`` below).
+
+    def scraped(self, result: str) -> None:
+        """One scrape came to ``result`` (the label)."""
+        self.scrapes.labels(result).inc()
+
+    def wrong_pod(self, reason: str) -> None:
+        """One answer came from another pod, for ``reason``."""
+        self.wrong_pod_answers.labels(reason).inc()
+
     # The write stage's counts (scraper.shared.outcome.WriteCounts).
 
     def written(self, outcome: enum.Enum) -> None:
         """One status write (or submission) came to ``outcome`` (its value: the label)."""
         self.writes.labels(outcome.value).inc()
+
+    def write_rate_changed(self, before: float, after: float, reason: str) -> None:
+        """The adaptive write rate moved from ``before`` to ``after`` writes/s for
+        ``reason``: the gauge, the counter, and a log line (INFO for a decrease)."""
+        self.write_rate.set(after)
+        self.write_rate_changes.labels(reason).inc()
+        logging.getLogger("scraper.write.rate").log(
+            logging.INFO if after < before else logging.DEBUG,
+            "status write rate %.1f -> %.1f writes/s (%s)", before, after, reason)
 
     def request_took(self, seconds: float) -> None:
         """One apply request took ``seconds``."""

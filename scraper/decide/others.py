@@ -8,7 +8,7 @@ and is tested with hypothesis (``tests/scraper/test_writer_rules.py``).
 written by ``writer`` (:class:`scraper.shared.trainjob.Writer`: the API server's clock and
 the store's monotonic clock order writes, never a writer's own ``lastUpdatedTime``).
 The ``lastUpdatedTime`` written is settled when the write is sent
-(:func:`scraper.write.settle.settle_time`).
+(:func:`scraper.write.notices.settle_time`).
 """
 
 from __future__ import annotations

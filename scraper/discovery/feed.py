@@ -25,7 +25,7 @@ RELIST_BACKOFF = Backoff(initial=0.5, cap=30.0)
 
 
 class PodSink(Protocol):
-    """What the feed needs of :class:`scraper.scrape.manager.TargetManager`."""
+    """What the feed needs of :class:`scraper.discovery.pod_targets.PodTargets`."""
 
     def synced_steps(self, item: Synced) -> Iterator[int]: ...
 
@@ -36,7 +36,7 @@ class PodFeed:
     """Applies pod watch items in order (a root task: :meth:`run`).
 
     Args:
-        sink: the target manager.
+        sink: the pods' targets (:class:`scraper.discovery.pod_targets.PodTargets`).
         listed: the scopes whose first list was applied; :attr:`ScopesListed.event` is
             set once every scope's was.
         on_ready: called after a list once every scope was listed (readiness).

@@ -32,7 +32,7 @@ from scraper.kube.health import ApiHealth
 from scraper.kube.informer import WATCH_BACKOFF, ListWatch
 from scraper.shared.errors import ConfigError
 from scraper.shared.policy import overrides_of
-from scraper.shared.targets import SOURCE_EXPORTER, SOURCES, Target
+from scraper.shared.targets import SOURCE_EXPORTER, SOURCES, Final, Target
 from scraper.syntax import IntervalOutOfRange, parse_interval
 
 log = logging.getLogger(__name__)
@@ -61,34 +61,6 @@ class Scrape:
     """The pod is Running with an IP: scrape ``target``."""
 
     target: Target
-
-
-@dataclass(frozen=True)
-class Final:
-    """The pod has ended: its final status may be in a termination message.
-
-    Attributes:
-        messages: ``(container name, message)`` pairs to try in order; empty when
-            no container left one.
-        trainjob_uid: the TrainJob UID of the pod's owner chain, once verified.
-        finished_at: ``(container name, state.terminated.finishedAt as epoch seconds)``
-            of the containers that left a message and say when they ended (the rule
-            for other writers: a write after that delivered the final).
-    """
-
-    namespace: str
-    trainjob: str
-    pod_name: str
-    pod_uid: str
-    messages: tuple[tuple[str, str], ...]
-    trainjob_uid: str = ""
-    source: str = SOURCE_EXPORTER
-    log_container: str = ""
-    finished_at: tuple[tuple[str, float], ...] = ()
-
-    def finished(self, container: str) -> float | None:
-        """When ``container`` ended (epoch seconds), None when unknown."""
-        return dict(self.finished_at).get(container)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from scraper.kube.calls import call
 from scraper.kube.client import request_timeout
 from scraper.logsource.progress import LogProgress
 from scraper.shared.scrapes import Failure, FailureKind, Fresh, NothingYet, ScrapeResult
-from scraper.shared.targets import Target
+from scraper.shared.targets import SOURCE_AUTO, Final, Target
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,15 @@ class LogScraper:
         state = self._states.pop(pod_uid, None) or _LogState()
         result = await self._read(state, namespace, pod, container, ended=True)
         return result.status if isinstance(result, Fresh) else None
+
+    async def final_of(self, final: Final, answered: bool) -> TrainerStatus | None:
+        """The final status of an ended pod from its log (:meth:`final`), given whether
+        its exporter ever answered: for an ``auto`` source that did, None (the exporter's
+        last status stands)."""
+        if final.source == SOURCE_AUTO and answered:
+            return None
+        return await self.final(final.namespace, final.pod_name, final.pod_uid,
+                                final.log_container)
 
     async def _read(self, state: _LogState, namespace: str, pod: str, container: str, *,
                     ended: bool) -> ScrapeResult:

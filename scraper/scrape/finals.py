@@ -10,14 +10,11 @@ with leadership loses no final.  A deleted pod whose final is still owed is kept
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from exporter_lib.status import StatusError, TrainerStatus
-from scraper.discovery.identity import Belongs, Link, NotYet, Verdict, restart_attempt
-from scraper.discovery.pods import Final, final_from_deleted, pod_key
 from scraper.scrape.exporter import excerpt
 from scraper.scrape.loop import (
     DETAIL_MAX,
@@ -26,6 +23,7 @@ from scraper.scrape.loop import (
     ScrapeLoop,
     TargetState,
 )
+from scraper.shared.targets import Final
 from scraper.telemetry import JobView
 
 log = logging.getLogger(__name__)
@@ -41,17 +39,13 @@ class OwedFinals:
         spawn: starts a background coroutine and tracks it.
         leading: whether this replica writes now.
         superseded: whether a newer restart attempt of the pod's TrainJob runs.
-        park: checks a deleted pod's owner chain again after the next list (``key``,
-            pod, links: :meth:`scraper.scrape.pod_checks.PodChecks.park`).
     """
 
     def __init__(self, loop: ScrapeLoop, *,
                  spawn: Callable[[Coroutine[Any, Any, None]], object],
                  leading: Callable[[], bool],
-                 superseded: Callable[[TargetState], bool],
-                 park: Callable[[str, dict[str, Any], Iterable[Link]], None]) -> None:
+                 superseded: Callable[[TargetState], bool]) -> None:
         self._loop = loop
-        self._park = park
         self._spawn = spawn
         self._leading = leading
         self._superseded = superseded
@@ -85,36 +79,17 @@ class OwedFinals:
             else:
                 state.final_still_owed()
 
-    def owe_deleted(self, pod: dict[str, Any], verdict: Verdict,
-                    state: TargetState | None = None, requested: float | None = None) -> None:
-        """Owe the final status of a deleted pod (seen ended only now) once its chain
-        verifies; ``state``: the pod's dropped state, if it had one; ``requested``: the
-        earliest deletion request seen for it
-        (:class:`scraper.discovery.deletions.DeletionRequests`).
-
-        While the informers still list, the pod is parked (under ``deleted:<uid>``) and
-        checked again after each list: a pod that ended and was deleted before a slow
-        TrainJob list came must not lose its final status.  Once everything was listed,
-        an unknown Job means the chain cannot be verified any more (it went with the
-        pod): nothing is written to a TrainJob the pod may not belong to.
-        """
-        final = final_from_deleted(pod, requested)
-        if final is None:
-            return
-        uid = (pod.get("metadata") or {}).get("uid", "")
-        if isinstance(verdict, NotYet) and verdict.listing:
-            self._park(f"deleted:{uid}", pod, ())
-        elif isinstance(verdict, NotYet):
-            log.info("final status of deleted pod %s not written: %s (its owner chain "
-                     "cannot be verified)", pod_key(pod), verdict.reason)
-        elif isinstance(verdict, Belongs):
-            if state is None:
-                state = TargetState(JobView(final.namespace, final.trainjob, final.pod_name),
-                                    uid=uid, dropped=True)
-            state.end(dataclasses.replace(final, trainjob_uid=verdict.trainjob_uid),
-                      restart_attempt(pod))
-            self.keep(state)
-            self.start(state)
+    def owe_deleted(self, final: Final, attempt: int,
+                    state: TargetState | None = None) -> None:
+        """Owe the verified final status of a deleted pod (seen ended only now;
+        ``final.trainjob_uid`` set by discovery); ``state``: the pod's dropped state, if
+        it had one; ``attempt``: its restart attempt."""
+        if state is None:
+            state = TargetState(JobView(final.namespace, final.trainjob, final.pod_name),
+                                uid=final.pod_uid, dropped=True)
+        state.end(final, attempt)
+        self.keep(state)
+        self.start(state)
 
     def start_every_deleted(self, trainjob: TrainJobKey | None = None) -> None:
         """Start the owed finals of the deleted pods of ``trainjob`` (None: of all)."""

@@ -63,24 +63,25 @@ from typing import Protocol
 
 from exporter_lib.hold_policy import format_policy
 from exporter_lib.status import TrainerStatus
-from scraper.discovery.pods import Final
 from scraper.scrape.exporter import excerpt
 from scraper.scrape.pod_confirm import PodCheck
 from scraper.shared.outcome import WriteOutcome
 from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
 from scraper.shared.scrapes import (
+    NO_SCRAPE_COUNTS,
     Busy,
     Failure,
     FailureKind,
     Fresh,
     NothingYet,
     NotModified,
+    ScrapeCounts,
     ScrapeResult,
     SharedAddress,
     WrongPod,
 )
 from scraper.shared.sequence import Sequence, is_late
-from scraper.shared.targets import Target
+from scraper.shared.targets import Final, Target
 from scraper.shared.trainjobs import TrainJobGone
 from scraper.telemetry import JobView
 
@@ -159,6 +160,31 @@ class EventRecorder(Protocol):
     """Records a Warning Event on a TrainJob; best effort, raises nothing."""
 
     async def event(self, namespace: str, name: str, reason: str, message: str) -> None: ...
+
+
+class Pacing(Protocol):
+    """What a run tells its target's scheduling
+    (:class:`scraper.scrape.scheduling.TargetScheduler`)."""
+
+    def busy(self, key: str) -> None:
+        """No scrape slot came free in time for the target's run."""
+
+    def holding(self, key: str, held: bool) -> None:
+        """The target's waiting scrapes start (True) or end: its runs wait meanwhile."""
+
+    def run_within(self, key: str, seconds: float) -> None:
+        """Run the target again within ``seconds`` (a target still starting)."""
+
+
+class _NoPacing:
+    def busy(self, key: str) -> None:
+        pass
+
+    def holding(self, key: str, held: bool) -> None:
+        pass
+
+    def run_within(self, key: str, seconds: float) -> None:
+        pass
 
 
 @dataclass(eq=False)
@@ -296,23 +322,17 @@ class ScrapeLoop:
         backoff_max: longest wait on a target that refuses connections (seconds).
         leading: the write fence of the caller: runs do nothing while it is False.
         on_gone: called with ``(namespace, trainjob)`` when a write finds the TrainJob gone.
-        on_busy: called with the target key when no scrape slot came free.
-        count_scrape: called with the scrape result label (``ok``, ``not_modified``,
-            ``empty`` or a :class:`FailureKind` value).
-        count_write: called with :attr:`WriteOutcome.FAILED` when a write raised.
+        pacing: told when a run found no slot, when waiting scrapes start and end, and
+            when a target still starting is to run again sooner (:class:`Pacing`).
+        counts: the scrape results, answers of another pod, failed writes
+            (:class:`~scraper.shared.scrapes.ScrapeCounts`).
         clock: monotonic seconds (injectable for tests).
         waiting: use waiting scrapes where the exporter offers them (``--wait-scrapes``).
-        on_hold: called with ``(target key, True)`` when a target's waiting scrapes
-            start and ``(key, False)`` when they end (the scheduler pauses its job meanwhile).
         final_from_log: reads the final status from a terminated pod's log, for pods
             whose source is the log (scraper/scrape/sources.py), given whether its exporter
             ever answered (``auto``: then the exporter's last status stands); None: never.
-        count_wrong_pod: called with :attr:`WrongPod.reason` for each answer from
-            another pod.
         policy_of: the write policy of a TrainJob by ``(namespace, name)``
             (:class:`scraper.shared.policy.PolicyResolver`), stated in held requests.
-        on_retry: ``(target key, seconds)``: run the target again within that many
-            seconds (a target still starting; :meth:`TargetScheduler.run_within`).
         pods_at: keys of the live pods known at a target URL's ``host:port``
             (:meth:`scraper.scrape.target_table.AddressIndex.pods_at`); an answer that states
             no pod is refused (:class:`SharedAddress`) while there is more than one.
@@ -332,38 +352,30 @@ class ScrapeLoop:
         backoff_max: float,
         leading: Callable[[], bool] = lambda: True,
         on_gone: Callable[[str, str], None] = lambda namespace, trainjob: None,
-        on_busy: Callable[[str], None] = lambda key: None,
-        count_scrape: Callable[[str], None] = lambda result: None,
-        count_write: Callable[[WriteOutcome], None] = lambda outcome: None,
+        pacing: Pacing | None = None,
+        counts: ScrapeCounts = NO_SCRAPE_COUNTS,
         clock: Callable[[], float] = time.monotonic,
         waiting: bool = True,
-        on_hold: Callable[[str, bool], None] = lambda key, holding: None,
         final_from_log: Callable[[Final, bool], Awaitable[TrainerStatus | None]] | None = None,
-        count_wrong_pod: Callable[[str], None] = lambda reason: None,
         policy_of: Callable[[str, str], WritePolicy] = lambda namespace, name: DEFAULT_POLICY,
-        on_retry: Callable[[str, float], None] = lambda key, seconds: None,
         pods_at: Callable[[str], tuple[str, ...]] = lambda url: (),
         confirm_pod: Callable[[Target], Awaitable[PodCheck]] | None = None,
-        on_unconfirmed: Callable[[Target, PodCheck], None] = lambda target, check: None,
+        on_unconfirmed: Callable[[Target, PodCheck], object] = lambda target, check: None,
     ) -> None:
         self._pods_at = pods_at
         self._confirm_pod = confirm_pod
         self._on_unconfirmed = on_unconfirmed
         self._policy_of = policy_of
-        self._on_retry = on_retry
+        self._pacing: Pacing = pacing if pacing is not None else _NoPacing()
+        self._counts = counts
         self.final_from_log = final_from_log
-        self._count_wrong_pod = count_wrong_pod
         self._waiting = waiting
-        self._on_hold = on_hold
         self._scraper = scraper
         self._writer = writer
         self.events = events
         self._backoff_max = backoff_max
         self._leading = leading
         self._on_gone = on_gone
-        self._on_busy = on_busy
-        self._count_scrape = count_scrape
-        self._count_write = count_write
         self._clock = clock
 
     async def run(self, state: TargetState) -> None:
@@ -379,7 +391,7 @@ class ScrapeLoop:
             return
         result = await self._scraper.scrape(target, state.etag)
         if isinstance(result, Busy):
-            self._on_busy(target.key)
+            self._pacing.busy(target.key)
             return
         state.answered_at = self._clock()
         await self._handle(state, target, result)
@@ -394,7 +406,7 @@ class ScrapeLoop:
         if state.held is None or state.held.done():
             state.held = asyncio.create_task(self._hold(state, target),
                                              name=f"held-scrape {target.key}")
-            self._on_hold(target.key, True)
+            self._pacing.holding(target.key, True)
 
     async def _hold(self, state: TargetState, target: Target) -> None:
         """Keep one waiting scrape open for ``target`` while its exporter offers them.
@@ -431,7 +443,7 @@ class ScrapeLoop:
         finally:
             if state.held is asyncio.current_task():
                 state.held = None
-            self._on_hold(target.key, False)
+            self._pacing.holding(target.key, False)
 
     def _stated(self, state: TargetState, policy: WritePolicy) -> str:
         """The write policy as stated to the exporter: the percentage of the last status
@@ -443,11 +455,11 @@ class ScrapeLoop:
     async def _handle(self, state: TargetState, target: Target, result: ScrapeResult) -> None:
         """The rules for one answer (or failure) of ``target``."""
         if isinstance(result, Busy):
-            self._on_busy(target.key)
+            self._pacing.busy(target.key)
             return
         if isinstance(result, Failure):
             state.max_wait = None
-            self._count_scrape(result.kind.value)
+            self._counts.scraped(result.kind.value)
             await self._on_failure(state, target, result)
             return
         if isinstance(result, Fresh) and not result.identified:
@@ -468,14 +480,14 @@ class ScrapeLoop:
         state.answered_ever = True
         state.shared_reported = ()  # a later conflict, even of the same pods, is evented
         if isinstance(result, NotModified):
-            self._count_scrape("not_modified")
+            self._counts.scraped("not_modified")
             return
         if isinstance(result, NothingYet):
-            self._count_scrape("empty")
+            self._counts.scraped("empty")
             return
         assert isinstance(result, Fresh)
         if is_late(state.sequence, result.sequence):
-            self._count_scrape("late")
+            self._counts.scraped("late")
             log.debug("target %s: answer of sequence %s is older than %s; dropped",
                       target.key, result.sequence, state.sequence)
             return
@@ -484,13 +496,13 @@ class ScrapeLoop:
                 and content != state.reported):
             check = await self._confirm_pod(target)
             if check is not PodCheck.CONFIRMED:
-                self._count_scrape("unconfirmed")
+                self._counts.scraped("unconfirmed")
                 log.warning("target %s (%s): an answer that states no pod, and the pod "
                             "is not the target's any more (%s); not written, the pod "
                             "watch relists", target.key, target.url, check.value)
                 self._on_unconfirmed(target, check)
                 return
-        self._count_scrape("ok")
+        self._counts.scraped("ok")
         if result.sequence is not None:
             state.sequence = result.sequence
         if content != state.reported:
@@ -512,7 +524,7 @@ class ScrapeLoop:
             delay = min(target.interval * 2 ** (state.refusals - 1), self._backoff_max)
             if not state.answered_ever:  # still starting
                 delay = min(delay, STARTING_RETRY_SECONDS * 2 ** (state.refusals - 1))
-                self._on_retry(target.key, delay)
+                self._pacing.run_within(target.key, delay)
             state.retry_at = self._clock() + delay
             if state.refusals == 1:
                 log.info("target %s (%s): %s; treating it as not instrumented and backing "
@@ -533,8 +545,8 @@ class ScrapeLoop:
 
     async def _on_wrong_pod(self, state: TargetState, target: Target, wrong: WrongPod) -> None:
         state.max_wait, state.etag, state.view.up = None, None, False
-        self._count_scrape("wrong_pod")
-        self._count_wrong_pod(wrong.reason)
+        self._counts.scraped("wrong_pod")
+        self._counts.wrong_pod(wrong.reason)
         # Not cut to DETAIL_MAX: ours, and what the pod stated is already an excerpt.
         message = f"pod {target.pod_name}: {wrong.detail}"
         if not state.wrong_pod_logged:
@@ -552,7 +564,7 @@ class ScrapeLoop:
     async def _on_shared_address(self, state: TargetState, target: Target,
                                  shared: SharedAddress) -> None:
         state.max_wait, state.etag, state.view.up = None, None, False
-        self._count_scrape("shared_address")
+        self._counts.scraped("shared_address")
         if shared.pods == state.shared_reported:
             return
         state.shared_reported = shared.pods
@@ -580,5 +592,5 @@ class ScrapeLoop:
             return None
         except Exception as exc:
             log.warning("status write to TrainJob %s/%s failed: %s", namespace, trainjob, exc)
-            self._count_write(WriteOutcome.FAILED)
+            self._counts.written(WriteOutcome.FAILED)
             return WriteOutcome.FAILED

@@ -108,11 +108,14 @@ class TargetScheduler:
     """
 
     def __init__(self, scrape: ScrapeFunc,
-                 on_skipped: Callable[[str], None] | None = None) -> None:
+                 on_skipped: Callable[[str], None] | None = None,
+                 busy_reason: str = "no scrape slot came free in time") -> None:
         """``on_skipped(key)`` is called for every run skipped because the scraper is
         behind its schedule: the target's previous run had not finished, or a run
-        reported through :meth:`note_skipped`."""
+        reported through :meth:`note_skipped` or :meth:`busy` (``busy_reason`` says why
+        in the warning)."""
         self._scrape = scrape
+        self._busy_reason = busy_reason
         self._on_skipped = on_skipped
         self._scheduler = AsyncIOScheduler(timezone=UTC)
         self._scheduler.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES)
@@ -231,6 +234,19 @@ class TargetScheduler:
         )
         self._scheduled[target.key] = target
         log.debug("scheduled %s every %.1fs (%s)", target.key, target.interval, target.url)
+
+    # The scrape loop's Pacing (scraper.scrape.loop.Pacing).
+
+    def busy(self, key: str) -> None:
+        """A run of ``key`` found no scrape slot in time: a skipped run (:meth:`note_skipped`)."""
+        self.note_skipped(key, self._busy_reason)
+
+    def holding(self, key: str, held: bool) -> None:
+        """The target's waiting scrapes start (:meth:`pause`) or end (:meth:`resume`)."""
+        if held:
+            self.pause(key)
+        else:
+            self.resume(key)
 
     def run_within(self, key: str, seconds: float) -> None:
         """Run the target's job once within ``seconds`` when its next run is later

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from exporter_lib.status import TrainerStatus
+from scraper.shared.outcome import WriteOutcome
 from scraper.shared.sequence import Sequence
 from scraper.shared.targets import Target
 
@@ -120,3 +121,33 @@ class Source(Protocol):
 
     def forget(self, target: Target) -> None:
         """Drop what is kept for ``target`` (it is gone)."""
+
+
+class ScrapeCounts(Protocol):
+    """What the scrape loop counts (implemented by :class:`scraper.telemetry.Telemetry`)."""
+
+    def scraped(self, result: str) -> None:
+        """One scrape came to ``result`` (``ok``, ``not_modified``, ``empty``, ``late``,
+        ``wrong_pod``, ``shared_address`` or a :class:`FailureKind` value)."""
+
+    def wrong_pod(self, reason: str) -> None:
+        """One answer came from another pod (:attr:`WrongPod.reason`)."""
+
+    def written(self, outcome: WriteOutcome) -> None:
+        """One write of the loop came to ``outcome`` (it counts only
+        :attr:`WriteOutcome.FAILED`: the writer counts the others)."""
+
+
+class _NoScrapeCounts:
+    def scraped(self, result: str) -> None:
+        pass
+
+    def wrong_pod(self, reason: str) -> None:
+        pass
+
+    def written(self, outcome: WriteOutcome) -> None:
+        pass
+
+
+#: A :class:`ScrapeCounts` that counts nothing.
+NO_SCRAPE_COUNTS: ScrapeCounts = _NoScrapeCounts()

@@ -309,6 +309,11 @@ class TrainJobStore:
         record = self._records.get((namespace, name))
         return record.uid if record else ""
 
+    def source_of(self, namespace: str, name: str) -> str | None:
+        """The TrainJob's source annotation as found, None when unknown or not set."""
+        record = self._records.get((namespace, name))
+        return record.source if record is not None else None
+
     async def record(self, namespace: str, name: str) -> TrainJobRecord:
         """What the TrainJob stores, once every scope was listed.
 

@@ -1,11 +1,16 @@
 """What the status writer tells people, once per TrainJob: a Warning Event when the
 TrainJob CRD cannot store ``status.trainerStatus``, and a ``ClockSkew`` Event (with a log
 line and ``clock_skew_total``) when the ``lastUpdatedTime`` written is not the report's
-own (:func:`scraper.write.settle.settle_time`)."""
+own.
+
+That time is settled right before a write is sent, against what the TrainJob stores
+then (:func:`settle_time`, pure): time never moves backwards silently (docs/scraper.md,
+"Other writers and time")."""
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections.abc import Callable
@@ -17,9 +22,37 @@ from scraper.kube.events import EventRecorder
 from scraper.shared.trainjobs import TrainJobKey
 from scraper.write.annotation_target import Place
 from scraper.write.queue import Pending
-from scraper.write.settle import FUTURE_LIMIT_SECONDS, Skew, settle_time
 
 log = logging.getLogger(__name__)
+
+#: A report's ``lastUpdatedTime`` more than this ahead of the scraper's clock is not
+#: written as is (seconds).
+FUTURE_LIMIT_SECONDS = 60.0
+
+
+class Skew(enum.Enum):
+    """Why :func:`settle_time` wrote the arrival time; ``value`` is the metrics label."""
+
+    BACK = "back"  # the report's time is older than the stored one's
+    FUTURE = "future"  # the report's time is too far ahead of the scraper's clock
+
+
+def settle_time(reported: datetime, stored: datetime | None, arrival: datetime,
+                *, future_limit: float = FUTURE_LIMIT_SECONDS) -> tuple[datetime, Skew | None]:
+    """The ``lastUpdatedTime`` to write and why it is not the report's own (None: it is).
+
+    The report's own time, unless it is older than ``stored`` (it would move back) or more
+    than ``future_limit`` seconds ahead of ``arrival`` (the scraper's wall clock when the
+    report arrived); then ``arrival`` (whole seconds).  ``arrival`` older than ``stored``
+    means the stored time was in the future: still ``arrival``, with :attr:`Skew.BACK`.
+    """
+    arrival = arrival.astimezone(UTC).replace(microsecond=0)
+    if (reported - arrival).total_seconds() > future_limit:
+        return arrival, Skew.FUTURE
+    if stored is not None and reported < stored:
+        return arrival, Skew.BACK
+    return reported, None
+
 
 #: The Event recorded when the written ``lastUpdatedTime`` is not the report's own.
 REASON_CLOCK_SKEW = "ClockSkew"
@@ -71,7 +104,7 @@ class Notices:
     def settled(self, item: Pending, there: TrainerStatus | None,
                 uid: str) -> TrainerStatus:
         """``item.status`` with the ``lastUpdatedTime`` to write
-        (:func:`scraper.write.settle.settle_time`); a skew is logged once per TrainJob and
+        (:func:`settle_time`); a skew is logged once per TrainJob and
         direction (a stored time in the future is its own case), counted each time and
         recorded as a ``ClockSkew`` Event."""
         arrived = datetime.fromtimestamp(item.arrived or self._wall(), UTC)

@@ -54,8 +54,7 @@ from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, TrainerStatus
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION
-from scraper.kube.apply_body import encode_apply_body
-from scraper.kube.apply_request import ApplyClient
+from scraper.kube.apply_request import ApplyClient, encode_apply_body
 from scraper.kube.calls import Backoff, call, deadline_of, is_transient, retry_after
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.crd import CrdSupport

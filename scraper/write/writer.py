@@ -26,7 +26,7 @@ server-side apply, only on change.  The queue side and the wiring of the write s
   progress write; after that, only a report whose content changed after that write
   replaces it; a final is written unless the other writer wrote after the container
   ended.  The written ``lastUpdatedTime`` never moves back silently
-  (:func:`scraper.write.settle.settle_time`: the arrival time instead, a log line,
+  (:func:`scraper.write.notices.settle_time`: the arrival time instead, a log line,
   ``clock_skew_total`` and a ``ClockSkew`` Event, :mod:`scraper.write.notices`).  The
   decision is made here when a report arrives and again by the writer task right
   before the request, against the informer's newest.

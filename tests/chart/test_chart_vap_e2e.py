@@ -29,7 +29,7 @@ from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, Trainer
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION
 from localdev.cluster import objects
 from localdev.cluster.controlplane import ControlPlane
-from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
+from scraper.kube.apply_request import APPLY_CONTENT_TYPE, encode_apply_body
 from scraper.shared.outcome import FIELD_MANAGER
 from scraper.stall.marker import write_stall_marker
 from scraper.stall.rule import STALLED_SINCE_ANNOTATION

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from scraper.discovery.pods import Final, Ignore, Scrape, classify
+from scraper.discovery.pods import Ignore, Scrape, classify
+from scraper.shared.targets import Final
 from scraper.shared.trainjobs import record_from_object
 
 

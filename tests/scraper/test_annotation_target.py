@@ -21,7 +21,7 @@ from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL, Trainer
 from exporter_lib.status_annotation import TRAINER_STATUS_ANNOTATION, decode_annotation
 from localdev.cluster import objects
 from localdev.cluster.crds import install_trainjob_crds
-from scraper.kube.apply_body import APPLY_CONTENT_TYPE, encode_apply_body
+from scraper.kube.apply_request import APPLY_CONTENT_TYPE, encode_apply_body
 from scraper.shared.outcome import FIELD_MANAGER, WriteOutcome
 from scraper.shared.trainjobs import TrainJobRecord
 from scraper.write.annotation_target import (

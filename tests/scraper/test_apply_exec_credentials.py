@@ -31,8 +31,7 @@ import yaml
 from kubernetes import client
 
 from localdev.cluster import objects
-from scraper.kube.apply_body import encode_apply_body
-from scraper.kube.apply_request import ApplyClient
+from scraper.kube.apply_request import ApplyClient, encode_apply_body
 from scraper.kube.client import REQUEST_TIMEOUT, load_client
 from scraper.shared.outcome import FIELD_MANAGER
 from tests.helpers.scraper import scraper_service_account

@@ -17,8 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from localdev.cluster import objects
-from scraper.kube.apply_body import encode_apply_body
-from scraper.kube.apply_request import ApplyClient
+from scraper.kube.apply_request import ApplyClient, encode_apply_body
 from scraper.kube.client import REQUEST_TIMEOUT, without_retries
 from scraper.shared.outcome import FIELD_MANAGER
 

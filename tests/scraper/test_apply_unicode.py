@@ -2,7 +2,7 @@
 
 Property test over the Unicode space (hypothesis): the real exporter's ``update()`` and
 served JSON, the scraper's status model and status writer, the real kube-apiserver.
-The apply body (:mod:`scraper.kube.apply_body`) must be read by the API server's YAML
+The apply body (:mod:`scraper.kube.apply_request`) must be read by the API server's YAML
 decoder as exactly the strings the exporter served.  Bounded: 150 examples of one
 update, one scrape, one apply and one GET each (seconds).  One more test runs the
 scraper process on issue 13's input 4.
@@ -33,7 +33,7 @@ from exporter_lib.status import (
     TrainerStatus,
 )
 from localdev.cluster import objects
-from scraper.kube.apply_body import encode_apply_body
+from scraper.kube.apply_request import encode_apply_body
 from scraper.shared.outcome import WriteOutcome
 from tests.helpers.scraper import ScraperProcess, progress_of, trainer_status, wait_for
 from tests.helpers.writer import running_writer

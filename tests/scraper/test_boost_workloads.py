@@ -43,7 +43,7 @@ NOW = 1_780_000_000.0
 
 @pytest.fixture(scope="module")
 def workload_crd(kube_api: client.ApiClient) -> None:
-    manifests = ensure_assets().manifests
+    manifests = ensure_assets(parts=("kueue",)).manifests
     assert manifests is not None, "the stack's bundle has no manifests (scripts/stack-assets)"
     install_crd(kube_api, load_yaml_file(manifests / "kueue" / "crd" /
                                          "kueue.x-k8s.io_workloads.yaml"))

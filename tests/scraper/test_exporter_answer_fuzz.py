@@ -39,6 +39,7 @@ from scraper.shared.outcome import WriteOutcome
 from scraper.shared.scrapes import Failure, FailureKind, Fresh, NothingYet, NotModified
 from scraper.shared.targets import Target
 from scraper.telemetry import JobView
+from tests.scraper.test_loop import Counted
 
 MAX_BODY = 64 * 1024
 TIMEOUT = 1.0
@@ -151,7 +152,7 @@ def _run(exporter: FakeExporter, answers: list[Answer]) -> tuple[list[object], l
                 return result
 
         loop = ScrapeLoop(Recording(), Writer(), events, backoff_max=1.0,  # type: ignore[arg-type]
-                          count_scrape=counted.append, clock=lambda: 1000.0)
+                          counts=Counted(counted), clock=lambda: 1000.0)
         target = Target("ns", "tj", "tj-node-0-0", "uid",
                         f"http://127.0.0.1:{exporter.port}/metrics", 15.0)
         state = TargetState(JobView("ns", "tj", "tj-node-0-0"), target=target, uid="uid")

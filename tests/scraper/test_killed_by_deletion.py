@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from scraper.discovery.deletions import DeletionRequests
 from scraper.discovery.pods import (
     LABEL_JOBSET_NAME,
-    Final,
     Ignore,
     classify,
     final_from_deleted,
     killed_by_deletion,
 )
+from scraper.shared.targets import Final
 
 BASE = 1_800_000_000  # epoch seconds of the deletion request
 MESSAGE = '{"progressPercentage": 40}'

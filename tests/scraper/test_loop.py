@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from exporter_lib.status import TrainerStatus
-from scraper.discovery.pods import Final
+from scraper.discovery.pod_targets import PodTargets
 from scraper.scrape.loop import (
     DETAIL_MAX,
     EVENT_REPEAT_SECONDS,
@@ -45,7 +45,7 @@ from scraper.shared.scrapes import (
     NotModified,
     ScrapeResult,
 )
-from scraper.shared.targets import Target
+from scraper.shared.targets import Final, Target
 from scraper.shared.trainjobs import TrainJobGone
 from scraper.telemetry import JobView
 from scraper.write.queue import Priority, WriteQueue
@@ -151,6 +151,41 @@ class FakeEvents:
         self.recorded.append((namespace, name, reason, message))
 
 
+class Counted:
+    """The scrape loop's counts kept in lists: the results, and the failed writes."""
+
+    def __init__(self, results: list[str] | None = None,
+                 failed: list[WriteOutcome] | None = None) -> None:
+        self.results = results if results is not None else []
+        self.failed = failed if failed is not None else []
+
+    def scraped(self, result: str) -> None:
+        self.results.append(result)
+
+    def wrong_pod(self, reason: str) -> None:
+        pass
+
+    def written(self, outcome: WriteOutcome) -> None:
+        self.failed.append(outcome)
+
+
+@dataclass
+class RecordingPacing:
+    """The scrape loop's pacing kept in lists: busy runs and sooner runs asked."""
+
+    busy_keys: list[str] = field(default_factory=list)
+    retries: list[tuple[str, float]] = field(default_factory=list)
+
+    def busy(self, key: str) -> None:
+        self.busy_keys.append(key)
+
+    def holding(self, key: str, held: bool) -> None:
+        pass
+
+    def run_within(self, key: str, seconds: float) -> None:
+        self.retries.append((key, seconds))
+
+
 @dataclass
 class FakeScheduler:
     scheduled: dict[str, Target] = field(default_factory=dict)
@@ -182,6 +217,7 @@ class Rig:
     scrapes: list[str]
     failed_writes: list[WriteOutcome]
     retries: list[tuple[str, float]]
+    pods: PodTargets
 
     async def settle(self) -> None:
         """Let every spawned final status run finish (their statuses are then queued)."""
@@ -229,16 +265,16 @@ def _make_rig() -> Rig:
 
     loop = ScrapeLoop(scraper, writer, events, backoff_max=35.0,
                       leading=lambda: holder["manager"].leading, on_gone=on_gone,
-                      on_busy=busy.append, count_scrape=scrapes.append,
-                      count_write=failed.append, clock=clock,
-                      on_retry=lambda key, seconds: retries.append((key, seconds)))
+                      pacing=RecordingPacing(busy, retries), counts=Counted(scrapes, failed),
+                      clock=clock)
     manager = TargetManager(loop, scheduler,
                             spawn=lambda coro: spawned.append(asyncio.ensure_future(coro)),
-                            default_port=28080, default_path="/metrics",
-                            default_interval=10.0, leading=True)
+                            leading=True)
     holder["manager"] = manager
+    pods = PodTargets(manager, default_port=28080, default_path="/metrics",
+                      default_interval=10.0)
     return Rig(scraper, writer, events, clock, loop, manager, scheduler, spawned, gone, busy,
-              scrapes, failed, retries)
+              scrapes, failed, retries, pods)
 
 
 def _replica(held: dict[tuple[str, str], TrainerStatus]) -> Rig:
@@ -315,7 +351,7 @@ async def test_etag_dropped_on_a_failed_scrape_and_on_a_new_url(rig: Rig) -> Non
 
 
 async def test_trainjob_gone_drops_every_target_of_it(rig: Rig) -> None:
-    rig.manager.on_pod(_pod(), deleted=False)
+    rig.pods.on_pod(_pod(), deleted=False)
     assert set(rig.scheduler.scheduled) == {f"{NS}/{POD}"}
     rig.scraper.results = [Fresh(_status(10), '"e1"')]
     rig.writer.outcomes = [TrainJobGone(f"{NS}/{TJ}")]
@@ -458,7 +494,7 @@ async def test_event_message_carries_only_a_short_printable_prefix(rig: Rig) -> 
 
 
 async def test_invalid_termination_message_event_is_sanitised(rig: Rig) -> None:
-    rig.manager.on_pod(_pod("Succeeded", message="\u2603" * 3000), deleted=False)
+    rig.pods.on_pod(_pod("Succeeded", message="\u2603" * 3000), deleted=False)
     await rig.settle()
     [(_, _, reason, message)] = rig.events.recorded
     assert reason == REASON_FINAL_INVALID
@@ -470,15 +506,15 @@ async def test_invalid_termination_message_event_is_sanitised(rig: Rig) -> None:
 
 
 async def test_final_status_applied_once(rig: Rig) -> None:
-    rig.manager.on_pod(_pod(), deleted=False)
+    rig.pods.on_pod(_pod(), deleted=False)
     ended = _pod("Succeeded", message=FINAL)
-    rig.manager.on_pod(ended, deleted=False)
-    rig.manager.on_pod(ended, deleted=False)  # a repeated MODIFIED event
+    rig.pods.on_pod(ended, deleted=False)
+    rig.pods.on_pod(ended, deleted=False)  # a repeated MODIFIED event
     await rig.settle()
     assert rig.writer.flush() == 1
     rig.manager.set_leading(False)
     rig.manager.set_leading(True)  # leadership comes back: the TrainJob stores it
-    rig.manager.on_pod(ended, deleted=True)  # deleted after its final status was written
+    rig.pods.on_pod(ended, deleted=True)  # deleted after its final status was written
     await rig.settle()
     rig.writer.flush()
     assert rig.finals() == [100]
@@ -488,7 +524,7 @@ async def test_final_status_applied_once(rig: Rig) -> None:
 
 async def test_final_status_waits_for_leadership_then_is_applied_once(rig: Rig) -> None:
     rig.manager.set_leading(False)
-    rig.manager.on_pod(_pod("Failed", message=FINAL), deleted=False)
+    rig.pods.on_pod(_pod("Failed", message=FINAL), deleted=False)
     await rig.settle()
     assert rig.writer.applied == []
     rig.manager.set_leading(True)
@@ -508,23 +544,23 @@ async def test_final_status_waits_for_leadership_then_is_applied_once(rig: Rig) 
 
 async def test_final_queued_when_leadership_is_lost_is_written_once_when_it_comes_back(
         rig: Rig) -> None:
-    rig.manager.on_pod(_pod(), deleted=False)
+    rig.pods.on_pod(_pod(), deleted=False)
     ended = _pod("Succeeded", message=FINAL)
-    rig.manager.on_pod(ended, deleted=False)  # ends while leading: queued, not written
+    rig.pods.on_pod(ended, deleted=False)  # ends while leading: queued, not written
     await rig.settle()
     assert len(rig.writer.queue) == 1
     rig.lose()  # the queue goes with the term
     assert len(rig.writer.queue) == 0
-    rig.manager.on_pod(ended, deleted=False)  # delivered again while standing by
+    rig.pods.on_pod(ended, deleted=False)  # delivered again while standing by
     await rig.settle()
     assert rig.writer.queue.pending((NS, TJ)) is None
     rig.gain()
     await rig.settle()
-    rig.manager.on_pod(ended, deleted=False)  # and again (a relist): coalesced
+    rig.pods.on_pod(ended, deleted=False)  # and again (a relist): coalesced
     await rig.settle()
     assert rig.writer.flush() == 1
     assert rig.finals() == [100]
-    rig.manager.on_pod(ended, deleted=False)  # the TrainJob stores it: settled, no write
+    rig.pods.on_pod(ended, deleted=False)  # the TrainJob stores it: settled, no write
     await rig.settle()
     rig.lose()
     rig.gain()
@@ -538,13 +574,13 @@ async def test_flapping_leadership_writes_every_final_once(rig: Rig) -> None:
                            "labels": {"jobset.sigs.k8s.io/jobset-name": f"{TJ}{i}"}})
             for i in range(20)]
     for pod in pods[:10]:
-        rig.manager.on_pod(pod, deleted=False)
+        rig.pods.on_pod(pod, deleted=False)
     await rig.settle()
     out = rig.writer.queue.take()  # one write is out when the term ends: it lands later
     assert out is not None
     rig.lose()
     for pod in pods[10:]:  # ten more end while standing by
-        rig.manager.on_pod(pod, deleted=False)
+        rig.pods.on_pod(pod, deleted=False)
     rig.gain()
     await rig.settle()
     rig.lose()
@@ -567,8 +603,8 @@ async def test_the_standby_writes_what_the_leader_lost_and_nothing_twice(rig: Ri
     standby.manager.set_leading(False)
     ended = _pod("Succeeded", message=FINAL)
     for replica in (rig, standby):  # both watch the pod
-        replica.manager.on_pod(_pod(), deleted=False)
-        replica.manager.on_pod(ended, deleted=False)
+        replica.pods.on_pod(_pod(), deleted=False)
+        replica.pods.on_pod(ended, deleted=False)
     await rig.settle()
     rig.lose()  # the queued final is gone with the leader's term
     standby.gain()
@@ -581,10 +617,10 @@ async def test_the_standby_writes_what_the_leader_lost_and_nothing_twice(rig: Ri
 
 
 async def test_a_deleted_pods_owed_final_survives_a_leader_change(rig: Rig) -> None:
-    rig.manager.on_pod(_pod(), deleted=False)
+    rig.pods.on_pod(_pod(), deleted=False)
     ended = _pod("Succeeded", message=FINAL)
-    rig.manager.on_pod(ended, deleted=False)
-    rig.manager.on_pod(ended, deleted=True)
+    rig.pods.on_pod(ended, deleted=False)
+    rig.pods.on_pod(ended, deleted=True)
     await rig.settle()
     rig.lose()
     assert rig.manager.states == {} and list(rig.manager.owed) == [(NS, TJ)]
@@ -598,8 +634,8 @@ async def test_a_deleted_pods_owed_final_survives_a_leader_change(rig: Rig) -> N
 
 async def test_a_pod_deleted_while_standing_by_is_owed_to_the_next_leader(rig: Rig) -> None:
     rig.manager.set_leading(False)
-    rig.manager.on_pod(_pod(), deleted=False)
-    rig.manager.on_pod(_pod("Succeeded", message=FINAL), deleted=True)
+    rig.pods.on_pod(_pod(), deleted=False)
+    rig.pods.on_pod(_pod("Succeeded", message=FINAL), deleted=True)
     await rig.settle()
     assert rig.writer.applied == []
     rig.gain()
@@ -609,8 +645,8 @@ async def test_a_pod_deleted_while_standing_by_is_owed_to_the_next_leader(rig: R
 
 async def test_owed_finals_of_a_trainjob_that_is_gone_are_let_go(rig: Rig) -> None:
     rig.manager.set_leading(False)
-    rig.manager.on_pod(_pod("Succeeded", message=FINAL), deleted=False)
-    rig.manager.on_pod(_pod("Succeeded", message=FINAL), deleted=True)
+    rig.pods.on_pod(_pod("Succeeded", message=FINAL), deleted=False)
+    rig.pods.on_pod(_pod("Succeeded", message=FINAL), deleted=True)
     assert rig.manager.owed
     rig.manager.drop_trainjob(NS, TJ)
     assert rig.manager.owed == {}
@@ -620,19 +656,19 @@ async def test_owed_finals_of_a_trainjob_that_is_gone_are_let_go(rig: Rig) -> No
 
 
 async def test_deleted_pod_with_a_message_delivers_its_final_status(rig: Rig) -> None:
-    rig.manager.on_pod(_pod(), deleted=False)
-    rig.manager.on_pod(_pod("Succeeded", message=FINAL), deleted=True)
+    rig.pods.on_pod(_pod(), deleted=False)
+    rig.pods.on_pod(_pod("Succeeded", message=FINAL), deleted=True)
     await rig.settle()
     assert rig.writer.flush() == 1 and rig.manager.states == {}
 
 
 async def test_a_scrape_that_returns_after_the_pod_ended_does_not_write(rig: Rig) -> None:
-    rig.manager.on_pod(_pod(), deleted=False)
+    rig.pods.on_pod(_pod(), deleted=False)
     rig.scraper.gate = asyncio.Event()
     rig.scraper.results = [Fresh(_status(40), '"e"')]
     run = asyncio.ensure_future(rig.manager.run(f"{NS}/{POD}"))
     await asyncio.sleep(0)
-    rig.manager.on_pod(_pod("Succeeded", message=FINAL), deleted=False)
+    rig.pods.on_pod(_pod("Succeeded", message=FINAL), deleted=False)
     await rig.settle()
     rig.scraper.gate.set()
     await run
@@ -640,7 +676,7 @@ async def test_a_scrape_that_returns_after_the_pod_ended_does_not_write(rig: Rig
 
 
 async def test_invalid_termination_messages_make_one_event(rig: Rig) -> None:
-    rig.manager.on_pod(_pod("Succeeded", message="{not json"), deleted=False)
+    rig.pods.on_pod(_pod("Succeeded", message="{not json"), deleted=False)
     await rig.settle()
     assert rig.writer.applied == []
     [(ns, name, reason, message)] = rig.events.recorded
@@ -651,8 +687,8 @@ async def test_invalid_termination_messages_make_one_event(rig: Rig) -> None:
 
 
 async def test_final_of_a_recreated_pod_is_its_own(rig: Rig) -> None:
-    rig.manager.on_pod(_pod("Succeeded", message=FINAL), deleted=False)
-    rig.manager.on_pod(_pod("Succeeded", uid="uid-2", message=FINAL), deleted=False)
+    rig.pods.on_pod(_pod("Succeeded", message=FINAL), deleted=False)
+    rig.pods.on_pod(_pod("Succeeded", uid="uid-2", message=FINAL), deleted=False)
     await rig.settle()
     assert len(rig.writer.applied) == 2  # same name, new pod: a new final status
 

@@ -186,7 +186,7 @@ async def test_maps_return_to_their_size_after_pods_come_and_go(
     app.supervisor = supervisor = Supervisor()
     for index in (app.trainjobs, app.jobs, app.jobsets):
         index.on_list(NS, [])
-    app.manager.on_synced(Synced(NS, []))
+    app.pods.on_synced(Synced(NS, []))
     app.scheduler.start()
     app.writer.start()
     before = app.sizes()
@@ -199,8 +199,8 @@ async def test_maps_return_to_their_size_after_pods_come_and_go(
                 app.trainjobs.on_event("ADDED", trainjob)
                 app.jobsets.on_event("ADDED", jobset)
                 app.jobs.on_event("ADDED", job)
-                app.manager.on_pod(pod, deleted=False)
-                app.manager.on_pod(_running(pod), deleted=False)
+                app.pods.on_pod(pod, deleted=False)
+                app.pods.on_pod(_running(pod), deleted=False)
             keys = [f"{NS}/{pod['metadata']['name']}"
                     for i, (*_, pod) in zip(range(start, start + BATCH), batch, strict=True)
                     if i % 10 in FULL]
@@ -210,7 +210,7 @@ async def test_maps_return_to_their_size_after_pods_come_and_go(
             peak = {k: max(v, peak.get(k, 0)) for k, v in app.sizes().items()}
             for i, (trainjob, _, _, pod) in zip(range(start, start + BATCH), batch,
                                                 strict=True):
-                app.manager.on_pod(_ended(pod, i % 10 in FULL), deleted=False)
+                app.pods.on_pod(_ended(pod, i % 10 in FULL), deleted=False)
                 if i % 10 == 3:  # the TrainJob goes first, its ended pod after
                     app.trainjobs.on_event("DELETED", trainjob)
             await _settle(app, supervisor)
@@ -218,12 +218,12 @@ async def test_maps_return_to_their_size_after_pods_come_and_go(
             for i, (trainjob, jobset, job, pod) in zip(range(start, start + BATCH), batch,
                                                        strict=True):
                 if i % 10 not in (0, 1, 2):  # those: the DELETED event is missed
-                    app.manager.on_pod(_ended(pod, i % 10 in FULL), deleted=True)
+                    app.pods.on_pod(_ended(pod, i % 10 in FULL), deleted=True)
                 app.jobs.on_event("DELETED", job)
                 app.jobsets.on_event("DELETED", jobset)
                 if i % 10 != 3:
                     app.trainjobs.on_event("DELETED", trainjob)
-            app.manager.on_synced(Synced(NS, []))  # the relist after a watch restart
+            app.pods.on_synced(Synced(NS, []))  # the relist after a watch restart
             app.stalls.check()
             await _settle(app, supervisor)
         after = app.sizes()
@@ -236,8 +236,8 @@ async def test_maps_return_to_their_size_after_pods_come_and_go(
           f"{ {k: v for k, v in peak.items() if v} }")
     assert after == before, {k: (before[k], v) for k, v in after.items() if v != before[k]}
     # The run went through every map that holds pods or TrainJobs.
-    for name in ("manager.states", "manager.ranks", "manager.chosen", "manager.warned_pods",
-                 "manager.foreign", "manager.unverified.pods", "writer.ours",
+    for name in ("manager.states", "manager.ranks", "manager.chosen", "pods.warned_pods",
+                 "pods.foreign", "pods.unverified.pods", "writer.ours",
                  "writer.queue.written", "scheduler.scheduled", "informers.trainjobs"):
         assert peak[name] > 0, (name, peak)
     assert s.writes >= PODS * 2 // 10  # statuses and finals of the scraped pods

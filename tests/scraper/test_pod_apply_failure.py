@@ -38,7 +38,7 @@ async def test_a_failed_pod_item_is_counted_logged_and_relisted(
     seen: list[str] = []
     again = asyncio.Event()  # the failed pod was applied again
     broken = [names[0]]
-    real = app.manager.on_pod
+    real = app.pods.on_pod
 
     def on_pod(pod: dict[str, Any], *, deleted: bool) -> None:
         name = pod["metadata"]["name"]
@@ -50,7 +50,7 @@ async def test_a_failed_pod_item_is_counted_logged_and_relisted(
             raise RuntimeError("a bug in applying this pod")
         real(pod, deleted=deleted)
 
-    monkeypatch.setattr(app.manager, "on_pod", on_pod)
+    monkeypatch.setattr(app.pods, "on_pod", on_pod)
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[WatchItem] = asyncio.Queue()
     watcher = PodWatcher(client.CoreV1Api(app.api), namespace=namespace,

@@ -17,7 +17,7 @@ import pytest
 
 from scraper.cli import SUBCOMMANDS, build_parser
 from scraper.config import DEFAULT_SELECTOR, ConfigError, load_settings, unknown_environment
-from scraper.discovery.pods import Final, Ignore, Scrape, Wait, classify
+from scraper.discovery.pods import Ignore, Scrape, Wait, classify
 from scraper.scrape.exporter import ExporterScraper, ScrapeLimits, parse_text
 from scraper.scrape.scheduling import (
     PHASES,
@@ -28,7 +28,7 @@ from scraper.scrape.scheduling import (
     offset_seconds,
 )
 from scraper.shared.scrapes import Busy, Failure, FailureKind, Fresh, NothingYet
-from scraper.shared.targets import Target
+from scraper.shared.targets import Final, Target
 from scraper.syntax import parse_duration
 from scraper.telemetry import JobView, Telemetry
 from tests.helpers.scraper import REPO

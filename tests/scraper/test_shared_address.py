@@ -25,12 +25,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter_lib.pod import POD_HEADER, PodIdentity
+from scraper.discovery.pod_targets import PodTargets
 from scraper.discovery.pods import Synced
 from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
 from scraper.scrape.loop import REASON_SHARED_ADDRESS, ScrapeLoop
 from scraper.scrape.manager import TargetManager
 from scraper.scrape.target_table import AddressIndex, address_of
-from tests.scraper.test_loop import FakeEvents, FakeScheduler, QueueWriter
+from tests.scraper.test_loop import Counted, FakeEvents, FakeScheduler, QueueWriter
 
 NS = "ns"
 
@@ -83,12 +84,13 @@ class Stack:
         self.scraper = ExporterScraper(ScrapeLimits(5.0, 1 << 20, 4))
         holder: dict[str, TargetManager] = {}
         self.loop = ScrapeLoop(self.scraper, self.writer, self.events, backoff_max=35.0,
-                               leading=lambda: True, count_scrape=self.scrapes.append,
+                               leading=lambda: True, counts=Counted(self.scrapes),
                                pods_at=lambda url: holder["m"].addresses.pods_at(url))
         self.manager = TargetManager(self.loop, FakeScheduler(), spawn=lambda coro: coro.close(),
-                                     default_port=port, default_path="/metrics",
-                                     default_interval=1.0, leading=True)
+                                     leading=True)
         holder["m"] = self.manager
+        self.pods = PodTargets(self.manager, default_port=port, default_path="/metrics",
+                               default_interval=1.0)
 
     async def scrape(self, key: str) -> None:
         await self.loop.run(self.manager.states[key])
@@ -122,8 +124,8 @@ A, B = f"{NS}/a-node-0", f"{NS}/b-node-0"
 
 async def test_two_pods_at_the_address_an_answer_without_identity_is_not_written(
         stack: Stack, exporter: PlainExporter) -> None:
-    stack.manager.on_pod(_pod("a", "uid-a"), deleted=False)
-    stack.manager.on_pod(_pod("b", "uid-b"), deleted=False)
+    stack.pods.on_pod(_pod("a", "uid-a"), deleted=False)
+    stack.pods.on_pod(_pod("b", "uid-b"), deleted=False)
     assert stack.manager.addresses.pods_at(f"http://127.0.0.1:{exporter.port}/x") == (A, B)
     for progress in (90, 96, 97):
         exporter.progress = progress
@@ -136,20 +138,20 @@ async def test_two_pods_at_the_address_an_answer_without_identity_is_not_written
     assert [(e[1]) for e in stack.shared_events()] == ["a", "b"]
     assert A in stack.shared_events()[0][3] and B in stack.shared_events()[0][3]
     # The stale pod object goes: B alone at the address, its answers are written again.
-    stack.manager.on_pod(_pod("a", "uid-a"), deleted=True)
+    stack.pods.on_pod(_pod("a", "uid-a"), deleted=True)
     assert stack.manager.addresses.pods_at(f"http://127.0.0.1:{exporter.port}/") == (B,)
     await stack.scrape(B)
     assert stack.written("b") == 97
     assert stack.written("a") is None
     # A new conflict (another set of pods) is evented again.
-    stack.manager.on_pod(_pod("c", "uid-c"), deleted=False)
+    stack.pods.on_pod(_pod("c", "uid-c"), deleted=False)
     await stack.scrape(B)
     assert len(stack.shared_events()) == 3
 
 
 async def test_one_pod_at_the_address_an_answer_without_identity_is_written(
         stack: Stack, exporter: PlainExporter) -> None:
-    stack.manager.on_pod(_pod("a", "uid-a"), deleted=False)
+    stack.pods.on_pod(_pod("a", "uid-a"), deleted=False)
     await stack.scrape(A)
     assert stack.written("a") == 90
     assert stack.scrapes == ["ok"] and stack.shared_events() == []
@@ -157,8 +159,8 @@ async def test_one_pod_at_the_address_an_answer_without_identity_is_written(
 
 async def test_answers_with_identity_are_unchanged_at_a_shared_address(
         stack: Stack, exporter: PlainExporter) -> None:
-    stack.manager.on_pod(_pod("a", "uid-a"), deleted=False)
-    stack.manager.on_pod(_pod("b", "uid-b"), deleted=False)
+    stack.pods.on_pod(_pod("a", "uid-a"), deleted=False)
+    stack.pods.on_pod(_pod("b", "uid-b"), deleted=False)
     exporter.stated = PodIdentity(uid="uid-b", name="b-node-0", namespace=NS)
     await stack.scrape(B)
     await stack.scrape(A)
@@ -176,27 +178,27 @@ async def test_the_address_index_follows_pods_and_stays_bounded(
     first = [f"http://127.0.1.{i}:{port}/metrics" for i in range(50)]
     moved = [f"http://127.0.2.{i}:{port}/metrics" for i in range(50)]
     for i in range(50):
-        stack.manager.on_pod(_pod(f"j{i}", f"u{i}", ip=f"127.0.1.{i}"), deleted=False)
+        stack.pods.on_pod(_pod(f"j{i}", f"u{i}", ip=f"127.0.1.{i}"), deleted=False)
     assert len(stack.manager.addresses) == 50
     assert [stack.manager.addresses.pods_at(url) for url in first] == \
         [(f"{NS}/j{i}-node-0",) for i in range(50)]
     for i in range(50):  # every pod's IP changes (the same pod objects, a new address)
-        stack.manager.on_pod(_pod(f"j{i}", f"u{i}", ip=f"127.0.2.{i}"), deleted=False)
+        stack.pods.on_pod(_pod(f"j{i}", f"u{i}", ip=f"127.0.2.{i}"), deleted=False)
     assert len(stack.manager.addresses) == 50
     assert all(stack.manager.addresses.pods_at(url) == () for url in first)
     assert [stack.manager.addresses.pods_at(url) for url in moved] == \
         [(f"{NS}/j{i}-node-0",) for i in range(50)]
     for i in range(25):
-        stack.manager.on_pod(_pod(f"j{i}", f"u{i}", ip=f"127.0.2.{i}"), deleted=True)
+        stack.pods.on_pod(_pod(f"j{i}", f"u{i}", ip=f"127.0.2.{i}"), deleted=True)
     for i in range(25, 50):
-        stack.manager.on_pod(_pod(f"j{i}", f"u{i}", "Succeeded", ip=f"127.0.2.{i}"),
+        stack.pods.on_pod(_pod(f"j{i}", f"u{i}", "Succeeded", ip=f"127.0.2.{i}"),
                              deleted=False)
     assert len(stack.manager.addresses) == 0
     assert all(stack.manager.addresses.pods_at(url) == () for url in first + moved)
     # A relist that no longer holds a pod drops it from the index too.
-    stack.manager.on_pod(_pod("r", "ur"), deleted=False)
+    stack.pods.on_pod(_pod("r", "ur"), deleted=False)
     assert len(stack.manager.addresses) == 1
-    stack.manager.on_synced(Synced(scope=None, pods=()))
+    stack.pods.on_synced(Synced(scope=None, pods=()))
     assert len(stack.manager.addresses) == 0
     await asyncio.sleep(0)
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from scraper.discovery.pod_targets import PodTargets
 from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
 from scraper.scrape.manager import TargetManager
 from scraper.shared.scrapes import Fresh
@@ -150,17 +151,18 @@ def _pod(name: str, ip: str, phase: str = "Running") -> dict[str, Any]:
 def test_manager_tells_which_targets_are_no_longer_scraped(how: str) -> None:
     dropped: list[str] = []
     manager = TargetManager(_Loop(), _Scheduler(), spawn=lambda coro: coro.close(),  # type: ignore[arg-type]
-                            default_port=8080, default_path="/metrics",
-                            default_interval=10.0, leading=True,
+                            leading=True,
                             on_dropped=lambda target: dropped.append(target.url))
-    manager.on_pod(_pod("a", "10.0.0.1"), deleted=False)
-    manager.on_pod(_pod("b", "10.0.0.2"), deleted=False)
+    pods = PodTargets(manager, default_port=8080, default_path="/metrics",
+                      default_interval=10.0)
+    pods.on_pod(_pod("a", "10.0.0.1"), deleted=False)
+    pods.on_pod(_pod("b", "10.0.0.2"), deleted=False)
     assert dropped == []
     if how == "deleted":
-        manager.on_pod(_pod("a", "10.0.0.1"), deleted=True)
+        pods.on_pod(_pod("a", "10.0.0.1"), deleted=True)
     elif how == "ended":
-        manager.on_pod(_pod("a", "10.0.0.1", phase="Succeeded"), deleted=False)
-        manager.on_pod(_pod("a", "10.0.0.1", phase="Succeeded"), deleted=True)
+        pods.on_pod(_pod("a", "10.0.0.1", phase="Succeeded"), deleted=False)
+        pods.on_pod(_pod("a", "10.0.0.1", phase="Succeeded"), deleted=True)
     else:
-        manager.on_pod(_pod("a", "10.0.0.9"), deleted=False)
+        pods.on_pod(_pod("a", "10.0.0.9"), deleted=False)
     assert dropped == ["http://10.0.0.1:9000/metrics"]  # once, and only that pod's

@@ -30,6 +30,7 @@ from scraper.shared.outcome import WriteOutcome
 from scraper.shared.targets import Target
 from scraper.telemetry import JobView
 from tests.helpers.waits import until
+from tests.scraper.test_loop import Counted
 
 INTERVAL = 1.0
 BODY = '{"progressPercentage": 3, "lastUpdatedTime": "2025-01-01T00:00:00Z"}'
@@ -84,7 +85,7 @@ def _rig(port: int) -> Rig:
     scraper = ExporterScraper(ScrapeLimits(timeout=0.5, concurrency=4))
     writer, counted, leading = Writer(), [], [True]
     loop = ScrapeLoop(scraper, writer, Events(), backoff_max=1.0,
-                      leading=lambda: leading[0], count_scrape=counted.append)
+                      leading=lambda: leading[0], counts=Counted(counted))
     target = Target("ns", "tj", "tj-node-0-0", "uid", f"http://127.0.0.1:{port}/metrics",
                     INTERVAL)
     state = TargetState(JobView("ns", "tj", "tj-node-0-0"), target=target, uid="uid")
@@ -243,7 +244,7 @@ async def test_contract_3_new_percentage_within_the_floor_metrics_held(
     state, port = exporter
     scraper = ExporterScraper(ScrapeLimits(timeout=0.5, concurrency=4), waiting=True)
     writer, counted = Writer(), []
-    loop = ScrapeLoop(scraper, writer, Events(), backoff_max=1.0, count_scrape=counted.append)
+    loop = ScrapeLoop(scraper, writer, Events(), backoff_max=1.0, counts=Counted(counted))
     target = Target("ns", "tj", "tj-node-0-0", "uid", f"http://127.0.0.1:{port}/metrics", 30.0)
     st = TargetState(JobView("ns", "tj", "tj-node-0-0"), target=target, uid="uid")
     try:

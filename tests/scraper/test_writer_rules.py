@@ -30,7 +30,7 @@ from scraper.shared.sequence import Sequence, is_late, sequence_of
 from scraper.shared.targets import Target
 from scraper.shared.trainjobs import OUR_FIELD_MANAGER, Writer
 from scraper.telemetry import JobView
-from scraper.write.settle import FUTURE_LIMIT_SECONDS, Skew, settle_time
+from scraper.write.notices import FUTURE_LIMIT_SECONDS, Skew, settle_time
 
 BASE = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
 GRACE = 60.0

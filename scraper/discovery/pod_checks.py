@@ -1,4 +1,4 @@
-"""The owner-chain check of each pod as the target manager applies it: verdicts, the
+"""The owner-chain check of each pod as discovery applies it: verdicts, the
 pods parked until their chain verifies, and the warnings logged once per pod.
 
 Every entry is bounded by the live pods: a pod's entries go with its deletion, or with
