@@ -82,7 +82,7 @@ from scraper.write.annotation_target import Place, StatusTarget, place_for, stat
 from scraper.write.deferral import Deferrals
 from scraper.write.notices import Notices
 from scraper.write.queue import WriteQueue
-from scraper.write.rate import AdaptiveRate
+from scraper.write.rate import AdaptiveRate, write_limiter
 from scraper.write.rate_rule import Change
 from scraper.write.worker import OurWrite, StatusApply, StatusRequest, WriteWorker, writers_for
 
@@ -210,15 +210,10 @@ class StatusWriter:
         qps_max: float | None = None,
         on_rate_change: Callable[[Change], None] = lambda change: None,
     ) -> Self:
-        """A writer with its own CRD knowledge and Event recorder; writes take tokens of a
-        bucket of ``burst`` tokens at a rate from ``qps`` (start and floor) to ``qps_max``
-        adapted to the API server's answers (:class:`scraper.write.rate.AdaptiveRate`;
-        each change to ``on_rate_change``); ``qps_max`` None or not above ``qps``: a
-        fixed bucket of ``qps``.  Events have a bucket of their own: they never spend
-        the writes' budget."""
-        limiter: AsyncLimiter | AdaptiveRate = (
-            AdaptiveRate(qps, qps_max, burst, on_change=on_rate_change)
-            if qps_max is not None and qps_max > qps else AsyncLimiter(burst, burst / qps))
+        """A writer with its own CRD knowledge and Event recorder; writes take tokens of
+        :func:`scraper.write.rate.write_limiter` (``qps`` to ``qps_max``, ``burst``); Events
+        have a bucket of their own: they never spend the writes' budget."""
+        limiter = write_limiter(qps, qps_max, burst, on_rate_change)
         events = EventRecorder(CoreV1Api(api_client), identity=identity, uid_of=store.uid_of)
         fallback = ("" if target is StatusTarget.STATUS
                     else f"{Place.ANNOTATION.value} (--status-target {target.value})")
