@@ -10,7 +10,9 @@ cursor keeps the last :data:`WINDOW_BYTES` bytes applied, which end where a comp
 segment ends, and finds them in the next answer's content:
 
 * the whole window is in the answer: the new bytes begin after its last occurrence;
-* the answer is inside the window: it has nothing new;
+* the answer is the window's end (the log has not grown): it has nothing new.  Every
+  answer reaches the log's end, at or after the end of what was applied, so old bytes
+  found elsewhere in the window are a repeat of short text, not this answer;
 * the answer begins inside the window (a suffix of the window is a prefix of the
   answer): the new bytes begin after that prefix;
 * neither: the answer begins after everything applied (output came faster than the
@@ -47,7 +49,7 @@ class ReadCursor:
         at = content.rfind(window)
         if at >= 0:
             return at + len(window)
-        if window.find(content) >= 0:
+        if window.endswith(content):
             return len(content)  # nothing newer than what was applied
         return self._overlap(content) or None
 

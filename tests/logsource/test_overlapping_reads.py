@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tqdm import tqdm
 
@@ -192,6 +192,12 @@ CUTS = st.lists(st.tuples(st.integers(0, 10 ** 6), st.integers(0, 10 ** 6)), min
 
 @settings(max_examples=200, deadline=None)
 @given(steps=STEPS, cuts=CUTS)
+# A two-byte answer ("\n" applied + "x" new) that also occurs earlier in the cursor's
+# window was once taken as all applied: the new bytes were skipped.
+@example(steps=[(1, "\r", 1), (1, "\r", 1), (3, "\r", 1), (1, "\n", 1), (0, "\n", 1),
+                (0, "\n", 1), (0, "\n", 1), (0, "\n", 1), (1, "\n", 1), (1, "\n", 1),
+                (1, "\n", 7), (2, "\n", 9), (1, "\n", 9)],
+         cuts=[(640, 0), (685461, 0)])
 def test_any_overlap_of_the_same_bytes_applies_each_segment_once(
         steps: list[tuple[int, str, int]], cuts: list[tuple[int, int]]) -> None:
     """The byte rule alone, over redraws that differ: whatever the windows, the

@@ -44,6 +44,20 @@ def _statuses(seen: list[Seen]) -> list[int | None]:
     return [s.status for s in seen]
 
 
+def _answered(proxy: FaultProxy, path: str) -> list[int | None]:
+    """The statuses of the PATCHes to ``path`` once the proxy has recorded each answer.
+
+    The API server commits a write before its answer reaches the proxy, so a test that
+    saw the write land may find the proxy's record still in flight (``None``) while the
+    proxy's thread waits for the CPU.  The wait takes milliseconds on an idle machine;
+    its 20 s bound is slack for a loaded one (it bounds a wait, it measures nothing).
+    """
+    return _statuses(wait_for(
+        lambda: (seen := proxy.requests("PATCH", path))
+        and all(s.status is not None for s in seen) and seen,
+        20, f"the proxy's record of each PATCH {path} answered"))
+
+
 def _gaps(seen: list[Seen]) -> list[float]:
     return [b.started - a.started for a, b in itertools.pairwise(seen)]
 
@@ -110,7 +124,7 @@ def test_conflict_retried_and_final_status_lands_after_transient_5xx(
     _, pod = _instrumented_job(kube_api, namespace, "final", 40, exporter_factory)
     scraper = _scraper_through(proxied, namespace, scraper_factory)
     wait_for(lambda: progress_of(kube_api, namespace, "final") == 40, 20, "progress 40")
-    assert _statuses(proxy.requests("PATCH", path)) == [409, 200]
+    assert _answered(proxy, path) == [409, 200]
 
     # The pod ends; its termination message holds the final report.  The API
     # server answers the write 500, then 504, then accepts it.
@@ -119,7 +133,7 @@ def test_conflict_retried_and_final_status_lands_after_transient_5xx(
     objects.terminate_pod(kube_api, namespace, pod.metadata.name, FINAL)
     wait_for(lambda: progress_of(kube_api, namespace, "final") == 100, 20, "final status")
     time.sleep(2)  # no scrape, no second final write
-    assert _statuses(proxy.requests("PATCH", path)) == [409, 200, 500, 504, 200]
+    assert _answered(proxy, path) == [409, 200, 500, 504, 200]
     assert scraper.value("trainjob_scraper_status_writes_total", result="written") == 2
     assert scraper.value("trainjob_scraper_status_writes_total", result="failed") == 0
     assert "final status of TrainJob" in scraper.log()
