@@ -237,8 +237,9 @@ def checkpoint_saved(when: float | None = None) -> None:
 
     Args:
         when: the save's time, unix seconds; default now.  Not a finite number from 0
-            up to year 9999, or earlier than the checkpoint already reported: ignored and
-            logged once (the last checkpoint never moves back).
+            up to 60 s ahead of this clock (``state.CHECKPOINT_AHEAD_SECONDS``), or
+            earlier than the checkpoint already reported: ignored and logged once (the
+            last checkpoint never moves back).
 
     Served as ``lastCheckpointTime`` (JSON) and
     ``trainjob_last_checkpoint_timestamp_seconds`` (Prometheus text); the scraper uses it

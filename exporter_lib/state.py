@@ -56,8 +56,6 @@ from exporter_lib.status import (
 
 log = logging.getLogger("exporter_lib")
 
-# Year 10000 starts here (unix seconds): RFC 3339 has four-digit years.
-_MAX_UNIX_SECONDS = 253402300800.0
 # An int prints within 64 characters (sign included) strictly between these.
 _INT_LOW = -(10**63)
 _INT_HIGH = 10**64
@@ -128,19 +126,17 @@ class State:
     def checkpoint_saved(self, when: float | None = None) -> None:
         """Record that the training saved a checkpoint at ``when`` (unix seconds; default
         now).  ``lastUpdatedTime`` becomes now, as for :meth:`update`.  A time that is not
-        a finite real number, or earlier than the checkpoint already recorded, is ignored
-        and logged once (the last checkpoint never moves back).  Never raises."""
+        a finite real number, lies more than :data:`CHECKPOINT_AHEAD_SECONDS` ahead of
+        this clock (a save cannot come from the future, and a future time would hide
+        every real save after it), or is earlier than the checkpoint already recorded, is
+        ignored and logged once (the last checkpoint never moves back).  Never raises."""
         try:
             stamp = self._clock()
-            if when is None:
-                saved = stamp
-            elif (isinstance(when, numbers.Real) and not isinstance(when, bool)
-                  and math.isfinite(float(when)) and 0 <= float(when) < _MAX_UNIX_SECONDS):
-                saved = float(when)
-            else:
+            saved = stamp if when is None else _checkpoint_time(when, stamp)
+            if saved is None:
                 self._reject("lastCheckpointTime", when,
-                             "not a unix time in seconds (a finite number from 0 up to year "
-                             "9999); dropped")
+                             "not a unix time in seconds from 0 up to "
+                             f"{CHECKPOINT_AHEAD_SECONDS:.0f} s ahead of this clock; dropped")
                 return
             with self._lock:
                 if self._checkpoint is not None and saved < self._checkpoint:
@@ -374,3 +370,22 @@ def _short(value: object) -> str:
     except Exception:
         text = f"<{type(value).__name__}>"
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+#: How far ahead of this process's clock a reported checkpoint time may lie: room for a
+#: file time from another host's clock (a checkpoint on shared storage), not more.
+CHECKPOINT_AHEAD_SECONDS = 60.0
+
+
+def _checkpoint_time(when: object, now: float) -> float | None:
+    """``when`` as unix seconds, or None when it is no real number, not finite, before 0,
+    or more than :data:`CHECKPOINT_AHEAD_SECONDS` after ``now``."""
+    if not isinstance(when, numbers.Real) or isinstance(when, bool):
+        return None
+    try:
+        value = float(when)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    if not math.isfinite(value) or value < 0 or value > now + CHECKPOINT_AHEAD_SECONDS:
+        return None
+    return value

@@ -16,7 +16,7 @@ Pure functions of numbers (no clock, no I/O).  Percentages are integers 0..100 o
 
 from __future__ import annotations
 
-__all__ = ["metrics_wait", "significant"]
+__all__ = ["metrics_due", "metrics_wait", "significant"]
 
 
 def significant(held: int | None, new: int | None) -> bool:
@@ -29,7 +29,15 @@ def significant(held: int | None, new: int | None) -> bool:
     return new is not None and new != held
 
 
+def metrics_due(taken: float, metrics_staleness: float) -> float:
+    """When an insignificant change falls due: ``metrics_staleness`` seconds after the
+    status held was taken at ``taken`` (seconds on any clock; the result is on the same
+    clock and may be past: the scraper ranks an overdue change from when it fell due)."""
+    return taken + metrics_staleness
+
+
 def metrics_wait(metrics_staleness: float, age: float) -> float:
     """Seconds until an insignificant change is due, when the status held was taken
-    ``age`` seconds ago and may be ``metrics_staleness`` seconds stale (0: due now)."""
-    return max(0.0, metrics_staleness - age)
+    ``age`` seconds ago and may be ``metrics_staleness`` seconds stale (0: due now):
+    :func:`metrics_due` counted from now."""
+    return max(0.0, metrics_due(-age, metrics_staleness))

@@ -115,7 +115,23 @@ def _run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # APScheduler logs every added job and every run at INFO: keep its warnings only.
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    _log_write_rate(settings)
     return asyncio.run(_serve(settings))
+
+
+def _log_write_rate(settings: ScraperSettings) -> None:
+    """Say at start which write rate is in effect: a --write-qps at or above the ceiling
+    turns the adaptive rate off, and nothing else would tell."""
+    qps, ceiling = settings.write_qps, settings.write_qps_max
+    if ceiling > qps:
+        logging.getLogger("scraper.write.rate").info(
+            "status writes: adaptive rate from %g up to %g writes/s (--write-qps, "
+            "--write-qps-max), burst %d", qps, ceiling, settings.write_burst)
+    else:
+        logging.getLogger("scraper.write.rate").warning(
+            "status writes: a fixed %g writes/s, burst %d: --write-qps-max %g is not above "
+            "--write-qps, so the rate does not adapt to the API server", qps,
+            settings.write_burst, ceiling)
 
 
 async def _serve(settings: ScraperSettings) -> int:

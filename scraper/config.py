@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import annotated_types
-from pydantic import Field, FilePath, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    FilePath,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -285,6 +292,16 @@ class ScraperSettings(BaseSettings):
     log_tail_lines: int = Field(default=200, ge=1, le=100000,
                                 description="log entries one read returns at most (tailLines)")
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_flag_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # A config file's true/false would otherwise count as 1/0 for a number (a
+        # feature off by default, such as the priority boost, turned on by `true`).
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and field.annotation in (int, float):
+            raise ValueError("a number, not true or false")
+        return value
 
     @field_validator("namespaces", mode="before")
     @classmethod

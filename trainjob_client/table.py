@@ -63,6 +63,17 @@ def progress_bar(percent: int, *, ascii_only: bool = False) -> str:
     return f"{bar} {percent:3d}%"
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (a terminal's escape
+    sequences, newlines, other control and format characters) written as its Python
+    escape (``\\x1b``, ``\\n``): names and values come from whatever wrote the
+    TrainJob's status, and must not move the cursor or recolour the operator's terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def row(item: TrainJobProgress, metrics: Sequence[str], *, now: datetime | None = None,
         all_namespaces: bool = False, ascii_only: bool = False) -> list[str]:
     """The cells of one TrainJob's row (see the module docstring for the columns)."""
@@ -75,7 +86,7 @@ def row(item: TrainJobProgress, metrics: Sequence[str], *, now: datetime | None 
     if status is None:
         cells += [NONE, NONE, NONE]
         cells += [NONE] * len(metrics)
-        return cells
+        return [printable(c) for c in cells]
     percent = status.progress_percentage
     cells.append(NONE if percent is None else progress_bar(percent, ascii_only=ascii_only))
     eta = status.estimated_remaining_seconds
@@ -83,7 +94,7 @@ def row(item: TrainJobProgress, metrics: Sequence[str], *, now: datetime | None 
     cells.append(human_duration((now - status.last_updated_time).total_seconds()))
     values = status.metrics_dict()
     cells += [values.get(m, NONE) for m in metrics]
-    return cells
+    return [printable(c) for c in cells]
 
 
 def header(metrics: Sequence[str], *, all_namespaces: bool = False) -> list[str]:
@@ -92,7 +103,7 @@ def header(metrics: Sequence[str], *, all_namespaces: bool = False) -> list[str]
     titles = ["NAMESPACE"] if all_namespaces else []
     upper = [m.upper() for m in metrics]
     named = upper if len(set(upper)) == len(upper) else list(metrics)
-    return [*titles, "NAME", "STATE", "PROGRESS", "ETA", "UPDATED", *named]
+    return [*titles, "NAME", "STATE", "PROGRESS", "ETA", "UPDATED", *map(printable, named)]
 
 
 def render(items: Sequence[TrainJobProgress], metrics: Sequence[str] = (), *,
@@ -114,4 +125,4 @@ def render(items: Sequence[TrainJobProgress], metrics: Sequence[str] = (), *,
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
 
 
-__all__ = ["header", "human_duration", "progress_bar", "render", "row"]
+__all__ = ["header", "human_duration", "printable", "progress_bar", "render", "row"]

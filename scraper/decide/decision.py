@@ -17,9 +17,9 @@ the time.  Its rules, in order:
    first statuses are written at once; a significant change no sooner than the
    progress floor after the TrainJob's last write; a metrics-only change waits until
    the metrics staleness after the status of this scraper's last write was taken
-   (:func:`exporter_lib.write_rule.metrics_wait`, the rule the exporter holds a waiting
-   scrape by: a :class:`~scraper.shared.writes.Wait` whose ``until`` has passed is due
-   now).
+   (:func:`exporter_lib.write_rule.metrics_due`, the rule the exporter holds a
+   waiting scrape by through ``metrics_wait``: a :class:`~scraper.shared.writes.Wait`
+   whose ``until`` has passed is due now).
 
 The write stage calls it when a report arrives and again right before the request,
 against the informer's newest (a TrainJob can change while a write waits).
@@ -28,7 +28,7 @@ against the informer's newest (a TrainJob can change while a write waits).
 from __future__ import annotations
 
 from exporter_lib.status import TrainerStatus
-from exporter_lib.write_rule import significant
+from exporter_lib.write_rule import metrics_due, significant
 from scraper.decide.others import decide as other_writers
 from scraper.shared.policy import WritePolicy
 from scraper.shared.writes import (
@@ -92,5 +92,5 @@ def decide(stored: Stored, report: Report, policy: WritePolicy, now: float) -> D
         # Until may have passed: the write is due now, and its waiting for a turn in
         # the queue counts from then, so a change that fell due does not rank with
         # fresh progress changes (scraper/write/queue.py, order rule 3).
-        return Wait(taken + policy.metrics_staleness, floor)
+        return Wait(metrics_due(taken, policy.metrics_staleness), floor)
     return Write(priority, floor)

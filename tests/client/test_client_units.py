@@ -359,3 +359,22 @@ def test_a_watch_answered_with_no_json_is_an_error_line(
                           '"default": the server http://127.0.0.1:'), err
     assert "sent an event that is not a Kubernetes object" in err, err
     assert "Traceback" not in err
+
+
+@given(st.text())
+def test_printable_leaves_no_control_character_and_keeps_printable_text(text: str) -> None:
+    from trainjob_client.table import printable
+
+    shown = printable(text)
+    assert shown.isprintable()
+    if text.isprintable():
+        assert shown == text
+
+
+def test_a_metric_with_terminal_escapes_is_shown_escaped_in_the_table() -> None:
+    # A status written by anyone reaches the operator's terminal: no escape sequence or
+    # newline of it may act there.
+    from trainjob_client.table import header, printable
+
+    assert printable("\x1b[2J\x1b[31mHACKED") == "\\x1b[2J\\x1b[31mHACKED"
+    assert header(["a\nb"])[-1] == "A\\nB"

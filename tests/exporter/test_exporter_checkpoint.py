@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import urllib.request
 from datetime import UTC, datetime
 
@@ -79,16 +78,31 @@ def test_checkpoint_never_moves_back_and_bad_times_are_dropped(caplog: object) -
     assert first is not None and first.last_checkpoint_time is not None
     assert first.last_checkpoint_time.timestamp() == 1000.0
     state.checkpoint_saved(500.0)  # earlier: ignored
-    for bad in (math.nan, math.inf, -1.0, True, "now", 1e12):
+    for bad in (math.nan, math.inf, -1.0, True, "now", 1e12, 10**400, 1061.0):
         state.checkpoint_saved(bad)  # type: ignore[arg-type]
     again = state.status()
     assert again is not None and again.last_checkpoint_time == first.last_checkpoint_time
-    assert state.rejected["lastCheckpointTime"] == 6
+    assert state.rejected["lastCheckpointTime"] == 8
+
+
+def test_a_time_from_the_future_never_hides_the_saves_after_it() -> None:
+    # A month ahead would have stood as the last checkpoint, and every real save after it
+    # would have been ignored as 'earlier' (the boost would read no work at risk).
+    clock = [1000.0]
+    state = State(clock=lambda: clock[0])
+    state.checkpoint_saved(1000.0 + 30 * 86400)
+    state.checkpoint_saved(1000.0 + 60)  # within the allowance for another host's clock
+    clock[0] = 2000.0
+    state.checkpoint_saved()
+    status = state.status()
+    assert status is not None and status.last_checkpoint_time is not None
+    assert status.last_checkpoint_time.timestamp() == 2000.0
+    assert state.rejected["lastCheckpointTime"] == 1
 
 
 @given(st.lists(st.floats(min_value=0, max_value=4e9), min_size=1, max_size=20))
 def test_served_checkpoint_is_the_latest_time_given(times: list[float]) -> None:
-    state = State(clock=time.time)
+    state = State(clock=lambda: 4e9)  # every time given is in this clock's past
     for when in times:
         state.checkpoint_saved(when)
     status = state.status()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from scraper.boost.rule import (
@@ -65,16 +65,21 @@ def test_one_step_per_doubling() -> None:
 
 @given(st.floats(min_value=0, max_value=1e9), st.floats(min_value=0, max_value=1e6),
        st.floats(min_value=0, max_value=1e9), st.floats(min_value=0, max_value=1e9))
+@example(started=0.0, units=42800.0, checkpoint=2.0**28, elapsed=0.0005)
 def test_work_at_risk_counts_from_the_checkpoint_else_the_admission(
         started: float, units: float, checkpoint: float, elapsed: float) -> None:
     resources = Resources(accelerators=units, cpus=0.0)
     now = checkpoint + elapsed
     work = work_at_risk(now, started=started, checkpoint=checkpoint, resources=resources)
     assert work >= 0
-    assert math.isclose(work, elapsed * resources.units, rel_tol=1e-6, abs_tol=1e-3)
+    # now - checkpoint is exact only to the absolute times' float spacing (math.ulp of
+    # now): the slack is that spacing times the resources, and 1e-3 below it.
+    slack = max(1e-3, 2 * math.ulp(now) * resources.units)
+    assert math.isclose(work, elapsed * resources.units, rel_tol=1e-6, abs_tol=slack)
     fresh = work_at_risk(started + elapsed, started=started, checkpoint=None,
                          resources=resources)
-    assert math.isclose(fresh, elapsed * resources.units, rel_tol=1e-6, abs_tol=1e-3)
+    slack = max(1e-3, 2 * math.ulp(started + elapsed) * resources.units)
+    assert math.isclose(fresh, elapsed * resources.units, rel_tol=1e-6, abs_tol=slack)
     # A later checkpoint never raises the work at risk.
     later = work_at_risk(now, started=started, checkpoint=checkpoint + 1, resources=resources)
     assert later <= work + 1e-6

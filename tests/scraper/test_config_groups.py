@@ -60,3 +60,24 @@ def test_a_group_is_frozen() -> None:
     s = load_settings({})
     with pytest.raises(ValueError, match="frozen"):
         s.write.qps = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("key", ["priority-boost-max", "write-qps-max", "write-burst"])
+def test_a_config_files_true_is_no_number(tmp_path: object, key: str) -> None:
+    # YAML's true would have counted as 1: the boost, off by default, turned on by `true`.
+    from pathlib import Path
+
+    from scraper.config import ConfigError
+
+    path = Path(str(tmp_path)) / "config.yaml"
+    path.write_text(f"{key}: true\n")
+    with pytest.raises(ConfigError, match=f"{key}=True: a number, not true or false"):
+        load_settings({}, path)
+
+
+def test_the_write_ceiling_and_the_boost_range_are_grouped() -> None:
+    s = load_settings({"write_qps": 30, "write_qps_max": 120, "priority_boost_max": 4})
+    assert s.write.qps == 30 and s.write.qps_max == 120
+    assert s.boost.max_boost == 4
+    fixed = load_settings({"write_qps": 300})  # above the default ceiling: a fixed rate
+    assert fixed.write.qps_max == 300

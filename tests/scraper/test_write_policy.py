@@ -1,6 +1,7 @@
-"""Writing by significance (scraper/write/policy.py): which change is significant, when a
-metrics-only change falls due in the write queue, the per-TrainJob annotations and the
-flags' validation.  In-process, a fake clock; the real stack: tests/e2e/test_write_policy.py."""
+"""Writing by significance (scraper/shared/policy.py, scraper/decide/decision.py): which
+change is significant, when a metrics-only change falls due in the write queue, the
+per-TrainJob annotations and the flags' validation.  In-process, a fake clock; the real
+stack: tests/e2e/test_write_policy.py."""
 
 from __future__ import annotations
 
