@@ -14,6 +14,7 @@ import atexit
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -40,6 +41,36 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's range for outgoing connections (32768 if unread)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def restartable_port(attempts: int = 200) -> int:
+    """A TCP port free on every interface a moment ago, below the kernel's range for
+    outgoing connections, for a server that is stopped and started again on the same
+    port: a port from :func:`free_port` is in that range, and an outgoing connection of
+    any process can take it while the server is down (seen: the Trainer's status server
+    could not bind again after a restart, with tests of another worker beside it).
+
+    Raises:
+        OSError: no free port found in ``attempts`` random tries.
+    """
+    high = min(_ephemeral_start(), 65536) - 1
+    for _ in range(attempts):
+        port = random.randint(20000, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free TCP port between 20000 and {high} in {attempts} tries")
 
 
 def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec

@@ -638,7 +638,8 @@ class Cluster(ControlPlane):
                 ("ca.crt", trainer_pki.ca_cert), ("ca.key", trainer_pki.ca_key),
                 ("tls.crt", trainer_pki.cert), ("tls.key", trainer_pki.key))},
         })
-        trainer_port, trainer_probe = processes.free_port(), processes.free_port()
+        # Ports the Trainer keeps across a restart (restart_trainer, a fault test).
+        trainer_port, trainer_probe = processes.restartable_port(), processes.restartable_port()
         self._trainer_probe = f"http://127.0.0.1:{trainer_probe}/readyz"
         trainer_dir = trainer_manifests(manifests, self.flavour)
         # Registered before the controller starts: its rotator injects the CA into it.
@@ -651,7 +652,7 @@ class Cluster(ControlPlane):
                     f"--health-probe-bind-address=127.0.0.1:{trainer_probe}",
                     "--leader-elect=false", "--zap-log-level=info"]
         else:
-            self.status_server_port = processes.free_port()
+            self.status_server_port = processes.restartable_port()
             self._trainer_ports = (trainer_port, trainer_probe)
             config_file = work / "trainer-config.yaml"
             config_file.write_text(yaml.safe_dump(trainer_configuration(

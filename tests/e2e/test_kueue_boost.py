@@ -103,6 +103,13 @@ def _wait(what: str, check: Any, timeout: float = TIMEOUT) -> Any:
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
+def _admitted_at(api: client.ApiClient, namespace: str, uid: str) -> float | None:
+    """When the Workload of the TrainJob ``uid`` was admitted (unix seconds), or None."""
+    workload = _workloads(api, namespace).get(uid)
+    view = view_of(workload) if workload is not None else None
+    return view.admitted_at if view is not None else None
+
+
 def _running(api: client.ApiClient, namespace: str, name: str) -> bool:
     return any(p.status.phase == "Running" for p in trainjobs.pods(api, namespace, name))
 
@@ -124,11 +131,15 @@ def test_preemption_takes_the_trainjob_that_loses_least(
         saved = _create(kueue_api, ns, "saved", queue, LOW_PRIORITY, *long_run,
                         "--checkpoint", str(tmp_path / "saved.ckpt"))
         _wait("saved running", lambda: _running(kueue_api, ns, "saved"))
+        # Kueue's admission times have whole seconds, and the order without a boost
+        # needs two: the second TrainJob is created once this machine's clock (Kueue's
+        # too) has passed the first one's admission second.
+        first = _wait("saved admitted", lambda: _admitted_at(kueue_api, ns, saved))
+        _wait("the next second", lambda: time.time() >= first + 1.0, 5.0)
         # Admitted second: Kueue's own order would take it first.
         stale = _create(kueue_api, ns, "stale", queue, LOW_PRIORITY, *long_run,
                         "--checkpoint-age", "1200")
         _wait("stale running", lambda: _running(kueue_api, ns, "stale"))
-        # Kueue's times have whole seconds: the order without a boost needs two.
         admitted = {uid: view_of(w).admitted_at  # type: ignore[union-attr]
                     for uid, w in _workloads(kueue_api, ns).items()}
         assert admitted[stale] > admitted[saved], admitted

@@ -29,6 +29,7 @@ from aiohttp import web
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter_lib.pod import POD_HEADER, PodIdentity
 from exporter_lib.status import TrainerStatus
 from localdev.cluster.processes import free_port
 from tests.helpers.fault_proxy import FaultProxy, write_kubeconfig
@@ -83,7 +84,9 @@ class FakeExporter:
     ``huge`` (a body of ``huge_bytes``), ``slow`` (answers after ``delay`` s),
     ``redirect`` (302 to ``/elsewhere``), ``empty`` (204).  It listens on ``host``
     (another loopback address gives a test a pod IP of its own) and states no pod
-    (no ``Trainjob-Exporter-Pod``), as a third-party exporter.
+    (no ``Trainjob-Exporter-Pod``), as a third-party exporter, unless ``pod`` is set
+    (a :class:`exporter_lib.pod.PodIdentity`): then it states that pod, as exporter_lib
+    does in a pod.
     """
 
     mode: str = "json"
@@ -95,6 +98,7 @@ class FakeExporter:
     elsewhere_hits: int = 0
     not_modified: int = 0
     port: int = 0
+    pod: PodIdentity | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _runner: web.AppRunner | None = None
     _thread: threading.Thread | None = None
@@ -123,8 +127,9 @@ class FakeExporter:
         if request.headers.get("If-None-Match") == etag:
             self.not_modified += 1
             return web.Response(status=304, headers={"ETag": etag})
+        stated = self.pod.header() if self.pod is not None else None
         return web.Response(body=payload, content_type="application/json",
-                            headers={"ETag": etag})
+                            headers={"ETag": etag, **({POD_HEADER: stated} if stated else {})})
 
     async def _elsewhere(self, request: web.Request) -> web.Response:
         self.elsewhere_hits += 1

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from exporter_lib.pod import PodIdentity
 from localdev.cluster import objects
 from tests.helpers.scraper import (
     FakeExporter,
@@ -72,8 +73,13 @@ def test_every_stage_resumes_soon_after_the_api_server_is_ready(
     for i, name in enumerate(names):
         exporters.append(exporter_factory(body=status_json(10 + i)))
         objects.create_trainjob(kube_api, namespace, name)
-        pods.append(objects.create_trainer_pod(kube_api, namespace, name,
-                                               port=exporters[i].port).metadata.name)
+        pod = objects.create_trainer_pod(kube_api, namespace, name, port=exporters[i].port)
+        # Each exporter states its pod, as exporter_lib in a pod does, so its changes are
+        # queued during the outage.  (An answer that states no pod waits for a read of
+        # its pod, which needs the API server: scraper/scrape/pod_confirm.py.)
+        exporters[i].pod = PodIdentity(name=pod.metadata.name, namespace=namespace,
+                                       uid=pod.metadata.uid)
+        pods.append(pod.metadata.name)
     before, during, surviving = [0, 1], [2, 3], [4, 5]
     with scraper_service_account(kube_api, control_plane, namespace) as token:
         kubeconfig = control_plane.kubeconfig_for_token(token, tmp_path / "sa.kubeconfig")
