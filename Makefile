@@ -51,7 +51,10 @@ bench:
 	.venv/bin/python -m benchmarks.churn --api
 	.venv/bin/python -m benchmarks.cluster_scale
 	.venv/bin/python -m benchmarks.log_source --report
-	.venv/bin/python -m benchmarks.vs_push
+	.venv/bin/python -m benchmarks.preemption
+# the push comparison's cliff (about 2 h); its main table is --plan main (about 7 h,
+# splittable by --jobs): docs/performance.md, "Push vs pull on equal terms"
+	.venv/bin/python -m benchmarks.vs_push --plan cliff
 
 image:
 	scripts/bootstrap test
