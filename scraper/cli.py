@@ -122,8 +122,10 @@ def _run(args: argparse.Namespace) -> int:
 def _log_write_rate(settings: ScraperSettings) -> None:
     """Say at start which write rate is in effect: a --write-qps at or above the ceiling
     turns the adaptive rate off, and nothing else would tell."""
+    from scraper.write.rate import adapts
+
     qps, ceiling = settings.write_qps, settings.write_qps_max
-    if ceiling > qps:
+    if adapts(qps, ceiling):
         logging.getLogger("scraper.write.rate").info(
             "status writes: adaptive rate from %g up to %g writes/s (--write-qps, "
             "--write-qps-max), burst %d", qps, ceiling, settings.write_burst)

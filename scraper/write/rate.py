@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from scraper.kube.calls import retry_after
 from scraper.write.rate_rule import Change, RateRule, Signal
 
-__all__ = ["APF_HEADER", "AdaptiveRate", "signal_of", "write_limiter"]
+__all__ = ["APF_HEADER", "AdaptiveRate", "adapts", "signal_of", "write_limiter"]
 
 #: A header kube-apiserver sets on a response of a request API Priority and Fairness
 #: classified (k8s.io/apiserver's filters: the flow control filter).
@@ -130,11 +130,16 @@ class AdaptiveRate:
         return change
 
 
+def adapts(qps: float, qps_max: float) -> bool:
+    """Whether the write rate adapts: a ceiling above the start rate (else it is fixed)."""
+    return qps_max > qps
+
+
 def write_limiter(qps: float, qps_max: float | None, burst: int,
                   on_change: Callable[[Change], None]) -> AsyncLimiter | AdaptiveRate:
     """The status writes' bucket of ``burst`` tokens: an :class:`AdaptiveRate` from
     ``qps`` (start and floor) to ``qps_max`` (each change to ``on_change``), or, when
     ``qps_max`` is None or not above ``qps``, a fixed ``aiolimiter`` bucket of ``qps``."""
-    if qps_max is not None and qps_max > qps:
+    if qps_max is not None and adapts(qps, qps_max):
         return AdaptiveRate(qps, qps_max, burst, on_change=on_change)
     return AsyncLimiter(burst, burst / qps)
