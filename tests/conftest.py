@@ -12,7 +12,6 @@ import contextlib
 import os
 import re
 import secrets
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +24,7 @@ from localdev.cluster.assets import AssetsError
 from localdev.cluster.controlplane import ControlPlane, ControlPlaneError
 from localdev.cluster.crds import FLAVOUR_CURRENT, FLAVOUR_LEGACY, CrdError, install_trainjob_crds
 from localdev.cluster.stack import Cluster
-from tests.helpers import xdist_groups
+from tests.helpers import waits, xdist_groups
 from tests.helpers.stack import started, started_cluster
 
 # The tests' exporters run outside pods (in this process or its children; pods of the
@@ -249,31 +248,11 @@ def _deleted_namespace(api: client.ApiClient, request: pytest.FixtureRequest) ->
     controllers: the namespace controller and the garbage collector remove its objects)."""
     name = _created_namespace(api, request)
     try:
-        _wait_default_service_account(api, name)
+        waits.default_service_account(api, name)
         yield name
     finally:
         with contextlib.suppress(client.ApiException, OSError):
             client.CoreV1Api(api).delete_namespace(name)
-
-
-#: How long the ServiceAccount controller may take to create a namespace's ``default``.
-SERVICE_ACCOUNT_TIMEOUT_SECONDS = 30.0
-
-
-def _wait_default_service_account(api: client.ApiClient, namespace: str) -> None:
-    """Wait until the ServiceAccount controller created ``namespace``'s ``default``: until
-    then the API server refuses pods there and token requests for it (seen: a test's
-    TokenRequest answered 404 'serviceaccounts "default" not found')."""
-    core = client.CoreV1Api(api)
-    deadline = time.monotonic() + SERVICE_ACCOUNT_TIMEOUT_SECONDS
-    while True:
-        try:
-            core.read_namespaced_service_account("default", namespace)
-            return
-        except client.ApiException as exc:
-            if exc.status != 404 or time.monotonic() > deadline:
-                raise
-        time.sleep(0.1)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -31,6 +31,7 @@ from exporter_lib.status import API_GROUP, API_VERSION
 from localdev.cluster import trainjobs
 from localdev.cluster.owners import PUSH_MANAGER, owners, trainer_status_entries
 from localdev.cluster.stack import Cluster, trainer_service_host
+from tests.helpers import waits
 from tests.helpers.stack import python_command, recording
 
 TRAINING_TIMEOUT_SECONDS = 420
@@ -157,6 +158,7 @@ def test_status_server_checks_audience_and_namespace_of_the_token(
     other_ns = f"{ns}-other"[:63]
     client.CoreV1Api(push_api).create_namespace({"metadata": {"name": other_ns}})
     try:
+        waits.default_service_account(push_api, other_ns)
         body = {"trainerStatus": {"progressPercentage": 42,
                                   "lastUpdatedTime": "2026-01-01T00:00:00Z"}}
         path = status_path(ns, name)

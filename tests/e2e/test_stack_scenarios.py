@@ -21,6 +21,7 @@ from localdev.cluster import trainjobs
 from localdev.cluster.objects import apply_trainjob_status
 from localdev.cluster.stack import RUNNER_NODE, Cluster
 from scraper.config import DEFAULT_SELECTOR
+from tests.helpers import waits
 from tests.helpers.stack import recording, scraper, scraper_metric
 
 TRAINER = str(Path(__file__).with_name("stack_trainer.py"))
@@ -85,6 +86,7 @@ def test_namespace_deleted_while_training(kube_stack: Cluster, stack_api: client
     core = client.CoreV1Api(stack_api)
     ns = f"t-nsdel-{int(time.time() * 1000) % 10**8}"
     core.create_namespace({"metadata": {"name": ns}})
+    waits.default_service_account(stack_api, ns)
     with scraper(kube_stack, ns, tmp_path) as child, recording(stack_api, ns, "gone") as rec:
         trainjobs.create(stack_api, trainjobs.trainjob_body(
             ns, "gone", env={"RUN_ID": "gone"},

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from kubernetes import client
+
 _T = TypeVar("_T")
 
 
@@ -37,3 +39,23 @@ async def until(predicate: Callable[[], _T], within: float, what: str,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within}s waiting for {what}")
         await asyncio.sleep(period)
+
+
+#: How long the ServiceAccount controller may take to create a namespace's ``default``.
+SERVICE_ACCOUNT_TIMEOUT_SECONDS = 30.0
+
+
+def default_service_account(api: client.ApiClient, namespace: str) -> None:
+    """Wait until the ServiceAccount controller created ``namespace``'s ``default``: until
+    then the API server refuses pods there and token requests for it (seen: a test's
+    TokenRequest answered 404 'serviceaccounts "default" not found')."""
+    core = client.CoreV1Api(api)
+    deadline = time.monotonic() + SERVICE_ACCOUNT_TIMEOUT_SECONDS
+    while True:
+        try:
+            core.read_namespaced_service_account("default", namespace)
+            return
+        except client.ApiException as exc:
+            if exc.status != 404 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
