@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -27,13 +28,30 @@ def verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("met" if ok else "NOT met")
 
 
+def source_commit() -> str:
+    """The commit the benchmark's code came from (``git rev-parse HEAD`` of the
+    repository), with ``+changes`` when tracked files differ from it; ``"unknown"``
+    outside a git checkout."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, check=True,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        clean = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=root,
+                               timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head if clean else f"{head}+changes"
+
+
 def write_report(res: dict[str, Any], out: Path, name: str,
                  table: Callable[[dict[str, Any]], str], started: float) -> Path:
     """Finish ``res`` (``seconds`` since the monotonic ``started``, ``loadavg_end``) and
-    write it to ``out`` as ``name-YYYYmmdd-HHMMSS.json`` and ``.md`` (``table(res)``,
+    write it, with the commit (:func:`source_commit`), to ``out`` as
+    ``name-YYYYmmdd-HHMMSS.json`` and ``.md`` (``table(res)``,
     also printed); returns the stem.  Raises OSError when ``out`` cannot be written."""
     res["seconds"] = time.monotonic() - started
     res["loadavg_end"] = loadavg()
+    res.setdefault("commit", source_commit())
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     stem.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))

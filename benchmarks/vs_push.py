@@ -81,6 +81,7 @@ from benchmarks.vs_push_sides import (
     Case,
     Side,
     cliff_cases,
+    equal_budget,
     main_cases,
     make_side,
     pull_defaults,
@@ -428,6 +429,7 @@ def run_session(cluster: Cluster, s: Session, best: Path | None) -> dict[str, An
     res: dict[str, Any] = {
         "side": s.side.key, "keys": list(s.keys), "side_label": s.side.label,
         "design": s.design, "budget": [s.side.budget.qps, s.side.budget.burst],
+        "budget_ceiling": s.side.budget.ceiling,
         "jobs": s.jobs, "every": s.every, "percent_seconds": s.case.percent_seconds,
         "label": s.label, "real": s.real, "farmed": s.jobs - s.real,
         "namespace": s.namespace, "loadavg_start": loadavg()}
@@ -601,7 +603,8 @@ class Plan:
 def sessions(plan: Plan, available: int) -> list[Session]:
     """The sessions of a run, in case order, per case its sides in :data:`SIDE_KEYS`
     order.  ``pull_equal_budget`` at the scraper's default budget is the ``pull``
-    session (one session, both keys) when the case has both."""
+    session (one session, both keys) when the case has both; never while the defaults
+    adapt their rate (:func:`benchmarks.vs_push_sides.pull_defaults`)."""
     out: list[Session] = []
     for case in plan.cases:
         keys = [k for k in SIDE_KEYS if k in case.sides]
@@ -725,21 +728,21 @@ def plan_of(args: argparse.Namespace) -> Plan:
     jobs = sorted(set(args.jobs)) if args.jobs else None
     if args.plan == "quick":
         cases = [Case(4, 1.0, 3.0, args.window or 12.0, SIDE_KEYS)]
-        return Plan("quick", cases, args.budget or pull_defaults(), 1.0, 2.0, 15.0,
+        return Plan("quick", cases, args.budget or equal_budget(), 1.0, 2.0, 15.0,
                     args.setup_timeout or 120.0, 2, args.time_budget)
     if args.plan == "cliff":
         cases = cliff_cases(jobs, args.window or 180.0)
         budget = args.budget or Budget(5.0, 10)
     elif args.plan == "main":
         cases = main_cases(jobs)
-        budget = args.budget or pull_defaults()
+        budget = args.budget or equal_budget()
         if args.window:
             cases = [Case(c.jobs, c.every, c.percent_seconds, args.window, c.sides)
                      for c in cases]
     else:  # custom: --jobs at --every for --sides
         cases = [Case(n, args.every, args.percent_seconds, args.window or 600.0,
                       tuple(args.sides or SIDE_KEYS)) for n in (jobs or [20])]
-        budget = args.budget or pull_defaults()
+        budget = args.budget or equal_budget()
     if args.sides:
         cases = [Case(c.jobs, c.every, c.percent_seconds, c.window,
                       tuple(k for k in c.sides if k in args.sides)) for c in cases]
@@ -785,6 +788,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="print the plan's sessions and expected wall time; run nothing")
     parser.add_argument("--quick", action="store_true", help="the same as --plan quick")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--carry", type=Path, default=None, metavar="RUN.json",
+                        help="an earlier run of the same plan: its sessions of the sides "
+                        "this run does not measure join this run's report, marked")
     args = parser.parse_args(argv)
     if args.quick:
         args.plan = "quick"
@@ -796,6 +802,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--every={args.every:g} (> 0), --fault={args.fault:g} (>= 0), "
                      f"--settle={args.settle:g} (>= 0)")
     return args
+
+
+def carry(res: dict[str, Any], path: Path) -> None:
+    """Add to ``res`` the sessions of the earlier run ``path`` (its JSON) whose side this
+    run did not measure, each marked ``carried_from`` with that run's file, start and
+    commit, and summarise again.  For rerunning one side of a plan after a fix of that
+    side alone: the carried sessions keep their own settings and figures.
+
+    Raises:
+        SystemExit: ``path`` is of another plan, or its cases differ from this run's.
+    """
+    old = json.loads(path.read_text())
+
+    def cases(run: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return [(c["jobs"], c["every"], c["percent_seconds"], c["window"])
+                for c in run["plan"]["cases"]]
+
+    if (old["plan"]["name"], cases(old)) != (res["plan"]["name"], cases(res)):
+        raise SystemExit(f"--carry={path}: plan {old['plan']['name']!r} with cases "
+                         f"{cases(old)}; this run: {res['plan']['name']!r} with "
+                         f"{cases(res)}")
+    measured = {r["side"] for r in res["runs"]}
+    source = {"file": path.name, "started": old.get("started"),
+              "commit": old.get("commit", "not recorded")}
+    kept = [{**r, "carried_from": source} for r in old["runs"]
+            if r["side"] not in measured]
+    res["runs"] = kept + res["runs"]
+    res["carried"] = {**source, "sides": sorted({r["side"] for r in kept})}
+    res["sides"] = {**old.get("sides", {}), **{k: v for k, v in res["sides"].items()
+                                                if k in measured}}
+    summarise(res)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -811,6 +848,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.monotonic()
     res = run(plan)
+    if args.carry:
+        carry(res, args.carry)
     stem = write_report(res, args.out, f"vs-push-{plan.name}", table, started)
     plot(res, stem)
     if plan.name == "cliff":

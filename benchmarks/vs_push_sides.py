@@ -10,10 +10,11 @@ Five sides, each a JSON key and a row label that states its settings:
 * ``push_best``: that budget, and the Trainer built with our patch
   ``patches/trainer-statusserver-deadline.diff`` (not upstream's): a POST applies under
   a 3 s deadline, so one that cannot get a slot of the limiter is refused at once;
-* ``pull``: our scraper at its defaults (``--write-qps``/``--write-burst`` 20/30);
-* ``pull_equal_budget``: our scraper capped at the run's budget.  When the budget is
-  the scraper's defaults this is the ``pull`` session itself (one run, two keys): two
-  sessions at once would load each other's API server and CPU.
+* ``pull``: our scraper at its defaults (``--write-qps``/``--write-burst`` 20/30, the
+  rate adapting up to ``--write-qps-max`` 200 on the API server's signals);
+* ``pull_equal_budget``: our scraper at a fixed rate of the run's budget
+  (``--write-qps-max`` equal to ``--write-qps``, so the rate never rises above push's).
+  The defaults adapt, so this is always a session of its own.
 
 The budget (QPS, burst) defaults to the scraper's: then push (b) and (c) get pull's
 budget.  The cliff runs at push's shipped 5/10 instead.
@@ -40,17 +41,30 @@ class Budget:
 
     qps: float
     burst: int
+    #: The adaptive rate's ceiling (writes/s); None: a fixed rate of ``qps``.
+    ceiling: float | None = None
 
     def text(self) -> str:
-        return f"{self.qps:g}/s, burst {self.burst}"
+        adapts = f", adapting up to {self.ceiling:g}/s" if self.ceiling is not None else ""
+        return f"{self.qps:g}/s, burst {self.burst}{adapts}"
 
 
 def pull_defaults() -> Budget:
-    """The scraper's default write budget (``scraper.config.ScraperSettings``)."""
+    """The scraper's default write budget (``scraper.config.ScraperSettings``): its start
+    and burst, and the ceiling its rate adapts up to (None when the defaults are fixed)."""
     from scraper.config import ScraperSettings
 
     fields = ScraperSettings.model_fields
-    return Budget(float(fields["write_qps"].default), int(fields["write_burst"].default))
+    qps = float(fields["write_qps"].default)
+    ceiling = float(fields["write_qps_max"].default)
+    return Budget(qps, int(fields["write_burst"].default), ceiling if ceiling > qps else None)
+
+
+def equal_budget() -> Budget:
+    """The budget push (b), push (c) and ``pull_equal_budget`` share unless ``--budget``
+    says otherwise: the scraper's starting rate and burst, as a fixed rate."""
+    start = pull_defaults()
+    return Budget(start.qps, start.burst)
 
 
 @dataclass(frozen=True)
@@ -65,10 +79,14 @@ class Side:
     label: str = field(default="", compare=False)
 
     def scraper_flags(self) -> tuple[str, ...]:
-        """The scraper's flags (pull): the budget unless it is the defaults."""
+        """The scraper's flags (pull): none at the defaults; else the budget, with the
+        ceiling at the budget's own rate when it is fixed (the rate then never rises)."""
         if self.design != "pull" or self.budget == pull_defaults():
             return ()
-        return ("--write-qps", f"{self.budget.qps:g}", "--write-burst", str(self.budget.burst))
+        qps = f"{self.budget.qps:g}"
+        ceiling = qps if self.budget.ceiling is None else f"{self.budget.ceiling:g}"
+        return ("--write-qps", qps, "--write-burst", str(self.budget.burst),
+                "--write-qps-max", ceiling)
 
     @property
     def slug(self) -> str:
@@ -93,7 +111,7 @@ def make_side(key: str, budget: Budget) -> Side:
     if key == "pull":
         return Side(key, "pull", defaults, label=f"pull at its defaults ({defaults.text()})")
     if key == "pull_equal_budget":
-        return Side(key, "pull", budget, label=f"pull capped at {budget.text()}")
+        return Side(key, "pull", budget, label=f"pull capped at {budget.text()} (fixed)")
     raise ValueError(f"side={key!r}: must be one of {SIDE_KEYS}")
 
 

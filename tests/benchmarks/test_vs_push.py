@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -162,22 +163,73 @@ def test_censored_percentile_is_a_lower_bound_only_when_a_bound_can_move_it() ->
     assert delivery.censored_percentile([], [], 0.99) == (None, False)
 
 
-def test_sessions_share_pull_only_at_the_scrapers_own_budget() -> None:
+def test_pull_capped_at_the_budget_is_a_fixed_rate_and_a_session_of_its_own() -> None:
+    # The scraper's defaults adapt their rate (20 up to 200 writes/s): pull at its
+    # defaults is not pull at push's budget, so the two never share a session, and the
+    # capped side pins the ceiling at the budget (seen: without it, "pull capped at 5/s"
+    # wrote 6.7/s at N=100).
     args = ["--plan", "main", "--jobs", "20"]
     plan = vs_push.plan_of(vs_push.parse_args(args))
     one = [s for s in vs_push.sessions(plan, 8 << 30) if s.every == 1.0]
     assert [s.side.key for s in one] == ["push_as_shipped", "push_equal_budget", "push_best",
-                                         "pull"]
-    assert one[-1].keys == ("pull", "pull_equal_budget") and one[-1].side.scraper_flags() == ()
-    assert one[1].side.budget == sides.pull_defaults()
+                                         "pull", "pull_equal_budget"]
+    assert [s.keys for s in one[-2:]] == [("pull",), ("pull_equal_budget",)]
+    assert one[-2].side.scraper_flags() == ()
+    assert one[-1].side.scraper_flags() == ("--write-qps", "20", "--write-burst", "30",
+                                            "--write-qps-max", "20")
+    assert one[1].side.budget == sides.equal_budget() == sides.Budget(20.0, 30)
+    assert sides.pull_defaults() == sides.Budget(20.0, 30, 200.0)
+    assert "adapting up to 200/s" in one[-2].side.label
+    assert "adapting" not in one[1].side.label and "(fixed)" in one[-1].side.label
     cliff = vs_push.plan_of(vs_push.parse_args(["--plan", "cliff", "--jobs", "40"]))
     keys = [(s.side.key, s.keys) for s in vs_push.sessions(cliff, 8 << 30)]
     assert keys == [("push_as_shipped", ("push_as_shipped",)), ("push_best", ("push_best",)),
                     ("pull_equal_budget", ("pull_equal_budget",))]
     capped = vs_push.sessions(cliff, 8 << 30)[-1].side
-    assert capped.scraper_flags() == ("--write-qps", "5", "--write-burst", "10")
+    assert capped.scraper_flags() == ("--write-qps", "5", "--write-burst", "10",
+                                      "--write-qps-max", "5")
     with pytest.raises(SystemExit):
         vs_push.parse_args(["--budget", "fast"])
+
+
+def _cliff_res(sides_run: list[str], started: str) -> dict[str, Any]:
+    plan = vs_push.plan_of(vs_push.parse_args(["--plan", "cliff", "--jobs", "20", "40"]))
+    runs = [{"side": side, "keys": [side], "label": s.label, "jobs": s.jobs, "every": 1.0,
+             "design": s.side.design,
+             "percent_seconds": 15.0, "budget": [5.0, 10],
+             "window": {"api_writes_per_s": 1.0, "seconds": 180.0}}
+            for s in vs_push.sessions(plan, 8 << 30) for side in [s.side.key]
+            if side in sides_run]
+    return {"started": started, "commit": f"commit-{started}", "runs": runs, "errors": {},
+            "plan": {"name": "cliff", "cases": [c.__dict__ for c in plan.cases],
+                     "budget": [5.0, 10]},
+            "sides": {k: f"{k} at {started}" for k in sides.SIDE_KEYS}}
+
+
+def test_a_rerun_side_joins_the_earlier_runs_other_sides_marked(tmp_path: Path) -> None:
+    old = _cliff_res(["push_as_shipped", "push_best", "pull_equal_budget"], "t0")
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    new = _cliff_res(["pull_equal_budget"], "t1")
+    vs_push.carry(new, path)
+    by_side: dict[str, list[dict[str, Any]]] = {}
+    for run in new["runs"]:
+        by_side.setdefault(run["side"], []).append(run)
+    assert sorted(by_side) == ["pull_equal_budget", "push_as_shipped", "push_best"]
+    # The rerun side is this run's only; the others come from the old run, marked.
+    assert all("carried_from" not in r for r in by_side["pull_equal_budget"])
+    assert len(by_side["pull_equal_budget"]) == 2
+    for key in ("push_as_shipped", "push_best"):
+        assert [r["carried_from"]["commit"] for r in by_side[key]] == ["commit-t0"] * 2
+    assert new["carried"]["sides"] == ["push_as_shipped", "push_best"]
+    assert new["sides"]["pull_equal_budget"].endswith("t1")
+    assert new["sides"]["push_best"].endswith("t0")
+    assert set(next(iter(new["by_label"].values()))) == {
+        "push_as_shipped", "push_best", "pull_equal_budget"}
+    other = _cliff_res(["pull_equal_budget"], "t2")
+    other["plan"]["cases"] = other["plan"]["cases"][:1]
+    with pytest.raises(SystemExit, match="--carry"):
+        vs_push.carry(other, path)
 
 
 def test_trainer_configuration_sets_the_status_servers_budget_only_when_asked() -> None:
@@ -212,10 +264,9 @@ def test_quick_run_measures_every_side_by_the_watch(tmp_path: Path) -> None:
     assert png.stat().st_size > 1000
     (case,) = res["by_label"].values()
     assert set(case) == set(sides.SIDE_KEYS)
-    # Push (c) ran our patched build; pull capped at the scraper's own budget is the
-    # pull session itself.
+    # Push (c) ran our patched build; pull capped at the budget ran on its own.
     assert Path(res["trainer_best_binary"]).name == "trainer-controller-manager"
-    assert case["pull_equal_budget"]["session"] == "pull"
+    assert case["pull_equal_budget"]["session"] == "pull_equal_budget"
     for key, got in case.items():
         assert set(report.KEYS) <= set(got), key
         assert got["finals_expected"] == {"no_fault": 2, "fault": 2}, key
