@@ -161,6 +161,16 @@ def fresh(w: dict[str, Any], name: str) -> str:
     return bound + fmt(w.get(f"{name}_s"), ".2f")
 
 
+def _carried(res: dict[str, Any]) -> list[str]:
+    """The paragraph naming the earlier run whose sessions this report carries."""
+    c = res.get("carried")
+    if not c:
+        return []
+    return [f"Sessions of {', '.join(f'`{k}`' for k in c['sides'])} come from the earlier "
+            f"run {c['file']} (started {c['started']}, commit {c['commit']}), the same plan; "
+            "this run measured the other sides.", ""]
+
+
 def table(res: dict[str, Any]) -> str:
     """The Markdown of a run: one row per session (its side's settings stated), the
     targets, the cliff."""
@@ -170,7 +180,9 @@ def table(res: dict[str, Any]) -> str:
         f"{res.get('loadavg_end')}; {res.get('memory_available_bytes', 0) >> 20} MiB "
         f"available at start; plan {plan.get('name')}; budget {plan.get('budget')} "
         f"(writes/s, burst) for push (b), (c) and pull capped; fault {plan.get('fault')} s "
-        f"across the fault half's end; settle {plan.get('settle')} s per half.", "",
+        f"across the fault half's end; settle {plan.get('settle')} s per half; commit "
+        f"{res.get('commit', 'not recorded')}.", "",
+        *_carried(res),
         "Sides: " + "; ".join(f"`{k}` {v}" for k, v in (res.get("sides") or {}).items()),
         "",
         "| case | side | trainings | window | writes/s; per TrainJob-hour (audit) | "
@@ -188,6 +200,8 @@ def table(res: dict[str, Any]) -> str:
         who = (f"{run['real']} real ({real}) + {run['farmed']} farmed ({farm})"
                if run["farmed"] else f"{run['real']} real ({real})")
         keys = " = ".join(f"`{k}`" for k in run.get("keys") or [run["side"]])
+        if "carried_from" in run:
+            keys += f" (from {run['carried_from']['file']})"
         fin = "; ".join(f"{(h['finals_delivered'] or {}).get(g)} of "
                         f"{(h['finals_expected'] or {}).get(g)}" for g in ("no_fault", "fault"))
         lines.append(

@@ -195,7 +195,7 @@ def test_pull_capped_at_the_budget_is_a_fixed_rate_and_a_session_of_its_own() ->
 def _cliff_res(sides_run: list[str], started: str) -> dict[str, Any]:
     plan = vs_push.plan_of(vs_push.parse_args(["--plan", "cliff", "--jobs", "20", "40"]))
     runs = [{"side": side, "keys": [side], "label": s.label, "jobs": s.jobs, "every": 1.0,
-             "design": s.side.design,
+             "design": s.side.design, "real": 2, "farmed": 0,
              "percent_seconds": 15.0, "budget": [5.0, 10],
              "window": {"api_writes_per_s": 1.0, "seconds": 180.0}}
             for s in vs_push.sessions(plan, 8 << 30) for side in [s.side.key]
@@ -226,6 +226,9 @@ def test_a_rerun_side_joins_the_earlier_runs_other_sides_marked(tmp_path: Path) 
     assert new["sides"]["push_best"].endswith("t0")
     assert set(next(iter(new["by_label"].values()))) == {
         "push_as_shipped", "push_best", "pull_equal_budget"}
+    text = report.table({**new, "machine": "2 cores", "loadavg_start": "0.1"})
+    assert "come from the earlier run old.json (started t0, commit commit-t0)" in text
+    assert text.count("(from old.json)") == 4 and "commit commit-t1." in text
     other = _cliff_res(["pull_equal_budget"], "t2")
     other["plan"]["cases"] = other["plan"]["cases"][:1]
     with pytest.raises(SystemExit, match="--carry"):
