@@ -16,8 +16,9 @@ Five sides, each a JSON key and a row label that states its settings:
   (``--write-qps-max`` equal to ``--write-qps``, so the rate never rises above push's).
   The defaults adapt, so this is always a session of its own.
 
-The budget (QPS, burst) defaults to the scraper's: then push (b) and (c) get pull's
-budget.  The cliff runs at push's shipped 5/10 instead.
+The budget (QPS, burst) defaults to the scraper's starting rate and burst, fixed
+(:func:`equal_budget`): then push (b) and (c) get pull's budget.  The cliff runs at
+push's shipped 5/10 instead.
 """
 
 from __future__ import annotations
@@ -53,11 +54,13 @@ def pull_defaults() -> Budget:
     """The scraper's default write budget (``scraper.config.ScraperSettings``): its start
     and burst, and the ceiling its rate adapts up to (None when the defaults are fixed)."""
     from scraper.config import ScraperSettings
+    from scraper.write.rate import adapts
 
     fields = ScraperSettings.model_fields
     qps = float(fields["write_qps"].default)
     ceiling = float(fields["write_qps_max"].default)
-    return Budget(qps, int(fields["write_burst"].default), ceiling if ceiling > qps else None)
+    return Budget(qps, int(fields["write_burst"].default),
+                  ceiling if adapts(qps, ceiling) else None)
 
 
 def equal_budget() -> Budget:
