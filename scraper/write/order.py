@@ -10,8 +10,8 @@ the Lease).  The rule, restated in the terms the indexes use:
 * a non-final's class falls by one every ``age`` seconds of waiting from its
   ``ages_from()`` (queued, or the end of a metrics wait) and stops at
   :attr:`Priority.FIRST`, which it *reaches* at ``ages_from() + (priority - FIRST) * age``.
-  At a given time every item that reached it ties, ordered by ``(since, queued_at,
-  key)``; one that has not is behind all of those, and among themselves such items rank
+  At a given time every item that reached it ties, ordered by ``(since - lead,
+  queued_at, key)`` (``lead``: what the item's ``behind`` is worth); one that has not is behind all of those, and among themselves such items rank
   by the time they reach it (the same order as their class now), then the same
   tie-break.
 
@@ -54,6 +54,9 @@ class Ranked(Protocol):
 
     def ages_from(self) -> float: ...
 
+    @property
+    def behind(self) -> int: ...
+
 
 #: Priorities below or at this rank as FINAL: never aged, first (``Priority.FINAL``).
 FINAL = 0
@@ -62,13 +65,14 @@ FIRST = 1
 
 # Heap entries: the sort fields, then the key, then the entry's number (unique, so a
 # stale entry and a live one of the same key never compare further).  Sort fields:
-# due time (waiting, dues); queued_at (finals); since, queued_at (top); the time it
-# reaches FIRST, since, queued_at (climbing).
+# due time (waiting, dues); queued_at (finals); since - lead, queued_at (top); the time
+# it reaches FIRST, since - lead, queued_at (climbing).
 _Entry = tuple[tuple[float, ...], TrainJobKey, int]
 
 
-def _rank_fields(item: Ranked) -> tuple[int, float, float, float, float]:
-    return (int(item.priority), item.due(), item.queued_at, item.since, item.ages_from())
+def _rank_fields(item: Ranked) -> tuple[int, float, float, float, float, int]:
+    return (int(item.priority), item.due(), item.queued_at, item.since, item.ages_from(),
+            item.behind)
 
 
 class WriteOrder:
@@ -78,15 +82,18 @@ class WriteOrder:
         items: the queue's pending items by key (read, never changed here); every key
             in it must be :meth:`add` ed, and :meth:`remove` d when it leaves.
         age: seconds of waiting that move a non-final item up one class.
+        lead: seconds of waiting that an item's ``behind`` (percentage points) is worth.
     """
 
-    def __init__(self, items: Mapping[TrainJobKey, Ranked], age: float) -> None:
+    def __init__(self, items: Mapping[TrainJobKey, Ranked], age: float,
+                 lead: Callable[[int], float] = lambda behind: 0.0) -> None:
         self._items = items
         self._age = age
+        self._lead = lead
         self._numbers: Callable[[], int] = itertools.count().__next__
         # key -> number of its live entries, and the rank fields they were made from
         self._live: dict[TrainJobKey, int] = {}
-        self._fields: dict[TrainJobKey, tuple[int, float, float, float, float]] = {}
+        self._fields: dict[TrainJobKey, tuple[int, float, float, float, float, int]] = {}
         self._dues: list[_Entry] = []
         self._waiting: list[_Entry] = []
         self._finals: list[_Entry] = []
@@ -127,9 +134,10 @@ class WriteOrder:
         if item.priority <= FINAL:
             return self._finals, ((item.queued_at,), key, number)
         reaches = item.ages_from() + (int(item.priority) - FIRST) * self._age
+        turn = item.since - self._lead(item.behind)
         if reaches <= now:
-            return self._top, ((item.since, item.queued_at), key, number)
-        return self._climbing, ((reaches, item.since, item.queued_at), key, number)
+            return self._top, ((turn, item.queued_at), key, number)
+        return self._climbing, ((reaches, turn, item.queued_at), key, number)
 
     def remove(self, key: TrainJobKey) -> None:
         """Stop indexing ``key`` (taken, forgotten); its entries go stale."""

@@ -19,12 +19,17 @@ Order of :meth:`WriteQueue.get` (the rule, tested in ``tests/scraper/test_write_
    that waited 20 s ranks with a fresh progress change, so under a saturated budget no
    TrainJob starves (a metrics-only change ages from the end of its wait: one
    that falls due does not jump ahead of fresh progress changes);
-4. ties: the TrainJob whose last write through this queue ended longest ago (a key
-   never written: from when it was queued), then the key queued first, then the key
+4. within a class, the TrainJob whose shown percentage is furthest behind its pending
+   status, and among those the one whose last write through this queue ended longest
+   ago (a key never written: from when it was queued): each point behind counts as
+   :data:`POINT_SECONDS` of waiting, up to :data:`MAX_LEAD_SECONDS` in all, so no item
+   waits more than that longer than its turn; then the key queued first, then the key
    itself (deterministic).  Under a saturated budget every waiting item has aged
-   into the same class, so this is round robin: each TrainJob gets its next write
-   about N / QPS seconds after its last one, whenever the scrape that found its
-   change ran (``benchmarks/cluster_scale.py``, steady state).
+   into the same class, so this is round robin weighted by how far behind each
+   TrainJob is: each TrainJob gets its next write about N / QPS seconds after its last
+   one (at most :data:`MAX_LEAD_SECONDS` later), whenever the scrape that found its
+   change ran (``benchmarks/cluster_scale.py``, steady state); a TrainJob that moves
+   faster than the others is written more often (``benchmarks/write_order_sim.py``).
 
 The next item is found through indexes (:mod:`scraper.write.order`: heaps with lazy
 deletion), never by a scan: :meth:`WriteQueue.take`, :meth:`WriteQueue.put` and
@@ -56,6 +61,11 @@ from scraper.write.order import WriteOrder
 
 #: Seconds of waiting that move a non-final item up one class.
 AGE_SECONDS = 10.0
+#: Seconds of waiting that one percentage point between the shown and the pending
+#: progress is worth in the order (module doc, 4; ``benchmarks/write_order_sim.py``).
+POINT_SECONDS = 2.0
+#: The most that being behind can move an item ahead of its round-robin turn, seconds.
+MAX_LEAD_SECONDS = 20.0
 
 TrainJobKey = tuple[str, str]
 
@@ -81,6 +91,8 @@ class Pending:
         seen: when the status's content was first seen (:class:`scraper.shared.writes.Report`).
         finished_at: a final's container end, epoch seconds (None: unknown or not final).
         arrived: epoch seconds the status arrived (the time written instead of a skewed one).
+        behind: percentage points between ``status``'s progress and the progress the
+            TrainJob shows (0: the same, or either has none).
     """
 
     key: TrainJobKey
@@ -97,6 +109,7 @@ class Pending:
     arrived: float = 0.0
     gap: float = 0.0
     fresh_at: float = 0.0
+    behind: int = 0
 
     def due(self) -> float:
         """Monotonic time from which the item may be handed out."""
@@ -105,6 +118,15 @@ class Pending:
     def ages_from(self) -> float:
         """Monotonic time from which a non-final item's waiting counts (module doc, 3)."""
         return max(self.queued_at, self.metrics_due)
+
+
+def points_behind(pending: TrainerStatus, shown: TrainerStatus | None) -> int:
+    """Percentage points between ``pending``'s progress and ``shown``'s; 0 when either
+    has none (a first status ranks by its class, not by this)."""
+    if shown is None or pending.progress_percentage is None \
+            or shown.progress_percentage is None:
+        return 0
+    return abs(pending.progress_percentage - shown.progress_percentage)
 
 
 def _coalesce(old: Pending, new: Pending) -> Pending:
@@ -127,13 +149,19 @@ class WriteQueue:
     Args:
         clock: monotonic seconds (injectable for tests).
         age_seconds: see :data:`AGE_SECONDS`.
+        point_seconds: see :data:`POINT_SECONDS` (0: plain round robin within a class).
+        max_lead_seconds: see :data:`MAX_LEAD_SECONDS`.
     """
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic,
-                 age_seconds: float = AGE_SECONDS) -> None:
+                 age_seconds: float = AGE_SECONDS, point_seconds: float = POINT_SECONDS,
+                 max_lead_seconds: float = MAX_LEAD_SECONDS) -> None:
         self._clock = clock
         self._pending: dict[TrainJobKey, Pending] = {}
-        self._order = WriteOrder(self._pending, age_seconds)  # indexes _pending
+        # indexes _pending
+        self._order = WriteOrder(self._pending, age_seconds,
+                                 lead=lambda behind: min(behind * point_seconds,
+                                                         max_lead_seconds))
         self._processing: set[TrainJobKey] = set()
         self._dirty: dict[TrainJobKey, Pending] = {}  # arrived while its key was being written
         self._written: dict[TrainJobKey, float] = {}  # when each key's last write ended
@@ -200,18 +228,21 @@ class WriteQueue:
     def put(self, key: TrainJobKey, status: TrainerStatus, priority: Priority, *,
             uid: str = "", metrics_due: float = 0.0, seen: float = float("-inf"),
             finished_at: float | None = None, arrived: float = 0.0,
-            gap: float = 0.0) -> None:
+            gap: float = 0.0, shown: TrainerStatus | None = None) -> None:
         """Queue ``status`` for ``key``, coalesced with what is pending (module doc).
 
         ``metrics_due`` counts for a metrics-only change, ``gap`` (seconds after the key's
         last write) for a progress or metrics-only change; both are ignored otherwise.
+        ``shown`` is the status the TrainJob shows now (how far behind it is, module
+        doc, 4).
         """
         now = self._clock()
         item = Pending(key, status, priority, uid, queued_at=now,
                        metrics_due=metrics_due if priority is Priority.METRICS else 0.0,
                        since=self._written.get(key, now), seen=seen,
                        finished_at=finished_at, arrived=arrived,
-                       gap=gap if priority > Priority.FIRST else 0.0, fresh_at=now)
+                       gap=gap if priority > Priority.FIRST else 0.0, fresh_at=now,
+                       behind=points_behind(status, shown))
         self._add(item)
 
     def _add(self, item: Pending) -> None:
@@ -309,7 +340,9 @@ class WriteQueue:
             self._written[item.key] = self._clock()
         newer = self._dirty.pop(item.key, None)
         if newer is not None and retry_in is None and not forgotten:
-            newer = replace(newer, since=self._written[item.key])
+            # The TrainJob now shows the status just written.
+            newer = replace(newer, since=self._written[item.key],
+                            behind=points_behind(newer.status, item.status))
         retry = None
         if retry_in is not None and not forgotten:
             # The API came back while this try was out: the retry is the first after it.

@@ -305,7 +305,7 @@ class StatusWriter:
                        uid=uid or (record.uid if record else ""),
                        metrics_due=decision.until if isinstance(decision, Wait) else 0.0,
                        seen=report.seen, finished_at=finished_at, arrived=self._wall(),
-                       gap=decision.floor)
+                       gap=decision.floor, shown=status_in(record, place))
         return WriteOutcome.QUEUED
 
     def decision(self, key: TrainJobKey, record: TrainJobRecord | None, place: Place,

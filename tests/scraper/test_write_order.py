@@ -23,6 +23,8 @@ from scraper.write.order import WriteOrder
 from scraper.write.queue import Pending, Priority, WriteQueue
 
 AGE = 10
+POINT = 3  # seconds of waiting a percentage point behind is worth
+MAX_LEAD = 20  # at most, in all
 KEYS = [("ns", f"job-{i}") for i in range(6)]
 
 
@@ -41,6 +43,7 @@ class Record:
     attempts: int = 0
     since: int = 0
     gap: int = 0
+    behind: int = 0  # points between this status's progress and the one shown
 
     def due(self) -> int:
         """Backoff, the metrics hold, and the progress floor after the last write."""
@@ -75,12 +78,15 @@ class Model:
         cls = Priority(min(old.cls, new.cls))
         return Record(new.status, cls, old.queued, old.not_before,
                       new.hold if cls == Priority.METRICS else 0, old.attempts, old.since,
-                      new.gap if cls > Priority.FIRST else 0)
+                      new.gap if cls > Priority.FIRST else 0, new.behind)
 
-    def put(self, key: tuple[str, str], n: int, cls: Priority, hold: int, gap: int) -> None:
+    def put(self, key: tuple[str, str], n: int, cls: Priority, hold: int, gap: int,
+            shown: int | None) -> None:
+        """``shown``: the progress the TrainJob shows (None: none)."""
         record = Record(n, cls, self.now, hold=hold if cls == Priority.METRICS else 0,
                         since=self.last_write.get(key, self.now),
-                        gap=gap if cls > Priority.FIRST else 0)
+                        gap=gap if cls > Priority.FIRST else 0,
+                        behind=0 if shown is None else abs(n % 101 - shown))
         self.enqueue(key, record)
 
     def enqueue(self, key: tuple[str, str], record: Record) -> None:
@@ -91,7 +97,10 @@ class Model:
         if r.cls == Priority.FINAL:
             return (0, r.queued, key)
         waited = Fraction(self.now - max(r.queued, r.hold), AGE)  # a hold is no waiting
-        return (1, max(Fraction(int(r.cls)) - waited, Fraction(1)), r.since, r.queued, key)
+        # Each point behind counts as POINT seconds of waiting since the last write, up to
+        # MAX_LEAD in all.
+        turn = r.since - min(r.behind * POINT, MAX_LEAD)
+        return (1, max(Fraction(int(r.cls)) - waited, Fraction(1)), turn, r.queued, key)
 
     def take(self) -> tuple[tuple[str, str], Record] | None:
         due = [(k, r) for k, r in self.queued.items() if r.due() <= self.now]
@@ -117,7 +126,9 @@ class Model:
         if retry_in is None:
             self.last_write[key] = self.now
         if newer is not None and retry_in is None:
-            newer = replace(newer, since=self.now)
+            # The TrainJob now shows what was just written.
+            newer = replace(newer, since=self.now,
+                            behind=abs(newer.status % 101 - record.status % 101))
         if retry_in is None:
             if newer is not None:
                 self.enqueue(key, newer)
@@ -162,7 +173,8 @@ key_index = st.integers(0, len(KEYS) - 1)
 operations = st.lists(st.one_of(
     st.tuples(st.just("put"), key_index, st.sampled_from(list(Priority)),
               st.sampled_from([0, 0, 4, 15, 30]),
-              st.sampled_from([0, 0, 1, 5, 12])),
+              st.sampled_from([0, 0, 1, 5, 12]),
+              st.one_of(st.none(), st.integers(0, 100))),
     st.tuples(st.just("tick"), st.integers(0, 12)),
     st.tuples(st.just("take"), st.integers(0, 2)),
     st.tuples(st.just("done"), st.integers(0, 5), st.one_of(st.none(), st.integers(0, 30))),
@@ -182,23 +194,28 @@ def same(item: Pending, key: tuple[str, str], record: Record) -> bool:
 @settings(max_examples=400, deadline=None)
 @given(operations)
 # A held metrics-only change ages from the end of its hold, not from when it was queued.
-@example([("put", 0, Priority.METRICS, 20, 0), ("tick", 15),
-          ("put", 1, Priority.PROGRESS, 0, 0), ("tick", 5), ("take", 1)])
+@example([("put", 0, Priority.METRICS, 20, 0, None), ("tick", 15),
+          ("put", 1, Priority.PROGRESS, 0, 0, None), ("tick", 5), ("take", 1)])
+# The TrainJob furthest behind goes first among equals; the lead is capped.
+@example([("put", 0, Priority.PROGRESS, 0, 0, 0), ("put", 1, Priority.PROGRESS, 0, 0, 60),
+          ("put", 2, Priority.PROGRESS, 0, 0, None), ("tick", 30), ("take", 2)])
 # A TrainJob forgotten while its write is out: the failed write is not retried, and a
 # status put for a new TrainJob of that name meanwhile is queued (CI, 2026-12-03).
-@example([("put", 4, Priority.FINAL, 0, 0), ("take", 0), ("forget", 4),
-          ("put", 4, Priority.PROGRESS, 0, 0), ("done", 0, 0), ("take", 0)])
-@example([("put", 4, Priority.FINAL, 0, 0), ("take", 0), ("forget", 4), ("done", 0, 0)])
+@example([("put", 4, Priority.FINAL, 0, 0, None), ("take", 0), ("forget", 4),
+          ("put", 4, Priority.PROGRESS, 0, 0, None), ("done", 0, 0), ("take", 0)])
+@example([("put", 4, Priority.FINAL, 0, 0, None), ("take", 0), ("forget", 4),
+          ("done", 0, 0)])
 def test_the_indexed_queue_follows_the_rules_step_by_step(ops: list[tuple]) -> None:  # type: ignore[type-arg]
     model = Model()
-    queue = WriteQueue(clock=Clock(model), age_seconds=AGE)
+    queue = WriteQueue(clock=Clock(model), age_seconds=AGE, point_seconds=POINT,
+                       max_lead_seconds=MAX_LEAD)
     out: list[tuple[Pending, Record]] = []  # taken, not done yet (model and queue alike)
     for n, op in enumerate(ops):
         if op[0] == "put":
-            _, k, cls, hold, gap = op
-            model.put(KEYS[k], n, cls, model.now + hold, gap)
+            _, k, cls, hold, gap, shown = op
+            model.put(KEYS[k], n, cls, model.now + hold, gap, shown)
             queue.put(KEYS[k], status(n), cls, metrics_due=float(model.now + hold),
-                      gap=float(gap))
+                      gap=float(gap), shown=None if shown is None else status(shown))
         elif op[0] == "tick":
             model.now += op[1]
         elif op[0] == "take":
@@ -235,6 +252,7 @@ class Item:
     queued_at: float
     since: float
     at: float
+    behind: int = 0
 
     def due(self) -> float:
         return self.at

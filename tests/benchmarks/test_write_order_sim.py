@@ -1,0 +1,33 @@
+"""The write-order simulation runs the real queue and reports what the order does: every
+wait stays within round robin's turn plus the lead, and weighting by how far behind a
+TrainJob is lowers the largest error where trainings move at different paces.
+
+Nothing is mocked: :mod:`benchmarks.write_order_sim` drives the real
+:class:`scraper.write.queue.WriteQueue` on a simulated clock (the subject is the order,
+not time)."""
+
+from __future__ import annotations
+
+from benchmarks.write_order_sim import periods, simulate
+from scraper.write.queue import MAX_LEAD_SECONDS, POINT_SECONDS
+
+JOBS, RATE, SECONDS = 60, 2.0, 400
+
+
+def test_round_robin_waits_one_turn_and_the_weighted_order_at_most_the_lead_more() -> None:
+    every = periods("mixed", JOBS, 0)
+    plain = simulate(JOBS, RATE, SECONDS, every, 0.0, 0.0, 0)
+    weighted = simulate(JOBS, RATE, SECONDS, every, POINT_SECONDS, MAX_LEAD_SECONDS, 0)
+    turn = JOBS / RATE
+    assert plain["longest_wait_s"] <= turn + 1
+    assert weighted["longest_wait_s"] <= turn + MAX_LEAD_SECONDS + 1
+    assert weighted["percent_error_max"] < plain["percent_error_max"]
+    assert weighted["percent_error_p99"] <= plain["percent_error_p99"]
+
+
+def test_at_one_pace_the_weighted_order_is_no_worse() -> None:
+    every = periods("uniform", JOBS, 0)
+    plain = simulate(JOBS, RATE, SECONDS, every, 0.0, 0.0, 0)
+    weighted = simulate(JOBS, RATE, SECONDS, every, POINT_SECONDS, MAX_LEAD_SECONDS, 0)
+    assert weighted["percent_error_max"] <= plain["percent_error_max"]
+    assert weighted["longest_wait_s"] <= plain["longest_wait_s"] + 1
