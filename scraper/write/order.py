@@ -11,9 +11,9 @@ the Lease).  The rule, restated in the terms the indexes use:
   ``ages_from()`` (queued, or the end of a metrics wait) and stops at
   :attr:`Priority.FIRST`, which it *reaches* at ``ages_from() + (priority - FIRST) * age``.
   At a given time every item that reached it ties, ordered by ``(since - lead,
-  queued_at, key)`` (``lead``: what the item's ``behind`` is worth); one that has not is behind all of those, and among themselves such items rank
-  by the time they reach it (the same order as their class now), then the same
-  tie-break.
+  queued_at, key)`` (``lead``: what the item's ``behind`` is worth); one that has not
+  is behind all of those, and among themselves such items rank by the time they reach
+  it (the same order as their class now), then the same tie-break.
 
 So each item sits in one of four min-heaps: *waiting* (not due yet, by due time),
 *finals*, *climbing* (due, not at FIRST yet, by the time it gets there), *top* (due and
