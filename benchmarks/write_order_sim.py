@@ -1,7 +1,8 @@
 """How the write queue's order spends a saturated budget: round robin, or weighted by
 how far each TrainJob's shown percentage is behind.
 
-``python -m benchmarks.write_order_sim [--jobs N] [--rate R] [--seconds S] [--seeds K]``
+``python -m benchmarks.write_order_sim [--jobs N] [--rate R] [--seconds S] [--seeds K]
+[--report STEM]`` (``STEM.md`` and ``STEM.json``: the table, the settings and the commit)
 
 The real :class:`scraper.write.queue.WriteQueue` on a simulated clock, nothing else: N
 trainings move one percentage point every ``p`` seconds each, ``p`` from a mix
@@ -32,6 +33,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from benchmarks.report import loadavg, source_commit
 from exporter_lib.status import TrainerStatus
 from scraper.shared.writes import Priority
 from scraper.write.queue import MAX_LEAD_SECONDS, POINT_SECONDS, WriteQueue
@@ -121,14 +123,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="writes per second")
     parser.add_argument("--seconds", type=int, default=900)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--report", metavar="STEM",
+                        help="also write STEM.md and STEM.json")
     args = parser.parse_args(argv)
     rows = []
-    print(f"N={args.jobs}, {args.rate:g} writes/s (round-robin turn {args.jobs / args.rate:g} s),"
-          f" {args.seconds} s, seeds 0..{args.seeds - 1} (figures: worst seed)")
-    print("| mix | order | error p50 / p99 / max (points) | freshness p50 / p99 (s) |"
-          " longest wait (s) |")
-    print("|---|---|---|---|---|")
+    lines = [f"N={args.jobs}, {args.rate:g} writes/s (round-robin turn "
+             f"{args.jobs / args.rate:g} s), {args.seconds} s, seeds 0..{args.seeds - 1} "
+             "(figures: worst seed)", "",
+             "| mix | order | error p50 / p99 / max (points) | freshness p50 / p99 (s) |"
+             " longest wait (s) |", "|---|---|---|---|---|"]
+    print("\n".join(lines))
     for mix in ("uniform", "mixed", "spread"):
         for name, (point, lead) in ORDERS.items():
             runs = [simulate(args.jobs, args.rate, args.seconds,
@@ -137,15 +141,25 @@ def main(argv: Sequence[str] | None = None) -> None:
             worst = {k: max(r[k] for r in runs) for k in runs[0]}
             rows.append({"mix": mix, "order": name, "point_seconds": point,
                          "max_lead_seconds": lead, **worst})
-            print(f"| {mix} | {name} | {worst['percent_error_p50']} / "
-                  f"{worst['percent_error_p99']} / {worst['percent_error_max']} | "
-                  f"{worst['progress_freshness_p50_s']:.0f} / "
-                  f"{worst['progress_freshness_p99_s']:.0f} | "
-                  f"{worst['longest_wait_s']:.0f} |")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump({"jobs": args.jobs, "rate": args.rate, "seconds": args.seconds,
-                       "seeds": args.seeds, "rows": rows}, out, indent=1)
+            lines.append(f"| {mix} | {name} | {worst['percent_error_p50']} / "
+                         f"{worst['percent_error_p99']} / {worst['percent_error_max']} | "
+                         f"{worst['progress_freshness_p50_s']:.0f} / "
+                         f"{worst['progress_freshness_p99_s']:.0f} | "
+                         f"{worst['longest_wait_s']:.0f} |")
+            print(lines[-1])
+    if args.report:
+        commit = source_commit()
+        with open(f"{args.report}.json", "w", encoding="utf-8") as out:
+            json.dump({"commit": commit, "jobs": args.jobs, "rate": args.rate,
+                       "seconds": args.seconds, "seeds": args.seeds, "rows": rows},
+                      out, indent=1)
+        with open(f"{args.report}.md", "w", encoding="utf-8") as out:
+            out.write("# Write order under a saturated budget (simulated clock)\n\n"
+                      f"Commit {commit}; `python -m benchmarks.write_order_sim "
+                      f"--jobs {args.jobs} --rate {args.rate:g} --seconds {args.seconds} "
+                      f"--seeds {args.seeds}`; load {loadavg()} (the figures do not depend "
+                      "on it: the clock is simulated).  Measures in the module doc of "
+                      "`benchmarks/write_order_sim.py`.\n\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
