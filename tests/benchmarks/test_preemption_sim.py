@@ -4,7 +4,16 @@ on small cases worked by hand from Kueue v0.17.0's ``CandidatesOrdering`` and
 
 from __future__ import annotations
 
-from benchmarks.preemption import CAPACITY, HIGH_PRIORITY, LOW_PRIORITY, Job, Sim, finest, run
+from benchmarks.preemption import (
+    CAPACITY,
+    HIGH_PRIORITY,
+    LOW_PRIORITY,
+    SHAPES,
+    Job,
+    OptimumSim,
+    Sim,
+    run,
+)
 
 
 def _sim(running: list[Job]) -> Sim:
@@ -37,11 +46,31 @@ def test_fill_back_returns_victims_not_needed() -> None:
     assert sim.running == [small] and sim.preemptions == 1
 
 
-def test_report_fields_and_the_finest_reference_stays_below_the_gap() -> None:
-    res = run(5, 10)
+def test_the_optimum_takes_the_cheapest_set_that_frees_room() -> None:
+    # The 4-accelerator job saved 3500 s ago (14,000 acc-s at risk); the two
+    # 2-accelerator jobs started 100 s ago and saved nothing (200 acc-s each): the optimum
+    # gives up the two.
+    old = Job(uid=1, accelerators=4, priority=LOW_PRIORITY, created=0, period=1e9,
+              phase=100.0, admitted=0.0, runs=1)
+    fresh = [Job(uid=2 + i, accelerators=2, priority=LOW_PRIORITY, created=1, period=1e9,
+                 phase=1e9, admitted=3500.0, runs=1) for i in range(2)]
+    filler = Job(uid=9, accelerators=CAPACITY - 8, priority=HIGH_PRIORITY, created=0,
+                 admitted=0.0, runs=1)
+    sim = OptimumSim(low=[], arrivals=[], boost_of=lambda work: 0)
+    sim.running = [old, *fresh, filler]
+    sim.preempt_for(Job(uid=10, accelerators=4, priority=HIGH_PRIORITY, created=3600),
+                    3600.0)
+    assert sim.running == [old, filler] and sim.preemptions == 2
+    assert sum(j.lost for j in fresh) == 2 * 2 * 100.0
+
+
+def test_report_fields_and_the_optimum_bounds_the_rule() -> None:
+    res = run(5, 10, SHAPES[::2])  # two shapes: the smallest run that has both kinds
     assert len(res["per_seed"]) == 5
+    assert [sh["shape"] for sh in res["shapes"]] == [SHAPES[0].name, SHAPES[2].name]
     for row in res["per_seed"]:
         assert row["without_boost"]["arrivals"] == row["with_boost"]["arrivals"]
         assert row["without_boost"]["accelerator_seconds_lost"] > 0
     assert 0 <= res["work_lost_reduction_median"] <= 1
-    assert finest(10.0**12) < HIGH_PRIORITY - LOW_PRIORITY
+    for shape in res["shapes"]:
+        assert shape["optimum_reduction_median"] >= shape["work_lost_reduction_median"] - 0.05
