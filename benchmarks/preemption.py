@@ -257,7 +257,7 @@ def _cut(before: float, after: dict[str, Any]) -> float:
 def run_shape(seeds: int, max_boost: int, shape: Shape) -> dict[str, Any]:
     """Every seed of ``shape``: Kueue alone, with the boost, and the two optimum
     references (:class:`OptimumSim`)."""
-    per_seed = []
+    per_seed: list[dict[str, Any]] = []
     for seed in range(seeds):
         without = arm(seed, lambda work: 0, shape)
         with_boost = arm(seed, lambda work: boost_for(work, max_boost), shape)
