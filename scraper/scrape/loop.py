@@ -210,6 +210,8 @@ class TargetState:
         answered_ever: its exporter answered once (before, a refusal is retried soon).
         held: the task keeping this target's one waiting scrape open, if any.
         wrong_pod_logged: an answer from another pod was logged for this target.
+        unconfirmed_logged: the pod check last logged as a WARNING for an answer that
+            states no pod (one WARNING per check result, not per scrape).
         sequence: the exporter sequence of the last answer in order (None: none had one).
         reported: the content (status, sequence) of the last answer in order.
         reported_seen: monotonic time ``reported`` was first seen (``-inf`` for the
@@ -237,6 +239,7 @@ class TargetState:
     answered_ever: bool = False
     held: asyncio.Task[None] | None = None
     wrong_pod_logged: bool = False
+    unconfirmed_logged: str | None = None
     #: The pods at this target's address when a :class:`SharedAddress` Event was last
     #: recorded: one Event per set of pods, not per scrape; () once an answer is used.
     shared_reported: tuple[str, ...] = ()
@@ -497,11 +500,17 @@ class ScrapeLoop:
             check = await self._confirm_pod(target)
             if check is not PodCheck.CONFIRMED:
                 self._counts.scraped("unconfirmed")
-                log.warning("target %s (%s): an answer that states no pod, and the pod "
-                            "is not the target's any more (%s); not written, the pod "
-                            "watch relists", target.key, target.url, check.value)
+                # Counted every time; a WARNING once per result, not per scrape.
+                level = (logging.DEBUG if state.unconfirmed_logged == check.value
+                         else logging.WARNING)
+                state.unconfirmed_logged = check.value
+                log.log(level, "target %s (%s): an answer that states no pod, and the pod "
+                        "is not the target's any more (%s); not written, the pod watch "
+                        "relists (counted in trainjob_scraper_scrapes_total"
+                        "{result=\"unconfirmed\"})", target.key, target.url, check.value)
                 self._on_unconfirmed(target, check)
                 return
+            state.unconfirmed_logged = None
         self._counts.scraped("ok")
         if result.sequence is not None:
             state.sequence = result.sequence
