@@ -148,6 +148,8 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
     from scraper.shared.scrapes import Fresh
     from scraper.shared.trainjobs import TrainJobRecord, TrainJobStore
     from scraper.telemetry import JobView, Telemetry
+    from scraper.write.rate import WriteBudget
+    from scraper.write.rules import WriteRules
     from scraper.write.writer import StatusWriter
 
     targets = [Target("bench", f"job-{i}", f"pod-{i}", "uid", url, 1.0)
@@ -237,8 +239,9 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
     from kubernetes import client as k8s
     store = TrainJobStore([None])
     store.synced.set()
-    writer = StatusWriter.for_client(k8s.ApiClient(), identity="bench", qps=20, burst=30,
-                                     store=store, decide=decide)
+    writer = StatusWriter.for_client(k8s.ApiClient(), identity="bench",
+                                     budget=WriteBudget(20, 30), store=store,
+                                     rules=WriteRules(decide))
     telemetry = Telemetry(lambda: [])
     loop = ScrapeLoop(scraper, writer, writer.events, backoff_max=60,
                       counts=telemetry)
@@ -308,6 +311,8 @@ async def status_writes(count: int) -> dict[str, float]:
     from scraper.shared.outcome import FIELD_MANAGER, WriteOutcome
     from scraper.shared.trainjobs import TrainJobStore
     from scraper.write.annotation_target import Place, apply_request
+    from scraper.write.rate import WriteBudget
+    from scraper.write.rules import WriteRules
     from scraper.write.worker import StatusRequest
     from scraper.write.writer import StatusWriter
 
@@ -416,8 +421,9 @@ async def status_writes(count: int) -> dict[str, float]:
             store.on_list("bench", [custom.get_namespaced_custom_object(
                 API_GROUP, API_VERSION, "bench", TRAINJOB_PLURAL, f"w{k}")
                 for k in range(LANES)])
-            writer = StatusWriter.for_client(api, identity="bench", qps=1e6, burst=10**6,
-                                             store=store, decide=decide, request=request)
+            writer = StatusWriter.for_client(api, identity="bench",
+                                             budget=WriteBudget(1e6, 10**6), store=store,
+                                             rules=WriteRules(decide), request=request)
             writer.start()
 
             async def lane(k: int, first: int, n: int) -> list[WriteOutcome]:

@@ -57,6 +57,8 @@ from scraper.stall.watch import Observed, StallCollector, StallWatch
 from scraper.supervisor import Supervisor, first_set
 from scraper.telemetry import Telemetry
 from scraper.write.annotation_target import StatusTarget
+from scraper.write.rate import WriteBudget
+from scraper.write.rules import WriterHooks, WriteRules
 from scraper.write.worker import StatusRequest
 from scraper.write.writer import StatusWriter
 
@@ -135,14 +137,15 @@ class ScraperApp:
         # Writes and watches retry once the API answers again (kube/health.py).
         self.health = ApiHealth.for_client(self.api)
         self.writer = writer_class.for_client(
-            self.api, identity=lease.identity, qps=write.qps, burst=write.burst,
-            store=self.trainjobs, may_write=self._may_write, counts=t,
-            on_gone=self._drop_trainjob,
-            policy=write.policy, policy_of=self.policy_of,
-            target=StatusTarget(write.status_target), health=self.health,
-            decide=decide, request=request,
-            qps_max=write.qps_max, on_rate_change=lambda change: t.write_rate_changed(
-                change.before, change.after, change.reason.value))
+            self.api, identity=lease.identity,
+            budget=WriteBudget(write.qps, write.burst, write.qps_max,
+                               lambda change: t.write_rate_changed(
+                                   change.before, change.after, change.reason.value)),
+            store=self.trainjobs,
+            rules=WriteRules(decide, write.policy, self.policy_of,
+                             StatusTarget(write.status_target)),
+            hooks=WriterHooks(self._may_write, t, self._drop_trainjob, self.health),
+            request=request)
         t.write_rate.set(write.qps)
         # Everything not applied yet, also what a writer took and waits on the budget for.
         t.writes_pending.set_function(lambda: self.writer.queue.unapplied())

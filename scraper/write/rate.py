@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import TracebackType
 
 import urllib3
@@ -133,6 +134,22 @@ class AdaptiveRate:
 def adapts(qps: float, qps_max: float) -> bool:
     """Whether the write rate adapts: a ceiling above the start rate (else it is fixed)."""
     return qps_max > qps
+
+
+def _no_change(change: Change) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class WriteBudget:
+    """The status writes' budget: ``qps`` writes/s to start from (and the floor),
+    ``burst`` tokens, ``qps_max`` the adaptive rate's ceiling (None or not above ``qps``:
+    a fixed rate), each change of the rate told to ``on_rate_change``."""
+
+    qps: float
+    burst: int
+    qps_max: float | None = None
+    on_rate_change: Callable[[Change], None] = field(default=_no_change)
 
 
 def write_limiter(qps: float, qps_max: float | None, burst: int,

@@ -57,9 +57,7 @@ from kubernetes.client import ApiClient, ApiextensionsV1Api, CoreV1Api, CustomOb
 from exporter_lib.status import TrainerStatus
 from scraper.kube.crd import CrdSupport
 from scraper.kube.events import EventRecorder
-from scraper.kube.health import ApiHealth
-from scraper.shared.outcome import NO_COUNTS, WriteCounts, WriteOutcome
-from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
+from scraper.shared.outcome import WriteOutcome
 from scraper.shared.trainjobs import (
     TrainJobGone,
     TrainJobKey,
@@ -68,7 +66,6 @@ from scraper.shared.trainjobs import (
     older,
 )
 from scraper.shared.writes import (
-    Decide,
     Decision,
     Priority,
     Report,
@@ -82,8 +79,8 @@ from scraper.write.annotation_target import Place, StatusTarget, place_for, stat
 from scraper.write.deferral import Deferrals
 from scraper.write.notices import Notices
 from scraper.write.queue import WriteQueue
-from scraper.write.rate import AdaptiveRate, write_limiter
-from scraper.write.rate_rule import Change
+from scraper.write.rate import AdaptiveRate, WriteBudget, write_limiter
+from scraper.write.rules import NO_HOOKS, WriterHooks, WriteRules
 from scraper.write.worker import OurWrite, StatusApply, StatusRequest, WriteWorker, writers_for
 
 __all__ = ["StatusWriter", "already_stored"]
@@ -112,22 +109,12 @@ class StatusWriter:
         crd: what is known of the TrainJob CRD (shared with the CRD re-check).
         events: where "unsupported CRD" and ``ClockSkew`` Events go.
         limiter: the token bucket of the writes.
-        may_write: the leader fence, checked before every write.
-        counts: where each outcome, request time, deferral and clock skew is counted
-            (:class:`~scraper.shared.outcome.WriteCounts`: the telemetry).
-        on_gone: called with ``(namespace, name)`` when a write finds the TrainJob gone.
-        policy: the default write policy (``--progress-floor``, ``--metrics-staleness``).
-        policy_of: a TrainJob's write policy by ``(namespace, name)`` (its annotations
-            over the default, :class:`scraper.shared.policy.PolicyResolver`); None: the
-            default for every TrainJob.
-        target: where statuses go (``--status-target``, :mod:`scraper.write.annotation_target`).
+        rules: the decision, the policies and where statuses go
+            (:class:`scraper.write.rules.WriteRules`).
+        hooks: the leader fence, the telemetry, the TrainJob-gone callback and the API's
+            health, whose recoveries make the queued retries due (module doc;
+            :class:`scraper.write.rules.WriterHooks`).
         clock: monotonic seconds.
-        health: told when a write finds the API server unreachable or gets an answer;
-            its recoveries make the queued retries due (module doc).
-        decide: the decision (:func:`scraper.decide.decision.decide`), asked in
-            :meth:`decision` only.
-        other_writer_grace: ``--other-writer-grace`` (seconds, docs/scraper.md, "Other
-            writers and time"); None: the policy's.
         wall: epoch seconds (the arrival time of a report).
         request: the apply request (default :class:`scraper.write.worker.StatusApply`
             over :attr:`writers` connections of its own).
@@ -141,31 +128,25 @@ class StatusWriter:
         crd: CrdSupport,
         events: EventRecorder,
         limiter: AsyncLimiter | AdaptiveRate,
-        decide: Decide,
-        may_write: Callable[[], bool] = lambda: True,
-        counts: WriteCounts = NO_COUNTS,
-        on_gone: Callable[[str, str], None] = lambda namespace, name: None,
-        policy: WritePolicy = DEFAULT_POLICY,
-        policy_of: Callable[[str, str], WritePolicy] | None = None,
-        target: StatusTarget = StatusTarget.STATUS,
+        rules: WriteRules,
+        hooks: WriterHooks = NO_HOOKS,
         clock: Callable[[], float] = time.monotonic,
-        health: ApiHealth | None = None,
-        other_writer_grace: float | None = None,
         wall: Callable[[], float] = time.time,
         request: StatusRequest | None = None,
     ) -> None:
         self.store = store
         self.crd = crd
         self.events = events
-        self._may_write = may_write
-        self._counts = counts
-        self._on_gone = on_gone
-        if other_writer_grace is not None:
-            policy = replace(policy, other_writer_grace=other_writer_grace)
+        self._may_write = hooks.may_write
+        self._counts = counts = hooks.counts
+        self._on_gone = hooks.on_gone
+        policy = rules.policy
+        if rules.other_writer_grace is not None:
+            policy = replace(policy, other_writer_grace=rules.other_writer_grace)
         self.policy = policy
-        self._policy_of = policy_of or (lambda namespace, name: self.policy)
-        self._decide = decide
-        self.target = target
+        self._policy_of = rules.policy_of or (lambda namespace, name: self.policy)
+        self._decide = rules.decide
+        self.target = target = rules.target
         self._clock = clock
         self._wall = wall
         self.queue = WriteQueue(clock=clock)
@@ -180,12 +161,12 @@ class StatusWriter:
             limiter=limiter,
             request=request or StatusApply(api_client, connections=self.writers),
             decisions=self, notices=self._notices, ours=self._ours,
-            place=self.place, target=target, may_write=may_write, counts=counts,
+            place=self.place, target=target, may_write=hooks.may_write, counts=counts,
             on_settled=self._settle, on_gone=self._dropped,
-            health=health, clock=clock, wall=wall,
+            health=hooks.health, clock=clock, wall=wall,
             on_answer=limiter.observe if isinstance(limiter, AdaptiveRate) else _unheard)
-        if health is not None:
-            health.on_recovered(self.queue.resume)
+        if hooks.health is not None:
+            hooks.health.on_recovered(self.queue.resume)
         store.on_changed(self.on_trainjob_change)
 
     @classmethod
@@ -194,37 +175,25 @@ class StatusWriter:
         api_client: ApiClient,
         *,
         identity: str,
-        qps: float,
-        burst: int,
+        budget: WriteBudget,
         store: TrainJobStore,
-        decide: Decide,
-        may_write: Callable[[], bool] = lambda: True,
-        counts: WriteCounts = NO_COUNTS,
-        on_gone: Callable[[str, str], None] = lambda namespace, name: None,
-        policy: WritePolicy = DEFAULT_POLICY,
-        policy_of: Callable[[str, str], WritePolicy] | None = None,
-        target: StatusTarget = StatusTarget.STATUS,
-        health: ApiHealth | None = None,
-        other_writer_grace: float | None = None,
+        rules: WriteRules,
+        hooks: WriterHooks = NO_HOOKS,
         request: StatusRequest | None = None,
-        qps_max: float | None = None,
-        on_rate_change: Callable[[Change], None] = lambda change: None,
     ) -> Self:
         """A writer with its own CRD knowledge and Event recorder; writes take tokens of
-        :func:`scraper.write.rate.write_limiter` (``qps`` to ``qps_max``, ``burst``); Events
-        have a bucket of their own: they never spend the writes' budget."""
-        limiter = write_limiter(qps, qps_max, burst, on_rate_change)
+        :func:`scraper.write.rate.write_limiter` (``budget``: qps up to qps_max, burst);
+        Events have a bucket of their own: they never spend the writes' budget."""
+        limiter = write_limiter(budget.qps, budget.qps_max, budget.burst,
+                                budget.on_rate_change)
         events = EventRecorder(CoreV1Api(api_client), identity=identity, uid_of=store.uid_of)
-        fallback = ("" if target is StatusTarget.STATUS
-                    else f"{Place.ANNOTATION.value} (--status-target {target.value})")
+        fallback = ("" if rules.target is StatusTarget.STATUS
+                    else f"{Place.ANNOTATION.value} (--status-target {rules.target.value})")
         # The writer is built next: the CRD's callback reads it when support returns.
         crd = CrdSupport(ApiextensionsV1Api(api_client), fallback=fallback,
                          on_supported=lambda: writer.supported_again())
         writer = cls(api_client, store=store, crd=crd, events=events, limiter=limiter,
-                     decide=decide, may_write=may_write, counts=counts,
-                     on_gone=on_gone, policy=policy, policy_of=policy_of,
-                     target=target, health=health, other_writer_grace=other_writer_grace,
-                     request=request)
+                     rules=rules, hooks=hooks, request=request)
         return writer
 
     def place(self) -> Place:

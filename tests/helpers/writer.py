@@ -16,6 +16,8 @@ from scraper.kube.informer import ListWatch
 from scraper.shared.policy import PROGRESS_FLOOR_MIN, WritePolicy
 from scraper.shared.trainjobs import TrainJobStore, slim_trainjob
 from scraper.write.annotation_target import StatusTarget
+from scraper.write.rate import WriteBudget
+from scraper.write.rules import WriterHooks, WriteRules
 from scraper.write.writer import StatusWriter
 
 #: Every change written as soon as the budget allows (the smallest floor, no staleness).
@@ -28,7 +30,8 @@ async def running_writer(api: client.ApiClient, namespace: str, *, qps: float = 
                          target: StatusTarget = StatusTarget.STATUS, **options: Any,
                          ) -> AsyncIterator[tuple[StatusWriter, ListWatch]]:
     """A :class:`StatusWriter` whose store watches TrainJobs of ``namespace`` (synced);
-    ``options`` go to :meth:`StatusWriter.for_client` (e.g. ``other_writer_grace``).
+    ``options``: ``qps_max`` and ``on_rate_change`` (the budget), ``other_writer_grace``
+    (the rules), and the fields of :class:`scraper.write.rules.WriterHooks`.
 
     ``policy``: :data:`AT_ONCE` unless a test is about the write policy, so tests of
     other rules see each change written as soon as the budget allows."""
@@ -40,9 +43,13 @@ async def running_writer(api: client.ApiClient, namespace: str, *, qps: float = 
         name=f"trainjobs/{namespace}", loop=asyncio.get_running_loop(),
         on_list=functools.partial(store.on_list, namespace), on_event=store.on_event,
         slim=slim_trainjob)
-    writer = StatusWriter.for_client(api, identity="test", qps=qps, burst=burst, store=store,
-                                     decide=decide, policy=policy, target=target,
-                                     **options)
+    budget = WriteBudget(qps, burst, options.pop("qps_max", None),
+                         **({"on_rate_change": options.pop("on_rate_change")}
+                            if "on_rate_change" in options else {}))
+    rules = WriteRules(decide, policy, target=target,
+                       other_writer_grace=options.pop("other_writer_grace", None))
+    writer = StatusWriter.for_client(api, identity="test", budget=budget, store=store,
+                                     rules=rules, hooks=WriterHooks(**options))
     watch.start()
     writer.start()
     try:
