@@ -217,15 +217,17 @@ class OptimumSim(Sim):
         need = arrival.accelerators - self.free()
         if sum(j.accelerators for j in candidates) < need:
             return
-        # freed accelerators (capped at need) -> (work lost, victims)
-        best: dict[int, tuple[float, list[Job]]] = {0: (0.0, [])}
+        # freed accelerators (capped at need) -> (work lost, accelerators taken, victims):
+        # among sets that lose as little, the one that takes the fewest accelerators
+        best: dict[int, tuple[float, int, list[Job]]] = {0: (0.0, 0, [])}
         for job in candidates:
             risk = 0.0 if self.blind and job.silent else job.at_risk(now)
-            for freed, (lost, victims) in list(best.items()):
+            for freed, (lost, taken, victims) in list(best.items()):
                 after = min(need, freed + job.accelerators)
-                if after not in best or best[after][0] > lost + risk:
-                    best[after] = (lost + risk, [*victims, job])
-        for job in best[need][1]:
+                option = (lost + risk, taken + job.accelerators, [*victims, job])
+                if after not in best or best[after][:2] > option[:2]:
+                    best[after] = option
+        for job in best[need][2]:
             job.lost += job.at_risk(now)
             job.preempted += 1
             job.admitted, job.boost = None, 0

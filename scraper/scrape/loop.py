@@ -510,7 +510,7 @@ class ScrapeLoop:
                         "{result=\"unconfirmed\"})", target.key, target.url, check.value)
                 self._on_unconfirmed(target, check)
                 return
-            state.unconfirmed_logged = None
+        state.unconfirmed_logged = None  # an answer used: a later episode warns again
         self._counts.scraped("ok")
         if result.sequence is not None:
             state.sequence = result.sequence

@@ -283,5 +283,9 @@ def test_pod_watch_behind_an_exporter_stating_no_pod_never_puts_b_on_a(
         # Once the watch catches up, B's pod is B's target and gets its status.
         wait_for(lambda: progress_of(kube_api, namespace, "b") == 77, 45, "B's status on B")
         assert progress_of(kube_api, namespace, "a") == 10, "B's status landed on A"
-        # Every unconfirmed answer is counted (>= 3 above); the WARNING is logged once.
-        assert scraper.log().count("not the target's any more (gone)") == 1
+        # Every unconfirmed answer is counted (>= 3 above); the WARNING is logged once
+        # (the repeats at DEBUG, which this scraper's log also holds).
+        lines = [line for line in scraper.log().splitlines()
+                 if "not the target's any more (gone)" in line]
+        assert len(lines) >= 3
+        assert sum(" WARNING " in line for line in lines) == 1, lines

@@ -188,7 +188,7 @@ def same(item: Pending, key: tuple[str, str], record: Record) -> bool:
     return (item.key == key and item.status == status(record.status)
             and item.priority == record.cls and item.queued_at == record.queued
             and item.attempts == record.attempts and item.since == record.since
-            and item.due() == record.due())
+            and item.due() == record.due() and item.behind == record.behind)
 
 
 @settings(max_examples=400, deadline=None)
@@ -197,6 +197,14 @@ def same(item: Pending, key: tuple[str, str], record: Record) -> bool:
 @example([("put", 0, Priority.METRICS, 20, 0, None), ("tick", 15),
           ("put", 1, Priority.PROGRESS, 0, 0, None), ("tick", 5), ("take", 1)])
 # The TrainJob furthest behind goes first among equals; the lead is capped.
+# A newer status joining a pending one brings its own distance behind, and the order's
+# index follows it.
+@example([("put", 0, Priority.PROGRESS, 0, 0, None), ("put", 1, Priority.PROGRESS, 0, 0, None),
+          ("put", 1, Priority.PROGRESS, 0, 0, 0), ("take", 0)])
+# A status that arrived during a write is measured against what that write put there.
+@example([("put", 0, Priority.PROGRESS, 0, 0, None), ("put", 1, Priority.PROGRESS, 0, 0, None),
+          ("take", 0), ("put", 0, Priority.PROGRESS, 0, 0, 100), ("tick", 15),
+          ("done", 0, None), ("take", 0)])
 @example([("put", 0, Priority.PROGRESS, 0, 0, 0), ("put", 1, Priority.PROGRESS, 0, 0, 60),
           ("put", 2, Priority.PROGRESS, 0, 0, None), ("tick", 30), ("take", 2)])
 # A TrainJob forgotten while its write is out: the failed write is not retried, and a
