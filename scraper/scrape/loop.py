@@ -499,15 +499,12 @@ class ScrapeLoop:
                 and content != state.reported):
             check = await self._confirm_pod(target)
             if check is not PodCheck.CONFIRMED:
-                self._counts.scraped("unconfirmed")
-                # Counted every time; a WARNING once per result, not per scrape.
-                level = (logging.DEBUG if state.unconfirmed_logged == check.value
-                         else logging.WARNING)
-                state.unconfirmed_logged = check.value
-                log.log(level, "target %s (%s): an answer that states no pod, and the pod "
-                        "is not the target's any more (%s); not written, the pod watch "
-                        "relists (counted in trainjob_scraper_scrapes_total"
-                        "{result=\"unconfirmed\"})", target.key, target.url, check.value)
+                self._counts.scraped("unconfirmed")  # each; a WARNING once per result
+                warned, state.unconfirmed_logged = state.unconfirmed_logged, check.value
+                log.log(logging.DEBUG if warned == check.value else logging.WARNING,
+                        "target %s (%s): an answer that states no pod, and the pod is not the "
+                        "target's any more (%s); not written, the pod watch relists",
+                        target.key, target.url, check.value)
                 self._on_unconfirmed(target, check)
                 return
         state.unconfirmed_logged = None  # an answer used: a later episode warns again
