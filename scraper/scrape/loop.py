@@ -177,14 +177,11 @@ class Pacing(Protocol):
 
 
 class _NoPacing:
-    def busy(self, key: str) -> None:
-        pass
+    def busy(self, key: str) -> None: ...
 
-    def holding(self, key: str, held: bool) -> None:
-        pass
+    def holding(self, key: str, held: bool) -> None: ...
 
-    def run_within(self, key: str, seconds: float) -> None:
-        pass
+    def run_within(self, key: str, seconds: float) -> None: ...
 
 
 @dataclass(eq=False)
@@ -210,8 +207,7 @@ class TargetState:
         answered_ever: its exporter answered once (before, a refusal is retried soon).
         held: the task keeping this target's one waiting scrape open, if any.
         wrong_pod_logged: an answer from another pod was logged for this target.
-        unconfirmed_logged: the pod check last logged as a WARNING for an answer that
-            states no pod (one WARNING per check result, not per scrape).
+        unconfirmed_logged: the last pod check logged as a WARNING (one per result).
         sequence: the exporter sequence of the last answer in order (None: none had one).
         reported: the content (status, sequence) of the last answer in order.
         reported_seen: monotonic time ``reported`` was first seen (``-inf`` for the
