@@ -56,10 +56,14 @@ def percent_errors(seen: Iterable[tuple[str, float, float]], port_of: Mapping[st
     ``step`` s in ``[start, end)``.
 
     ``seen``: ``(job, stamp shown, epoch seen)`` of each status write the watch saw.  A
-    TrainJob not shown yet at a sample is not sampled (its first status is scenario a's).
+    TrainJob not shown a changing status yet at a sample is not sampled: its first
+    status is scenario a's static one, stamp 0, which counts no change (compared with
+    the change count since the epoch it would be an error of about 10^8 points).
     """
     shown: dict[str, tuple[list[float], list[float]]] = {}
     for job, value, at in sorted(seen, key=lambda s: s[2]):
+        if value <= 0:
+            continue  # the static status of scenario a
         times, values = shown.setdefault(job, ([], []))
         times.append(at)
         values.append(value)

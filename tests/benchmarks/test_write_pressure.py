@@ -33,3 +33,14 @@ def test_a_trainjob_never_shown_is_not_sampled() -> None:
 def test_writes_per_second_counts_each_second() -> None:
     seen = [("a", 0, 100.2), ("b", 0, 100.9), ("a", 1, 101.5), ("a", 2, 99.0)]
     assert writes_per_second(seen, 100.0, 103.0) == [2, 1, 0]
+
+
+def test_the_static_status_before_the_changes_is_not_an_error_of_every_change_since_1970(
+        ) -> None:
+    port, period = 10001, 10.0
+    start = 1_000_000.0 - phase(port, period)
+    first = stamp(port, period, start)
+    # The static status (stamp 0) was shown first; the changing one 5 s into the window.
+    seen = [("job-0", 0.0, start - 30.0), ("job-0", float(first), start + 5.0)]
+    errors = percent_errors(seen, {"job-0": port}, period, start, start + 10)
+    assert errors == [0] * 5  # sampled from the first changing status on
