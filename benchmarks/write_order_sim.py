@@ -126,6 +126,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--report", metavar="STEM",
                         help="also write STEM.md and STEM.json")
     args = parser.parse_args(argv)
+    for name, value, low in (("--jobs", args.jobs, 1), ("--rate", args.rate, 0.001),
+                             ("--seconds", args.seconds, 1), ("--seeds", args.seeds, 1)):
+        if not value >= low:
+            parser.error(f"{name}={value}: must be at least {low:g}")
     rows = []
     lines = [f"N={args.jobs}, {args.rate:g} writes/s (round-robin turn "
              f"{args.jobs / args.rate:g} s), {args.seconds} s, seeds 0..{args.seeds - 1} "

@@ -8,7 +8,9 @@ not time)."""
 
 from __future__ import annotations
 
-from benchmarks.write_order_sim import periods, simulate
+import pytest
+
+from benchmarks.write_order_sim import main, periods, simulate
 from scraper.write.queue import MAX_LEAD_SECONDS, POINT_SECONDS
 
 JOBS, RATE, SECONDS = 60, 2.0, 400
@@ -31,3 +33,16 @@ def test_at_one_pace_the_weighted_order_is_no_worse() -> None:
     weighted = simulate(JOBS, RATE, SECONDS, every, POINT_SECONDS, MAX_LEAD_SECONDS, 0)
     assert weighted["percent_error_max"] <= plain["percent_error_max"]
     assert weighted["longest_wait_s"] <= plain["longest_wait_s"] + 1
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--jobs", "0"], "--jobs=0: must be at least 1"),
+    (["--rate", "0"], "--rate=0.0: must be at least 0.001"),
+    (["--seconds", "-1"], "--seconds=-1: must be at least 1"),
+    (["--seeds", "0"], "--seeds=0: must be at least 1")])
+def test_a_bad_setting_is_one_error_naming_flag_value_and_limit(
+        argv: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert said in capsys.readouterr().err
