@@ -313,7 +313,8 @@ def table(res: dict[str, Any]) -> str:
         "# Work lost to preemption, with and without the priority boost (simulated)",
         "",
         f"`python -m benchmarks.preemption --seeds {s['seeds']} --max-boost {s['max_boost']}`"
-        f" on {time.strftime('%Y-%m-%d')}.  A simulation: see `benchmarks/preemption.py`'s "
+        f" on {time.strftime('%Y-%m-%d')} at commit {res.get('commit', 'unknown')}.  "
+        "A simulation: see `benchmarks/preemption.py`'s "
         "docstring for what is modelled (Kueue v0.17.0's victim order: effective priority, "
         "then the most recently admitted, `pkg/scheduler/preemption/common/ordering.go`, "
         "and `fillBackWorkloads` in `pkg/scheduler/preemption/preemption.go`) and what is "
@@ -349,8 +350,9 @@ def table(res: dict[str, Any]) -> str:
     lines += [
         "",
         f"Median work lost: {res['work_lost_median_without'] / 3600:.1f} accelerator-hours "
-        f"without the boost, {res['work_lost_median_with'] / 3600:.1f} with it.  Median "
-        f"reduction over the seeds (`work_lost_reduction_median`): "
+        f"without the boost, {res['work_lost_median_with'] / 3600:.1f} with it (medians "
+        "of each arm, not of one seed).  Median of the per-seed reductions "
+        "(`work_lost_reduction_median`): "
         f"{res['work_lost_reduction_median']:.0%}; target >= 50 %: "
         f"{'met' if res['target_met'] else 'NOT met'}.",
         "",

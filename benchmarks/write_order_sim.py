@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from benchmarks.report import loadavg, source_commit
+from benchmarks.report import fmt, loadavg, source_commit
 from exporter_lib.status import TrainerStatus
 from scraper.shared.writes import Priority
 from scraper.write.queue import MAX_LEAD_SECONDS, POINT_SECONDS, WriteQueue
@@ -128,12 +128,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     for name, value, low in (("--jobs", args.jobs, 1), ("--rate", args.rate, 0.001),
                              ("--seconds", args.seconds, 1), ("--seeds", args.seeds, 1)):
-        if not value >= low:
-            parser.error(f"{name}={value}: must be at least {low:g}")
+        if not low <= value < math.inf:
+            parser.error(f"{name}={value}: must be at least {low:g} and finite")
     rows = []
     lines = [f"N={args.jobs}, {args.rate:g} writes/s (round-robin turn "
              f"{args.jobs / args.rate:g} s), {args.seconds} s, seeds 0..{args.seeds - 1} "
-             "(figures: worst seed)", "",
+             "(each figure: its worst over the seeds)", "",
              "| mix | order | error p50 / p99 / max (points) | freshness p50 / p99 (s) |"
              " longest wait (s) |", "|---|---|---|---|---|"]
     print("\n".join(lines))
@@ -142,14 +142,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             runs = [simulate(args.jobs, args.rate, args.seconds,
                              periods(mix, args.jobs, seed), point, lead, seed)
                     for seed in range(args.seeds)]
-            worst = {k: max(r[k] for r in runs) for k in runs[0]}
+            worst = {k: max((r[k] for r in runs if r[k] is not None), default=None)
+                     for k in runs[0]}
             rows.append({"mix": mix, "order": name, "point_seconds": point,
                          "max_lead_seconds": lead, **worst})
-            lines.append(f"| {mix} | {name} | {worst['percent_error_p50']} / "
-                         f"{worst['percent_error_p99']} / {worst['percent_error_max']} | "
-                         f"{worst['progress_freshness_p50_s']:.0f} / "
-                         f"{worst['progress_freshness_p99_s']:.0f} | "
-                         f"{worst['longest_wait_s']:.0f} |")
+            # n/a: nothing sampled (a run no longer than one round-robin turn)
+            lines.append(f"| {mix} | {name} | {fmt(worst['percent_error_p50'], 'd')} / "
+                         f"{fmt(worst['percent_error_p99'], 'd')} / "
+                         f"{fmt(worst['percent_error_max'], 'd')} | "
+                         f"{fmt(worst['progress_freshness_p50_s'])} / "
+                         f"{fmt(worst['progress_freshness_p99_s'])} | "
+                         f"{fmt(worst['longest_wait_s'])} |")
             print(lines[-1])
     if args.report:
         commit = source_commit()

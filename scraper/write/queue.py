@@ -324,10 +324,14 @@ class WriteQueue:
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(waiter)
 
-    def done(self, item: Pending, *, retry_in: float | None = None) -> None:
+    def done(self, item: Pending, *, retry_in: float | None = None,
+             shown: bool = True) -> None:
         """The write of ``item`` ended; ``retry_in`` seconds: try it again after that.
 
-        A newer status that arrived during the write replaces the retry.
+        A newer status that arrived during the write replaces the retry.  ``shown``: the
+        TrainJob now shows ``item``'s status (written, or already there); False when the
+        write ended without it (deferred to another writer, not leading, not stored,
+        failed for good): a newer status then keeps its distance behind what is shown.
         """
         self._processing.discard(item.key)
         resumed = item.key in self._resumed
@@ -340,9 +344,9 @@ class WriteQueue:
             self._written[item.key] = self._clock()
         newer = self._dirty.pop(item.key, None)
         if newer is not None and retry_in is None and not forgotten:
-            # The TrainJob now shows the status just written.
-            newer = replace(newer, since=self._written[item.key],
-                            behind=points_behind(newer.status, item.status))
+            newer = replace(newer, since=self._written[item.key])
+            if shown:
+                newer = replace(newer, behind=points_behind(newer.status, item.status))
         retry = None
         if retry_in is not None and not forgotten:
             # The API came back while this try was out: the retry is the first after it.

@@ -102,6 +102,9 @@ WRITERS_MAX = 32
 REQUEST_ALLOWANCE_SECONDS = 0.5
 #: Between two tries of a queued write: 0.2 s doubling up to 30 s, +50 % jitter.
 QUEUE_BACKOFF = Backoff(initial=0.2, cap=30.0)
+#: Outcomes after which the TrainJob shows the status of the write (the queue measures
+#: how far behind a newer status is from it).
+_SHOWN = frozenset({WriteOutcome.WRITTEN, WriteOutcome.UNCHANGED})
 
 
 def writers_for(qps: float) -> int:
@@ -305,13 +308,14 @@ class WriteWorker:
         while True:
             item = await self.queue.get()
             retry_in: float | None = None
+            outcome: WriteOutcome | None = None
             try:
                 outcome, retry_in = await self._write(item)
             except Exception:
                 log.exception("status write to TrainJob %s/%s raised", *item.key)
                 outcome, retry_in = WriteOutcome.FAILED, QUEUE_BACKOFF.delay(item.attempts)
             finally:
-                self.queue.done(item, retry_in=retry_in)
+                self.queue.done(item, retry_in=retry_in, shown=outcome in _SHOWN)
             if outcome is not None:
                 self._counts.written(outcome)
                 if outcome is not WriteOutcome.RETRIED:

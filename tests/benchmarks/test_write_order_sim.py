@@ -36,13 +36,21 @@ def test_at_one_pace_the_weighted_order_is_no_worse() -> None:
 
 
 @pytest.mark.parametrize(("argv", "said"), [
-    (["--jobs", "0"], "--jobs=0: must be at least 1"),
-    (["--rate", "0"], "--rate=0.0: must be at least 0.001"),
-    (["--seconds", "-1"], "--seconds=-1: must be at least 1"),
-    (["--seeds", "0"], "--seeds=0: must be at least 1")])
+    (["--jobs", "0"], "--jobs=0: must be at least 1 and finite"),
+    (["--rate", "0"], "--rate=0.0: must be at least 0.001 and finite"),
+    (["--rate", "nan"], "--rate=nan: must be at least 0.001 and finite"),
+    (["--rate", "inf"], "--rate=inf: must be at least 0.001 and finite"),
+    (["--seconds", "-1"], "--seconds=-1: must be at least 1 and finite"),
+    (["--seeds", "0"], "--seeds=0: must be at least 1 and finite")])
 def test_a_bad_setting_is_one_error_naming_flag_value_and_limit(
         argv: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2
     assert said in capsys.readouterr().err
+
+
+def test_a_run_no_longer_than_one_turn_prints_n_a_not_a_traceback(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--jobs", "10", "--rate", "100", "--seconds", "2", "--seeds", "2"])
+    assert "n/a" in capsys.readouterr().out

@@ -279,3 +279,20 @@ async def test_a_woken_getter_cancelled_before_it_runs_passes_the_wake_on() -> N
     assert item.key == ("ns", "x")
     with pytest.raises(asyncio.CancelledError):
         await first
+
+
+@pytest.mark.parametrize("shown", [True, False])
+def test_a_status_that_waited_for_a_write_is_measured_against_what_the_trainjob_shows(
+        shown: bool) -> None:
+    """A write that put its status there (written, or already stored) is what the
+    TrainJob shows; one that ended without it (deferred, not leading, not stored, failed
+    for good) leaves the newer status as far behind as before."""
+    q = WriteQueue(clock=Clock())
+    q.put(("ns", "x"), status(50), Priority.PROGRESS, shown=status(10))
+    item = q.take()
+    assert item is not None and item.behind == 40
+    q.put(("ns", "x"), status(51), Priority.PROGRESS, shown=status(10))
+    q.done(item, shown=shown)
+    nxt = q.take()
+    assert nxt is not None and nxt.status == status(51)
+    assert nxt.behind == (1 if shown else 41)
