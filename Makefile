@@ -29,7 +29,7 @@ test:
 
 check:
 	scripts/bootstrap test
-	.venv/bin/ruff check exporter_lib scraper trainjob_client localdev tests benchmarks
+	.venv/bin/ruff check exporter_lib scraper trainjob_client localdev tests benchmarks charts/trainjob-scraper/dashboards
 	.venv/bin/mypy
 	TRAINJOB_PROGRESS_NO_CLUSTER=1 .venv/bin/pytest -n $(CHECK_WORKERS) -m "not cluster" $(ARGS)
 
