@@ -396,8 +396,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--max-boost={args.max_boost}: at least 1 (0 is the arm without)",
               file=sys.stderr)
         return 2
+    if args.out.exists() and not args.out.is_dir():
+        print(f"--out={args.out}: the report cannot be written there (not a directory)",
+              file=sys.stderr)
+        return 2
     res = run(args.seeds, args.max_boost)
-    write_report(res, args.out, "preemption", table, res.pop("started"))
+    try:
+        write_report(res, args.out, "preemption", table, res.pop("started"))
+    except OSError as exc:
+        print(f"--out={args.out}: the report cannot be written there ({exc.strerror or exc})",
+              file=sys.stderr)
+        return 2
     return 0
 
 

@@ -4,6 +4,10 @@ on small cases worked by hand from Kueue v0.17.0's ``CandidatesOrdering`` and
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from benchmarks.preemption import (
     CAPACITY,
     HIGH_PRIORITY,
@@ -12,6 +16,7 @@ from benchmarks.preemption import (
     Job,
     OptimumSim,
     Sim,
+    main,
     run,
 )
 
@@ -89,3 +94,13 @@ def test_among_sets_that_lose_as_little_the_optimum_takes_the_fewest_accelerator
     sim.preempt_for(Job(uid=10, accelerators=4, priority=HIGH_PRIORITY, created=100),
                     100.0)
     assert sim.running == [jobs[0], jobs[1], filler]
+
+
+def test_an_out_that_is_a_file_is_one_error_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["--seeds", "5", "--out", str(blocker)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out={blocker}: the report cannot be written there" in err
+    assert "Traceback" not in err
