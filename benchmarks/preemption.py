@@ -148,7 +148,11 @@ class Sim:
             if free - job.accelerators >= arrival.accelerators:
                 free -= job.accelerators
                 targets.remove(job)
-        for job in targets:
+        self.evict(targets, now)
+
+    def evict(self, victims: list[Job], now: float) -> None:
+        """Preempt ``victims`` at ``now``: each loses its work at risk and queues again."""
+        for job in victims:
             job.lost += job.at_risk(now)
             job.preempted += 1
             job.admitted, job.boost = None, 0
@@ -227,13 +231,7 @@ class OptimumSim(Sim):
                 option = (lost + risk, taken + job.accelerators, [*victims, job])
                 if after not in best or best[after][:2] > option[:2]:
                     best[after] = option
-        for job in best[need][2]:
-            job.lost += job.at_risk(now)
-            job.preempted += 1
-            job.admitted, job.boost = None, 0
-            self.running.remove(job)
-            self.pending.append(job)
-            self.preemptions += 1
+        self.evict(best[need][2], now)
 
 
 class BlindOptimumSim(OptimumSim):
