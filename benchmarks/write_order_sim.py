@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from benchmarks.report import fmt, loadavg, source_commit
+from benchmarks.vs_push_delivery import percentile
 from exporter_lib.status import TrainerStatus
 from scraper.shared.writes import Priority
 from scraper.write.queue import MAX_LEAD_SECONDS, POINT_SECONDS, WriteQueue
@@ -58,13 +59,6 @@ def periods(mix: str, jobs: int, seed: int) -> list[float]:
     if mix == "mixed":
         return [(5.0, 15.0, 60.0)[i % 3] for i in range(jobs)]
     return [math.exp(rng.uniform(math.log(5.0), math.log(300.0))) for _ in range(jobs)]
-
-
-def _pct(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def simulate(jobs: int, rate: float, seconds: int, every: Sequence[float],
@@ -109,10 +103,11 @@ def simulate(jobs: int, rate: float, seconds: int, every: Sequence[float],
         if second > jobs / rate:
             errors.extend(abs(r - s) for r, s in zip(reported, shown, strict=True))
     never = sum(r - s for r, s in zip(reported, shown, strict=True))
-    return {"percent_error_p50": _pct(errors, 0.5), "percent_error_p99": _pct(errors, 0.99),
+    return {"percent_error_p50": percentile(errors, 0.5),
+            "percent_error_p99": percentile(errors, 0.99),
             "percent_error_max": max(errors, default=None),
-            "progress_freshness_p50_s": _pct(fresh, 0.5),
-            "progress_freshness_p99_s": _pct(fresh, 0.99),
+            "progress_freshness_p50_s": percentile(fresh, 0.5),
+            "progress_freshness_p99_s": percentile(fresh, 0.99),
             "values_never_shown": never, "longest_wait_s": longest}
 
 
