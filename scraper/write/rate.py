@@ -152,11 +152,12 @@ class WriteBudget:
     on_rate_change: Callable[[Change], None] = field(default=_no_change)
 
 
-def write_limiter(qps: float, qps_max: float | None, burst: int,
-                  on_change: Callable[[Change], None]) -> AsyncLimiter | AdaptiveRate:
-    """The status writes' bucket of ``burst`` tokens: an :class:`AdaptiveRate` from
-    ``qps`` (start and floor) to ``qps_max`` (each change to ``on_change``), or, when
-    ``qps_max`` is None or not above ``qps``, a fixed ``aiolimiter`` bucket of ``qps``."""
-    if qps_max is not None and adapts(qps, qps_max):
-        return AdaptiveRate(qps, qps_max, burst, on_change=on_change)
-    return AsyncLimiter(burst, burst / qps)
+def write_limiter(budget: WriteBudget) -> AsyncLimiter | AdaptiveRate:
+    """The status writes' bucket of ``budget.burst`` tokens: an :class:`AdaptiveRate` from
+    ``budget.qps`` (start and floor) to ``budget.qps_max`` (each change to
+    ``budget.on_rate_change``), or, when ``qps_max`` is None or not above ``qps``, a fixed
+    ``aiolimiter`` bucket of ``qps``."""
+    if budget.qps_max is not None and adapts(budget.qps, budget.qps_max):
+        return AdaptiveRate(budget.qps, budget.qps_max, budget.burst,
+                            on_change=budget.on_rate_change)
+    return AsyncLimiter(budget.burst, budget.burst / budget.qps)

@@ -184,8 +184,7 @@ class StatusWriter:
         """A writer with its own CRD knowledge and Event recorder; writes take tokens of
         :func:`scraper.write.rate.write_limiter` (``budget``: qps up to qps_max, burst);
         Events have a bucket of their own: they never spend the writes' budget."""
-        limiter = write_limiter(budget.qps, budget.qps_max, budget.burst,
-                                budget.on_rate_change)
+        limiter = write_limiter(budget)
         events = EventRecorder(CoreV1Api(api_client), identity=identity, uid_of=store.uid_of)
         fallback = ("" if rules.target is StatusTarget.STATUS
                     else f"{Place.ANNOTATION.value} (--status-target {rules.target.value})")
