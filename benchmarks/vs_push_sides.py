@@ -8,8 +8,9 @@ Five sides, each a JSON key and a row label that states its settings:
 * ``push_equal_budget``: the same with ``statusServer.qps``/``burst`` (a documented
   setting, ``configuration_types.go``) set to the run's budget;
 * ``push_best``: that budget, and the Trainer built with our patch
-  ``patches/trainer-statusserver-deadline.diff`` (not upstream's): a POST applies under
-  a 3 s deadline, so one that cannot get a slot of the limiter is refused at once;
+  ``patches/trainer-statusserver-deadline.diff`` (not upstream's): a POST for which the
+  status server's QPS/burst has no slot now is refused at once (429), and an admitted
+  one applies under a 3 s deadline;
 * ``pull``: our scraper at its defaults (``--write-qps``/``--write-burst`` 20/30, the
   rate adapting up to ``--write-qps-max`` 200 on the API server's signals);
 * ``pull_equal_budget``: our scraper at a fixed rate of the run's budget
@@ -109,8 +110,8 @@ def make_side(key: str, budget: Budget) -> Side:
         return Side(key, "push", budget, label=f"push, status server {budget.text()}")
     if key == "push_best":
         return Side(key, "push", budget, True,
-                    label=f"best push: status server {budget.text()}, apply deadline "
-                    f"{BEST_DEADLINE_SECONDS:g} s (our patch)")
+                    label=f"best push: status server {budget.text()}, refused at once without "
+                    f"a slot, apply deadline {BEST_DEADLINE_SECONDS:g} s (our patch)")
     if key == "pull":
         return Side(key, "pull", defaults, label=f"pull at its defaults ({defaults.text()})")
     if key == "pull_equal_budget":
