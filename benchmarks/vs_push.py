@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -714,12 +715,16 @@ def _budget(text: str) -> Budget:
     qps, sep, burst = text.partition("/")
     try:
         budget = Budget(float(qps), int(burst) if sep else max(1, int(float(qps) * 1.5)))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(
-            f"--budget={text!r}: must be QPS/BURST, e.g. 20/30") from None
-    if not (0 < budget.qps <= 1000 and 1 <= budget.burst <= 10000):
+            f"--budget={text!r}: must be QPS/BURST, e.g. 20/30 (QPS alone: burst 1.5 QPS)"
+        ) from None
+    if not 0 < budget.qps <= 1000:
         raise argparse.ArgumentTypeError(
-            f"--budget={text!r}: QPS must be in (0, 1000] and burst in [1, 10000]")
+            f"--budget={text!r}: QPS {budget.qps:g} must be in (0, 1000]")
+    if not 1 <= budget.burst <= 10000:
+        raise argparse.ArgumentTypeError(
+            f"--budget={text!r}: burst {budget.burst} must be in [1, 10000]")
     return budget
 
 
@@ -740,8 +745,9 @@ def plan_of(args: argparse.Namespace) -> Plan:
             cases = [Case(c.jobs, c.every, c.percent_seconds, args.window, c.sides)
                      for c in cases]
     else:  # custom: --jobs at --every for --sides
-        cases = [Case(n, args.every, args.percent_seconds, args.window or 600.0,
-                      tuple(args.sides or SIDE_KEYS)) for n in (jobs or [20])]
+        cases = [Case(n, args.every or 1.0, args.percent_seconds or 15.0,
+                      args.window or 600.0, tuple(args.sides or SIDE_KEYS))
+                 for n in (jobs or [20])]
         budget = args.budget or equal_budget()
     if args.sides:
         cases = [Case(c.jobs, c.every, c.percent_seconds, c.window,
@@ -765,9 +771,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget", type=_budget, default=None, metavar="QPS/BURST",
                         help="writes/s and burst of push (b), (c) and pull_equal_budget "
                         "(default: the scraper's defaults; the cliff: 5/10)")
-    parser.add_argument("--every", type=float, default=1.0, help="report interval (custom)")
-    parser.add_argument("--percent-seconds", type=float, default=15.0,
-                        help="seconds per percentage point (custom)")
+    parser.add_argument("--every", type=float, default=None,
+                        help="report interval, s (--plan custom only; default 1)")
+    parser.add_argument("--percent-seconds", type=float, default=None,
+                        help="seconds per percentage point (--plan custom only; default 15)")
     parser.add_argument("--window", type=float, default=None,
                         help="seconds measured per session (default: the plan's)")
     parser.add_argument("--warmup", type=float, default=10.0,
@@ -793,15 +800,71 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "this run does not measure join this run's report, marked")
     args = parser.parse_args(argv)
     if args.quick:
+        if args.plan not in ("main", "quick"):  # main: the default, not asked for
+            parser.error(f"--quick is --plan quick: not with --plan {args.plan}")
         args.plan = "quick"
-    if args.jobs and min(args.jobs) < 2:
-        parser.error(f"--jobs={args.jobs}: each N must be >= 2 (one TrainJob per finals half)")
-    if args.window is not None and args.window < 5:
-        parser.error(f"--window={args.window:g}: must be >= 5 seconds")
-    if args.every <= 0 or args.fault < 0 or args.settle < 0:
-        parser.error(f"--every={args.every:g} (> 0), --fault={args.fault:g} (>= 0), "
-                     f"--settle={args.settle:g} (>= 0)")
+    problem = _first_problem(args)
+    if problem:
+        parser.error(problem)
     return args
+
+
+#: Each numeric option's lower bound and whether the bound itself is allowed.
+_BOUNDS: dict[str, tuple[float, bool]] = {
+    "every": (0.0, False), "percent_seconds": (0.0, False), "window": (5.0, True),
+    "warmup": (0.0, True), "fault": (0.0, True), "settle": (0.0, True),
+    "setup_timeout": (0.0, False), "time_budget": (0.0, False), "real": (1.0, True)}
+
+
+def _first_problem(args: argparse.Namespace) -> str | None:
+    """The first option of ``args`` out of its range, as one line naming the option, the
+    value and the limit; None when all are in range."""
+    if args.jobs and min(args.jobs) < 2:
+        return f"--jobs={args.jobs}: each N must be >= 2 (one TrainJob per finals half)"
+    if args.jobs and args.plan == "main":
+        known = sorted({c.jobs for c in main_cases()})
+        if unknown := sorted(set(args.jobs) - set(known)):
+            return f"--jobs={unknown}: the main plan's N are {known} (--plan custom for others)"
+    if args.plan != "custom":
+        for name in ("every", "percent_seconds"):
+            if getattr(args, name) is not None:
+                return (f"--{name.replace('_', '-')}={getattr(args, name):g}: only with "
+                        f"--plan custom (plan {args.plan} sets its own)")
+    for name, (low, inclusive) in _BOUNDS.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        flag = f"--{name.replace('_', '-')}={value:g}"
+        if not math.isfinite(value):
+            return f"{flag}: must be a finite number"
+        if value < low or (value == low and not inclusive):
+            return f"{flag}: must be {'>=' if inclusive else '>'} {low:g}"
+    return None
+
+
+def load_carry(path: Path, name: str, cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """The earlier run ``path`` (its JSON), checked to be of plan ``name`` with ``cases``
+    (dicts of :class:`Case` fields), so that a run is not started that could not carry it.
+
+    Raises:
+        SystemExit: ``path`` cannot be read as a run's JSON, or it is of another plan, or
+            its cases differ.
+    """
+    def key(of: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return [(c["jobs"], c["every"], c["percent_seconds"], c["window"]) for c in of]
+
+    try:
+        old = json.loads(path.read_text())
+        theirs = (old["plan"]["name"], key(old["plan"]["cases"]))
+        if not isinstance(old["runs"], list):
+            raise TypeError("runs is not a list")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--carry={path}: not a readable run of this benchmark "
+                         f"({type(exc).__name__}: {exc})") from None
+    if theirs != (name, key(cases)):
+        raise SystemExit(f"--carry={path}: plan {theirs[0]!r} with cases {theirs[1]}; this "
+                         f"run: {name!r} with {key(cases)}")
+    return old  # type: ignore[no-any-return]
 
 
 def carry(res: dict[str, Any], path: Path) -> None:
@@ -810,23 +873,16 @@ def carry(res: dict[str, Any], path: Path) -> None:
     commit, and summarise again.  For rerunning one side of a plan after a fix of that
     side alone: the carried sessions keep their own settings and figures.
 
+    A session that run had itself carried keeps the run it came from.
+
     Raises:
-        SystemExit: ``path`` is of another plan, or its cases differ from this run's.
+        SystemExit: as :func:`load_carry`.
     """
-    old = json.loads(path.read_text())
-
-    def cases(run: dict[str, Any]) -> list[tuple[Any, ...]]:
-        return [(c["jobs"], c["every"], c["percent_seconds"], c["window"])
-                for c in run["plan"]["cases"]]
-
-    if (old["plan"]["name"], cases(old)) != (res["plan"]["name"], cases(res)):
-        raise SystemExit(f"--carry={path}: plan {old['plan']['name']!r} with cases "
-                         f"{cases(old)}; this run: {res['plan']['name']!r} with "
-                         f"{cases(res)}")
+    old = load_carry(path, res["plan"]["name"], res["plan"]["cases"])
     measured = {r["side"] for r in res["runs"]}
     source = {"file": path.name, "started": old.get("started"),
               "commit": old.get("commit", "not recorded")}
-    kept = [{**r, "carried_from": source} for r in old["runs"]
+    kept = [{**r, "carried_from": r.get("carried_from", source)} for r in old["runs"]
             if r["side"] not in measured]
     res["runs"] = kept + res["runs"]
     res["carried"] = {**source, "sides": sorted({r["side"] for r in kept})}
@@ -843,6 +899,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--window={case.window:g}: must be longer than the lookahead "
                              f"of {case.label} ({lookahead(case.every):g} s): nothing "
                              "would be judged")
+    if args.carry:  # before the run: a file it could not carry would lose the run
+        load_carry(args.carry, plan.name, [c.__dict__ for c in plan.cases])
     if args.estimate:
         print(json.dumps(estimate(plan, memory_available()), indent=1))
         return 0

@@ -162,13 +162,21 @@ def fresh(w: dict[str, Any], name: str) -> str:
 
 
 def _carried(res: dict[str, Any]) -> list[str]:
-    """The paragraph naming the earlier run whose sessions this report carries."""
-    c = res.get("carried")
-    if not c:
+    """The paragraph naming the earlier runs whose sessions this report carries, each
+    with the sides it gave."""
+    origins: dict[tuple[str, str, str], set[str]] = {}
+    for run in res["runs"]:
+        if c := run.get("carried_from"):
+            key = (c["file"], str(c.get("started")), str(c.get("commit", "not recorded")))
+            origins.setdefault(key, set()).add(run["side"])
+    if not origins:
         return []
-    return [f"Sessions of {', '.join(f'`{k}`' for k in c['sides'])} come from the earlier "
-            f"run {c['file']} (started {c['started']}, commit {c['commit']}), the same plan; "
-            "this run measured the other sides.", ""]
+    parts = [f"sessions of {', '.join(f'`{k}`' for k in sorted(sides))} come from the "
+             f"earlier run {file} (started {started}, commit {commit})"
+             for (file, started, commit), sides in origins.items()]
+    text = "; ".join(parts)
+    return [f"{text[0].upper()}{text[1:]}, the same plan; this run measured the other "
+            "sides.", ""]
 
 
 def table(res: dict[str, Any]) -> str:
@@ -183,7 +191,8 @@ def table(res: dict[str, Any]) -> str:
         f"across the fault half's end; settle {plan.get('settle')} s per half; commit "
         f"{res.get('commit', 'not recorded')}.", "",
         *_carried(res),
-        "Sides: " + "; ".join(f"`{k}` {v}" for k, v in (res.get("sides") or {}).items()),
+        "Sides: " + "; ".join(f"`{k}` {v}" for k, v in (res.get("sides") or {}).items()
+                              if k in {r["side"] for r in res["runs"]}),
         "",
         "| case | side | trainings | window | writes/s; per TrainJob-hour (audit) | "
         "progress freshness p50 / p99 | metrics freshness p50 / p99 | values reported / "

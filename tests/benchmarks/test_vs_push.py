@@ -6,11 +6,14 @@ JSON's keys and sane values, not timings)."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 from kubernetes import client
 
 from benchmarks import vs_push
@@ -233,6 +236,90 @@ def test_a_rerun_side_joins_the_earlier_runs_other_sides_marked(tmp_path: Path) 
     other["plan"]["cases"] = other["plan"]["cases"][:1]
     with pytest.raises(SystemExit, match="--carry"):
         vs_push.carry(other, path)
+
+
+def test_a_carried_session_keeps_the_run_it_came_from(tmp_path: Path) -> None:
+    # Carrying a report that itself carried sessions: those sessions still name the run
+    # that measured them, and the report says which sides came from which run.
+    first = _cliff_res(["push_as_shipped", "push_best", "pull_equal_budget"], "t0")
+    (tmp_path / "first.json").write_text(json.dumps(first))
+    second = _cliff_res(["pull_equal_budget"], "t1")
+    vs_push.carry(second, tmp_path / "first.json")
+    (tmp_path / "second.json").write_text(json.dumps(second))
+    third = _cliff_res(["push_best"], "t2")
+    vs_push.carry(third, tmp_path / "second.json")
+    origin = {r["side"]: r.get("carried_from", {}).get("file") for r in third["runs"]}
+    assert origin == {"push_as_shipped": "first.json", "pull_equal_budget": "second.json",
+                      "push_best": None}
+    text = report.table({**third, "machine": "2 cores", "loadavg_start": "0.1"})
+    assert "of `push_as_shipped` come from the earlier run first.json" in text
+    assert "of `pull_equal_budget` come from the earlier run second.json" in text
+    # The Sides line names only the sides the report has rows of.
+    sides_line = next(line for line in text.splitlines() if line.startswith("Sides: "))
+    assert "`pull`" not in sides_line and "`push_best`" in sides_line
+
+
+def test_a_carry_file_that_cannot_be_carried_stops_the_run_before_it_starts(
+        tmp_path: Path) -> None:
+    # --estimate runs nothing, so reaching its output means the check came first.
+    for text in (None, "not json", json.dumps({"plan": {}})):
+        path = tmp_path / "old.json"
+        path.unlink(missing_ok=True)
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(SystemExit, match=r"--carry=.*old\.json: not a readable run"):
+            vs_push.main(["--plan", "cliff", "--jobs", "20", "--estimate", "--carry",
+                          str(path)])
+    path.write_text(json.dumps(_cliff_res(["push_best"], "t0")))
+    with pytest.raises(SystemExit, match=r"--carry=.*: plan 'cliff' with cases"):
+        vs_push.main(["--plan", "cliff", "--jobs", "40", "--estimate", "--carry", str(path)])
+    assert vs_push.main(["--plan", "cliff", "--jobs", "20", "40", "--estimate", "--carry",
+                         str(path)]) == 0
+
+
+_NUMERIC = {"--every": (0.0, False), "--percent-seconds": (0.0, False),
+            "--window": (5.0, True), "--warmup": (0.0, True), "--fault": (0.0, True),
+            "--settle": (0.0, True), "--setup-timeout": (0.0, False),
+            "--time-budget": (0.0, False)}
+
+
+@given(flag=st.sampled_from(sorted(_NUMERIC)), value=st.floats(allow_nan=True))
+@example(flag="--window", value=math.nan)
+@example(flag="--settle", value=math.nan)
+@example(flag="--every", value=0.0)
+@example(flag="--window", value=5.0)
+def test_each_numeric_option_is_accepted_exactly_in_its_range(flag: str, value: float) -> None:
+    low, inclusive = _NUMERIC[flag]
+    ok = math.isfinite(value) and (value > low or (inclusive and value == low))
+    argv = ["--plan", "custom", flag, repr(value)]
+    if ok:
+        args = vs_push.parse_args(argv)
+        assert getattr(args, flag[2:].replace("-", "_")) == value
+        return
+    with pytest.raises(SystemExit) as exc:
+        vs_push.parse_args(argv)
+    assert exc.value.code == 2
+
+
+def test_out_of_range_options_name_the_option_the_value_and_the_limit(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    cases = {("--plan", "custom", "--every", "0"): "--every=0: must be > 0",
+             ("--plan", "custom", "--every", "nan"): "--every=nan: must be a finite number",
+             ("--window", "nan"): "--window=nan: must be a finite number",
+             ("--real", "0"): "--real=0: must be >= 1",
+             ("--time-budget", "-1"): "--time-budget=-1: must be > 0",
+             ("--every", "10"): "--every=10: only with --plan custom",
+             ("--jobs", "100000"): "--jobs=[100000]: the main plan's N are [20, 200, 1000]",
+             ("--quick", "--plan", "cliff"): "--quick is --plan quick: not with --plan cliff",
+             ("--budget", "0/0"): "QPS 0 must be in (0, 1000]",
+             ("--budget", "5/0"): "burst 0 must be in [1, 10000]"}
+    for argv, message in cases.items():
+        with pytest.raises(SystemExit):
+            vs_push.parse_args(list(argv))
+        assert message in capsys.readouterr().err, argv
+    # --jobs outside the cliff's N adds that N (the cliff plan is a sweep).
+    cliff = vs_push.plan_of(vs_push.parse_args(["--plan", "cliff", "--jobs", "1000"]))
+    assert [c.jobs for c in cliff.cases] == [1000]
 
 
 def test_trainer_configuration_sets_the_status_servers_budget_only_when_asked() -> None:
