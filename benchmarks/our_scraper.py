@@ -39,8 +39,8 @@ from benchmarks.procstat import cpu_seconds, rss_bytes
 from exporter_lib.status import TrainerStatus
 from scraper.app import ScraperApp
 from scraper.config import ScraperSettings
+from scraper.kube.pod_confirm import PodCheck
 from scraper.scrape.loop import TargetState
-from scraper.scrape.pod_confirm import PodCheck
 from scraper.shared.outcome import WriteOutcome
 from scraper.shared.targets import Target
 from scraper.shared.trainjobs import TrainJobRecord, TrainJobStore
@@ -90,7 +90,8 @@ class ScrapeOnlyWriter(StatusWriter):
 
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
                     final: bool = False, uid: str = "", seen: float | None = None,
-                    finished_at: float | None = None) -> WriteOutcome:
+                    finished_at: float | None = None,
+                    confirm: Target | None = None) -> WriteOutcome:
         record = self.store.get(namespace, name)
         if record is None or not already_stored(record.status, status):
             self.store._records[(namespace, name)] = TrainJobRecord("uid", status)

@@ -38,13 +38,13 @@ from scraper.discovery.relists import Relists
 from scraper.kube.client import load_client, without_retries
 from scraper.kube.health import ApiHealth
 from scraper.kube.informer import ScopesListed
+from scraper.kube.pod_confirm import PodCheck, PodConfirmer
 from scraper.leader import LeaseElector
 from scraper.logsource.reader import LogLimits, LogScraper
 from scraper.metrics_auth import MetricsAuth, metrics_auth_for
 from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
 from scraper.scrape.loop import ScrapeLoop, TargetState
 from scraper.scrape.manager import TargetManager
-from scraper.scrape.pod_confirm import PodCheck, PodConfirmer
 from scraper.scrape.scheduling import TargetScheduler
 from scraper.scrape.sources import SourceScraper
 from scraper.scrape.target_table import AddressIndex, TargetTable
@@ -102,7 +102,7 @@ class ScraperApp:
 
         ``store``, ``request``, ``writer_class`` and ``confirm_pod`` replace the TrainJob
         informer's store, the apply request, the writer's class and the read of a
-        target's pod (:class:`scraper.scrape.pod_confirm.PodConfirmer`): the benchmarks
+        target's pod (:class:`scraper.kube.pod_confirm.PodConfirmer`): the benchmarks
         keep TrainJobs in memory and have no pod objects (benchmarks/our_scraper.py)."""
         self.settings = settings
         found, scrape, write = settings.discovery, settings.scrape, settings.write
@@ -144,7 +144,9 @@ class ScraperApp:
             store=self.trainjobs,
             rules=WriteRules(decide, write.policy, self.policy_of,
                              StatusTarget(write.status_target)),
-            hooks=WriterHooks(self._may_write, t, self._drop_trainjob, self.health),
+            hooks=WriterHooks(self._may_write, t, self._drop_trainjob, self.health,
+                              confirm_pod or PodConfirmer(k8s.CoreV1Api(self.api)),
+                              self._pod_checked),
             request=request)
         t.write_rate.set(write.qps)
         # Everything not applied yet, also what a writer took and waits on the budget for.
@@ -171,9 +173,7 @@ class ScraperApp:
             leading=self.leadership, on_gone=self._drop_trainjob,
             pacing=self.scheduler, counts=t, waiting=scrape.wait_scrapes,
             final_from_log=self.logs.final_of if self.logs is not None else None,
-            policy_of=self.policy_of, pods_at=self.addresses.pods_at,
-            confirm_pod=confirm_pod or PodConfirmer(k8s.CoreV1Api(self.api)),
-            on_unconfirmed=lambda target, check: self.relists.relist_for(target.namespace))
+            policy_of=self.policy_of, pods_at=self.addresses.pods_at)
 
         # Any change to a link of an owner chain, and every list, re-checks the pods
         # waiting on it (scraper/discovery/identity.py, "Convergence").
@@ -370,6 +370,13 @@ class ScraperApp:
     def _drop_trainjob(self, namespace: str, trainjob: str) -> None:
         self.manager.drop_trainjob(namespace, trainjob)
         self._targets_changed()
+
+    def _pod_checked(self, target: Target, check: PodCheck) -> None:
+        """The writer read the pod of a status that stated none: the target's state is
+        told, and a pod that is not the target's any more relists its pod watch."""
+        self.scrape_loop.pod_checked(self.targets.get(target.key), target, check)
+        if check is not PodCheck.CONFIRMED:
+            self.relists.relist_for(target.namespace)
 
     # ------------------------------------------------------------ owner chain
 

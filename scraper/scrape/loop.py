@@ -28,7 +28,10 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
 * Which pod answers: an answer whose exporter states another pod than the target's
   (:class:`~scraper.scrape.exporter.WrongPod`: a reused pod IP) is never written; it drops
   the ETag, is logged once per target, counted by reason and recorded as a Warning
-  Event (as other failures, at most once per :data:`EVENT_REPEAT_SECONDS`).
+  Event (as other failures, at most once per :data:`EVENT_REPEAT_SECONDS`).  An
+  answer that states no pod goes to the writer with its target, which reads the pod
+  before sending the status (:mod:`scraper.kube.pod_confirm`); a status not confirmed
+  drops the ETag (:meth:`ScrapeLoop.pod_checked`).
 * Final status: a terminated pod's final status is owed (:class:`FinalDue`) until the
   writer finds it needs no write: the TrainJob stores it, another writer's newer status
   stands, the CRD cannot store it, or the TrainJob is gone
@@ -63,8 +66,8 @@ from typing import Protocol
 
 from exporter_lib.hold_policy import format_policy
 from exporter_lib.status import TrainerStatus
+from scraper.kube.pod_confirm import PodCheck
 from scraper.scrape.exporter import excerpt
-from scraper.scrape.pod_confirm import PodCheck
 from scraper.shared.outcome import WriteOutcome
 from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
 from scraper.shared.scrapes import (
@@ -150,9 +153,12 @@ class StatusWriter(Protocol):
 
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
                     final: bool = False, uid: str = "", seen: float | None = None,
-                    finished_at: float | None = None) -> WriteOutcome:
+                    finished_at: float | None = None,
+                    confirm: Target | None = None) -> WriteOutcome:
         """``seen``: monotonic time the content was first seen (None: now; ``-inf``:
-        unknown); ``finished_at``: a final's container end (epoch seconds)."""
+        unknown); ``finished_at``: a final's container end (epoch seconds); ``confirm``:
+        the target of an answer that stated no pod, whose pod is read before the status
+        is sent (None: no read)."""
         ...
 
 
@@ -334,12 +340,9 @@ class ScrapeLoop:
             (:class:`scraper.shared.policy.PolicyResolver`), stated in held requests.
         pods_at: keys of the live pods known at a target URL's ``host:port``
             (:meth:`scraper.scrape.target_table.AddressIndex.pods_at`); an answer that states
-            no pod is refused (:class:`SharedAddress`) while there is more than one.
-        confirm_pod: reads a target's pod before a changed status of an answer that
-            stated no pod is written (:class:`scraper.scrape.pod_confirm.PodConfirmer`);
-            anything but ``CONFIRMED`` and the answer is not written (counted as the scrape
-            result ``unconfirmed``) and ``on_unconfirmed`` is called.  None: not read.
-        on_unconfirmed: ``(target, PodCheck)`` of each such answer (the pod watch relists).
+            no pod is refused (:class:`SharedAddress`) while there is more than one, and
+            otherwise goes to the writer with its target, whose pod the writer reads
+            before sending it (:mod:`scraper.kube.pod_confirm`, :meth:`pod_checked`).
     """
 
     def __init__(
@@ -358,12 +361,8 @@ class ScrapeLoop:
         final_from_log: Callable[[Final, bool], Awaitable[TrainerStatus | None]] | None = None,
         policy_of: Callable[[str, str], WritePolicy] = lambda namespace, name: DEFAULT_POLICY,
         pods_at: Callable[[str], tuple[str, ...]] = lambda url: (),
-        confirm_pod: Callable[[Target], Awaitable[PodCheck]] | None = None,
-        on_unconfirmed: Callable[[Target, PodCheck], object] = lambda target, check: None,
     ) -> None:
         self._pods_at = pods_at
-        self._confirm_pod = confirm_pod
-        self._on_unconfirmed = on_unconfirmed
         self._policy_of = policy_of
         self._pacing: Pacing = pacing if pacing is not None else _NoPacing()
         self._counts = counts
@@ -491,19 +490,6 @@ class ScrapeLoop:
                       target.key, result.sequence, state.sequence)
             return
         content = (result.status, None if result.sequence is None else result.sequence.n)
-        if (not result.identified and self._confirm_pod is not None
-                and content != state.reported):
-            check = await self._confirm_pod(target)
-            if check is not PodCheck.CONFIRMED:
-                self._counts.scraped("unconfirmed")  # each; a WARNING once per result
-                warned, state.unconfirmed_logged = state.unconfirmed_logged, check.value
-                log.log(logging.DEBUG if warned == check.value else logging.WARNING,
-                        "target %s (%s): an answer that states no pod, and the pod is not the "
-                        "target's any more (%s); not written, the pod watch relists",
-                        target.key, target.url, check.value)
-                self._on_unconfirmed(target, check)
-                return
-        state.unconfirmed_logged = None  # an answer used: a later episode warns again
         self._counts.scraped("ok")
         if result.sequence is not None:
             state.sequence = result.sequence
@@ -515,8 +501,28 @@ class ScrapeLoop:
             return  # the pod ended meanwhile: its final status wins
         state.taken_at = self._clock()
         outcome = await self.write(target.namespace, target.trainjob, result.status,
-                                   uid=target.trainjob_uid, seen=state.reported_seen)
+                                   uid=target.trainjob_uid, seen=state.reported_seen,
+                                   confirm=None if result.identified else target)
         state.etag = result.etag if outcome in _SETTLED else None
+
+    def pod_checked(self, state: TargetState | None, target: Target, check: PodCheck) -> None:
+        """The writer read ``target``'s pod before sending a status of an answer that
+        stated no pod (:mod:`scraper.kube.pod_confirm`).  Unless ``CONFIRMED`` the status
+        was not sent: the target's ETag goes (the next scrape brings the status again)
+        and a WARNING is logged once per result (repeats at DEBUG); a confirmed read
+        ends the episode, so a later one warns again.  ``state``: the target's, None
+        when it left the table."""
+        if state is None or state.target != target:
+            return
+        if check is PodCheck.CONFIRMED:
+            state.unconfirmed_logged = None
+            return
+        state.etag = None
+        warned, state.unconfirmed_logged = state.unconfirmed_logged, check.value
+        log.log(logging.DEBUG if warned == check.value else logging.WARNING,
+                "target %s (%s): an answer that states no pod, and the pod is not the "
+                "target's any more (%s); not written, the pod watch relists",
+                target.key, target.url, check.value)
 
     async def _on_failure(self, state: TargetState, target: Target, failure: Failure) -> None:
         state.view.up = False
@@ -581,13 +587,15 @@ class ScrapeLoop:
 
     async def write(self, namespace: str, trainjob: str, status: TrainerStatus, *,
                     final: bool = False, uid: str = "", seen: float | None = None,
-                    finished_at: float | None = None) -> WriteOutcome | None:
+                    finished_at: float | None = None,
+                    confirm: Target | None = None) -> WriteOutcome | None:
         """Apply ``status`` to TrainJob ``uid`` (``""``: whichever exists); None when the
-        TrainJob is gone (``on_gone`` was called).  ``seen`` and ``finished_at``: as
-        :meth:`StatusWriter.apply` takes them."""
+        TrainJob is gone (``on_gone`` was called).  ``seen``, ``finished_at`` and
+        ``confirm``: as :meth:`StatusWriter.apply` takes them."""
         try:
             return await self._writer.apply(namespace, trainjob, status, final=final, uid=uid,
-                                            seen=seen, finished_at=finished_at)
+                                            seen=seen, finished_at=finished_at,
+                                            confirm=confirm)
         except TrainJobGone:
             log.info("TrainJob %s/%s is gone: no longer scraping its pod", namespace, trainjob)
             self._on_gone(namespace, trainjob)

@@ -31,6 +31,9 @@ class WriteOutcome(enum.Enum):
     DEFERRED = "deferred"  # another writer's status is kept (decide.others: deferred_total)
     QUEUED = "queued"  # apply(): news, queued for the writers (not counted as a write)
     RETRIED = "retried"  # a write failed and stays queued
+    #: Not sent: the answer stated no pod, and a read found its pod not the target's
+    #: any more (scraper.kube.pod_confirm).
+    UNCONFIRMED = "unconfirmed"
 
 
 class WriteCounts(Protocol):

@@ -56,6 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from exporter_lib.status import TrainerStatus
+from scraper.shared.targets import Target
 from scraper.shared.writes import Priority
 from scraper.write.order import WriteOrder
 
@@ -93,6 +94,8 @@ class Pending:
         arrived: epoch seconds the status arrived (the time written instead of a skewed one).
         behind: percentage points between ``status``'s progress and the progress the
             TrainJob shows (0: the same, or either has none).
+        confirm: the target whose pod is read before the status is sent (an answer
+            that stated no pod: :mod:`scraper.kube.pod_confirm`); None: no read.
     """
 
     key: TrainJobKey
@@ -110,6 +113,7 @@ class Pending:
     gap: float = 0.0
     fresh_at: float = 0.0
     behind: int = 0
+    confirm: Target | None = None
 
     def due(self) -> float:
         """Monotonic time from which the item may be handed out."""
@@ -228,13 +232,14 @@ class WriteQueue:
     def put(self, key: TrainJobKey, status: TrainerStatus, priority: Priority, *,
             uid: str = "", metrics_due: float = 0.0, seen: float = float("-inf"),
             finished_at: float | None = None, arrived: float = 0.0,
-            gap: float = 0.0, shown: TrainerStatus | None = None) -> None:
+            gap: float = 0.0, shown: TrainerStatus | None = None,
+            confirm: Target | None = None) -> None:
         """Queue ``status`` for ``key``, coalesced with what is pending (module doc).
 
         ``metrics_due`` counts for a metrics-only change, ``gap`` (seconds after the key's
         last write) for a progress or metrics-only change; both are ignored otherwise.
         ``shown`` is the status the TrainJob shows now (how far behind it is, module
-        doc, 4).
+        doc, 4).  ``confirm``: :attr:`Pending.confirm` (the newest status's own).
         """
         now = self._clock()
         item = Pending(key, status, priority, uid, queued_at=now,
@@ -242,7 +247,7 @@ class WriteQueue:
                        since=self._written.get(key, now), seen=seen,
                        finished_at=finished_at, arrived=arrived,
                        gap=gap if priority > Priority.FIRST else 0.0, fresh_at=now,
-                       behind=points_behind(status, shown))
+                       behind=points_behind(status, shown), confirm=confirm)
         self._add(item)
 
     def _add(self, item: Pending) -> None:

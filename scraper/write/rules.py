@@ -8,12 +8,14 @@ tool or a test outside a scraper process wants.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from scraper.kube.health import ApiHealth
+from scraper.kube.pod_confirm import PodCheck
 from scraper.shared.outcome import NO_COUNTS, WriteCounts
 from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
+from scraper.shared.targets import Target
 from scraper.shared.writes import Decide
 from scraper.write.annotation_target import StatusTarget
 
@@ -23,6 +25,10 @@ def _write_always() -> bool:
 
 
 def _ignore_gone(namespace: str, name: str) -> None:
+    return None
+
+
+def _ignore_check(target: Target, check: PodCheck) -> None:
     return None
 
 
@@ -60,12 +66,18 @@ class WriterHooks:
         on_gone: called with ``(namespace, name)`` when a write finds the TrainJob gone.
         health: told when a write finds the API server unreachable or gets an answer;
             its recoveries make the queued retries due.  None: not told.
+        confirm_pod: reads the pod of a status's ``confirm`` target right before the
+            status is sent (:class:`scraper.kube.pod_confirm.PodConfirmer`); None: no
+            read, every such status is sent.
+        on_pod_check: called with ``(target, PodCheck)`` after each of those reads.
     """
 
     may_write: Callable[[], bool] = field(default=_write_always)
     counts: WriteCounts = NO_COUNTS
     on_gone: Callable[[str, str], None] = field(default=_ignore_gone)
     health: ApiHealth | None = None
+    confirm_pod: Callable[[Target], Awaitable[PodCheck]] | None = None
+    on_pod_check: Callable[[Target, PodCheck], object] = field(default=_ignore_check)
 
 
 #: Write always, count nothing, tell nobody: tools and tests outside a scraper process.

@@ -58,6 +58,7 @@ from exporter_lib.status import TrainerStatus
 from scraper.kube.crd import CrdSupport
 from scraper.kube.events import EventRecorder
 from scraper.shared.outcome import WriteOutcome
+from scraper.shared.targets import Target
 from scraper.shared.trainjobs import (
     TrainJobGone,
     TrainJobKey,
@@ -164,6 +165,7 @@ class StatusWriter:
             place=self.place, target=target, may_write=hooks.may_write, counts=counts,
             on_settled=self._settle, on_gone=self._dropped,
             health=hooks.health, clock=clock, wall=wall,
+            confirm_pod=hooks.confirm_pod, on_pod_check=hooks.on_pod_check,
             on_answer=limiter.observe if isinstance(limiter, AdaptiveRate) else _unheard)
         if hooks.health is not None:
             hooks.health.on_recovered(self.queue.resume)
@@ -227,7 +229,8 @@ class StatusWriter:
 
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
                     final: bool = False, uid: str = "", seen: float | None = None,
-                    finished_at: float | None = None) -> WriteOutcome:
+                    finished_at: float | None = None,
+                    confirm: Target | None = None) -> WriteOutcome:
         """Queue ``status`` for the TrainJob unless it already holds the same report or
         the rule for other writers keeps what it holds (:func:`decision`).
 
@@ -243,6 +246,9 @@ class StatusWriter:
                 ``-inf`` is "unknown, maybe old" (:class:`scraper.shared.writes.Report`).
             finished_at: a final's container end (``state.terminated.finishedAt``, epoch
                 seconds), None when unknown.
+            confirm: the target whose answer stated no pod: its pod is read right before
+                the status is sent, and the status is not sent unless it is still the
+                target's (:mod:`scraper.kube.pod_confirm`).  None: no read.
 
         Raises:
             TrainJobGone: the informer knows the TrainJob with another UID (re-created):
@@ -273,7 +279,8 @@ class StatusWriter:
                        uid=uid or (record.uid if record else ""),
                        metrics_due=decision.until if isinstance(decision, Wait) else 0.0,
                        seen=report.seen, finished_at=finished_at, arrived=self._wall(),
-                       gap=decision.floor, shown=status_in(record, place))
+                       gap=decision.floor, shown=status_in(record, place),
+                       confirm=confirm)
         return WriteOutcome.QUEUED
 
     def decision(self, key: TrainJobKey, record: TrainJobRecord | None, place: Place,

@@ -121,7 +121,8 @@ class Events:
 class Writer:
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
                     final: bool = False, uid: str = "", seen: float | None = None,
-                    finished_at: float | None = None) -> WriteOutcome:
+                    finished_at: float | None = None,
+                    confirm: Target | None = None) -> WriteOutcome:
         return WriteOutcome.WRITTEN
 
 

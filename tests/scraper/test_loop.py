@@ -25,6 +25,7 @@ import pytest
 
 from exporter_lib.status import TrainerStatus
 from scraper.discovery.pod_targets import PodTargets
+from scraper.kube.pod_confirm import PodCheck
 from scraper.scrape.loop import (
     DETAIL_MAX,
     EVENT_REPEAT_SECONDS,
@@ -113,11 +114,14 @@ class QueueWriter:
     outcomes: list[WriteOutcome | BaseException] = field(default_factory=list)
     applied: list[tuple[str, str, TrainerStatus]] = field(default_factory=list)
     writes: list[tuple[str, str, TrainerStatus, bool]] = field(default_factory=list)
+    confirms: list[Target | None] = field(default_factory=list)
 
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
                     final: bool = False, uid: str = "", seen: float | None = None,
-                    finished_at: float | None = None) -> WriteOutcome:
+                    finished_at: float | None = None,
+                    confirm: Target | None = None) -> WriteOutcome:
         self.applied.append((namespace, name, status))
+        self.confirms.append(confirm)
         if self.outcomes:
             outcome = self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]
             if isinstance(outcome, BaseException):
@@ -315,6 +319,41 @@ async def test_etag_kept_when_the_status_is_where_it_belongs(rig: Rig,
     assert [etag for _url, etag in rig.scraper.calls] == [None, '"e1"']
     assert len(rig.writer.applied) == 1  # 304: nothing to write
     assert rig.scrapes == ["ok", "not_modified"]
+
+
+async def test_an_answer_that_states_no_pod_goes_to_the_writer_with_its_target(
+        rig: Rig) -> None:
+    """The writer reads the pod of such an answer before sending it
+    (scraper/kube/pod_confirm.py); an answer that states its pod needs no read."""
+    state = rig.state()
+    rig.scraper.results = [Fresh(_status(10), '"e1"', identified=False),
+                           Fresh(_status(11), '"e2"')]
+    await rig.loop.run(state)
+    await rig.loop.run(state)
+    assert rig.writer.confirms == [_target(), None]
+
+
+@pytest.mark.parametrize("check", [c for c in PodCheck if c is not PodCheck.CONFIRMED])
+async def test_a_status_whose_pod_the_writer_did_not_confirm_drops_the_etag_and_warns_once(
+        rig: Rig, check: PodCheck, caplog: pytest.LogCaptureFixture) -> None:
+    state = rig.state()
+    rig.scraper.results = [Fresh(_status(10), '"e1"', identified=False)]
+    await rig.loop.run(state)
+    assert state.etag == '"e1"'  # queued: kept until the writer says otherwise
+    with caplog.at_level(logging.DEBUG, logger="scraper.scrape.loop"):
+        for _ in range(3):
+            rig.loop.pod_checked(state, _target(), check)
+        assert state.etag is None  # the next scrape fetches the body and writes again
+        rig.loop.pod_checked(state, _target(), PodCheck.CONFIRMED)  # the episode ends
+        rig.loop.pod_checked(state, _target(), check)
+    lines = [r for r in caplog.records if f"any more ({check.value})" in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.WARNING, logging.DEBUG, logging.DEBUG,
+                                          logging.WARNING]
+    # A check of another target (the pod was replaced meanwhile) changes nothing.
+    state.etag = '"e3"'
+    rig.loop.pod_checked(state, _target("http://10.0.0.8:28080/metrics"), check)
+    rig.loop.pod_checked(None, _target(), check)
+    assert state.etag == '"e3"'
 
 
 @pytest.mark.parametrize("outcome", [WriteOutcome.FAILED, WriteOutcome.NOT_LEADER,

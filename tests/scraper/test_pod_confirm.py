@@ -1,12 +1,12 @@
 """The verdict of a pod read before an unidentified answer is written
-(scraper/scrape/pod_confirm.py); the read itself on the real API server:
+(scraper/kube/pod_confirm.py); the read itself on the real API server:
 tests/scraper/test_reused_pod_ip.py (the pod watch held behind)."""
 
 from __future__ import annotations
 
 import pytest
 
-from scraper.scrape.pod_confirm import PodCheck, check_pod
+from scraper.kube.pod_confirm import PodCheck, check_pod
 from scraper.shared.targets import Target
 
 TARGET = Target(namespace="ns", trainjob="a", pod_name="a-0", pod_uid="uid-a",

@@ -247,11 +247,11 @@ def test_pod_watch_behind_an_exporter_stating_no_pod_never_puts_b_on_a(
     exporter_factory: Callable[..., FakeExporter],
     scraper_factory: Callable[..., ScraperProcess],
 ) -> None:
-    """The last misplacement window (scraper/scrape/pod_confirm.py): an exporter that
+    """The last misplacement window (scraper/kube/pod_confirm.py): an exporter that
     states no pod, the pod watch held behind while A's pod goes and B's pod comes up at
     its address.  Before: B's status was on A 1.0 s after the swap, and stayed.  Now the
-    scraper reads A's pod before writing the changed answer, finds it gone, writes
-    nothing and relists; once the watch is back, B's status lands on B."""
+    scraper's writer reads A's pod right before sending the changed status, finds it
+    gone, sends nothing and relists; once the watch is back, B's status lands on B."""
     ip = "127.0.0.10"
     # The watch's list and watch requests only: a GET of one pod is not held.
     pods = rf"^/api/v1/namespaces/{namespace}/pods$"
@@ -275,15 +275,15 @@ def test_pod_watch_behind_an_exporter_stating_no_pod_never_puts_b_on_a(
         plain.body = status_json(77)  # the address now answers for B's pod
         swapped = time.monotonic()
 
-        wait_for(lambda: scraper.value("trainjob_scraper_scrapes_total",
+        wait_for(lambda: scraper.value("trainjob_scraper_status_writes_total",
                                        result="unconfirmed") >= 3, 15,
-                 "three answers at A's target not confirmed (A's pod is gone)")
+                 "three writes of answers at A's target not confirmed (A's pod is gone)")
         assert time.monotonic() - swapped < 20
         assert progress_of(kube_api, namespace, "a") == 10, "B's status landed on A"
         # Once the watch catches up, B's pod is B's target and gets its status.
         wait_for(lambda: progress_of(kube_api, namespace, "b") == 77, 45, "B's status on B")
         assert progress_of(kube_api, namespace, "a") == 10, "B's status landed on A"
-        # Every unconfirmed answer is counted (>= 3 above); the WARNING is logged once
+        # Every unconfirmed write is counted (>= 3 above); the WARNING is logged once
         # (the repeats at DEBUG, which this scraper's log also holds).
         lines = [line for line in scraper.log().splitlines()
                  if "not the target's any more (gone)" in line]

@@ -43,7 +43,8 @@ class Writer:
 
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
                     final: bool = False, uid: str = "", seen: float | None = None,
-                    finished_at: float | None = None) -> WriteOutcome:
+                    finished_at: float | None = None,
+                    confirm: Target | None = None) -> WriteOutcome:
         self.applied.append((time.monotonic(), status.progress_percentage))
         self.arrived.set()
         return WriteOutcome.WRITTEN

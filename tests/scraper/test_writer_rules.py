@@ -336,7 +336,8 @@ class RuleWriter:
 
     async def apply(self, namespace: str, name: str, status: TrainerStatus, *,
                     final: bool = False, uid: str = "", seen: float | None = None,
-                    finished_at: float | None = None) -> WriteOutcome:
+                    finished_at: float | None = None,
+                    confirm: Target | None = None) -> WriteOutcome:
         now = self.clock[0]
         report = Report(status, now if seen is None else seen, final, finished_at)
         verdict = decide(self.stored, self.writer, report, now=now, grace=GRACE)

@@ -4,19 +4,22 @@ An exporter that states no pod (plain JSON or text from any language: no
 ``Trainjob-Exporter-Pod`` header) answers for whatever pod has the address.  When the
 pod watch lags, a target can still name a pod that is gone while its IP went to a new
 pod of another TrainJob: the new pod's status would land on the old TrainJob.  So
-before such an answer is written, :class:`PodConfirmer` reads the pod once from the API
-server (a GET without ``resourceVersion`` is served from etcd, not from the watch
+right before such a status is sent, :class:`PodConfirmer` reads the pod once from the
+API server (a GET without ``resourceVersion`` is served from etcd, not from the watch
 cache: Kubernetes API concepts, "Resource versions", semantics of get) and confirms:
 
 * the same UID as the target's pod (a pod re-created under the same name is another);
 * ``status.podIP`` still the target's host;
 * not in a terminal phase (``Succeeded``, ``Failed``): its IP may already be reused.
 
-The answer arrived before the read, so a pod still in place at the read was in place
-when it answered (two live pods known at one address are refused earlier:
-:class:`scraper.scrape.exporter.SharedAddress`).  Anything else, a failed read
-included, is a mismatch: the answer is not written (the next scrape tries again), and
-the pod watch relists.  Cost: one GET per changed status of an unidentified target.
+The answer arrived before the read.  A pod's IP stays its own for the pod's life, so a
+pod that was the target when it was scraped and still is at the read held the address
+all along, and answered (two live pods known at one address are refused earlier:
+:class:`scraper.shared.scrapes.SharedAddress`).  Anything else, a failed read included,
+is a mismatch: the status is not written (the next scrape tries again) and the pod
+watch relists.  The read is made by the writer tasks (:mod:`scraper.write.worker`) for a
+write that will be sent, after the decision, so its cost is one GET per write of such
+a target: a status coalesced in the write queue or found unchanged reads nothing.
 """
 
 from __future__ import annotations
