@@ -264,16 +264,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @pytest.fixture(scope="session")
-def kube_stack(pytestconfig: pytest.Config) -> Iterator[Cluster]:
+def kube_stack(pytestconfig: pytest.Config,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The session's local cluster with its controllers (:class:`localdev.cluster.stack.Cluster`).
 
     Its own API server, separate from :func:`control_plane` (whose hand-made
     objects the controllers would reconcile).  Flavour "v2.2-and-later" (Trainer
     v2.3.0); tests of the "before-v2.2" flavour use :func:`legacy_stack`.
     With ``--push`` it is started with ``push=True``.
+
+    It starts with ``TMPDIR`` set to a directory of its own, as a user's may be: the
+    Trainer's webhook server reads its certificate under Go's temporary directory, and
+    the stack must start whatever the caller's is
+    (:data:`localdev.cluster.stack.TRAINER_TMPDIR`); every test on this cluster then
+    needs that webhook to admit its TrainJobs.
     """
-    yield from started_cluster(pytestconfig, Cluster(flavour=FLAVOUR_CURRENT,
-                                                     push=pytestconfig.getoption("push")))
+    stack = started_cluster(pytestconfig, Cluster(flavour=FLAVOUR_CURRENT,
+                                                  push=pytestconfig.getoption("push")))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TMPDIR", str(tmp_path_factory.mktemp("callers-tmpdir")))
+        cluster = next(stack)
+    yield cluster
+    yield from stack  # its teardown
 
 
 @pytest.fixture(scope="session")

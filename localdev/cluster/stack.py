@@ -102,10 +102,16 @@ TRAINER_WEBHOOK_SECRET = "kubeflow-trainer-webhook-cert"
 TRAINER_WEBHOOK_SERVICE = "kubeflow-trainer-controller-manager"
 TRAINER_WEBHOOK_CONFIGURATION = "validator.trainer.kubeflow.org"
 TRAINER_CA_NAME = "kubeflow-trainer-ca"
-#: The serving-certificate directory compiled into Trainer v2.0.0 and v2.3.0
-#: (``pkg/util/cert/cert.go``; not the system temporary directory setting).  v2.3.0's
-#: status server serves the same certificate (``cert.SetupTLSConfig``).
+#: The serving-certificate directory of Trainer v2.0.0 and v2.3.0: its certificate
+#: rotator writes to this compiled-in path (``pkg/util/cert/cert.go``) while its webhook
+#: server reads controller-runtime's default, ``k8s-webhook-server/serving-certs`` under
+#: Go's ``os.TempDir()``, which is ``$TMPDIR`` when set.  So the controller runs with
+#: ``TMPDIR=/tmp`` (:data:`TRAINER_TMPDIR`): with the caller's ``TMPDIR`` elsewhere it
+#: failed to start ("open $TMPDIR/k8s-webhook-server/serving-certs/tls.crt: no such file
+#: or directory").  v2.3.0's status server serves the same
+#: certificate (``cert.SetupTLSConfig``).
 TRAINER_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+TRAINER_TMPDIR = "/tmp"
 #: Where a pod's process finds its ServiceAccount token and namespace; Trainer v2.3.0
 #: reads both at these compiled-in paths (``pkg/statusserver/auth.go``, ``pkg/util/cert``).
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -683,7 +689,8 @@ class Cluster(ControlPlane):
             tmp = certs / f".{name}.tmp"
             tmp.write_bytes(data)
             tmp.replace(certs / name)
-        self._spawn("trainer-controller-manager", args)
+        self._spawn("trainer-controller-manager", args,
+                    env={**os.environ, "TMPDIR": TRAINER_TMPDIR})
         return jobset_port, jobset_pki.ca_cert
 
     def _service_account_files(self) -> Path:
