@@ -96,7 +96,8 @@ class ScraperApp:
     def __init__(self, settings: ScraperSettings, api_client: k8s.ApiClient | None = None,
                  *, store: TrainJobStore | None = None, request: StatusRequest | None = None,
                  writer_class: type[StatusWriter] = StatusWriter,
-                 confirm_pod: Callable[[Target], Awaitable[PodCheck]] | None = None) -> None:
+                 confirm_pod: Callable[[Target, float], Awaitable[PodCheck]] | None = None,
+                 ) -> None:
         """Every part is built here with the callbacks it calls (methods of this class,
         which read parts built after it only when called).
 
@@ -372,10 +373,9 @@ class ScraperApp:
         self._targets_changed()
 
     def _pod_checked(self, target: Target, check: PodCheck) -> None:
-        """The writer read the pod of a status that stated none: the target's state is
-        told, and a pod that is not the target's any more relists its pod watch."""
-        self.scrape_loop.pod_checked(self.targets.get(target.key), target, check)
-        if check is not PodCheck.CONFIRMED:
+        """The writer read a target's pod (kube/pod_confirm.py); a moved one relists."""
+        if (self.scrape_loop.pod_checked(self.targets.get(target.key), target, check)
+                and check is not PodCheck.CONFIRMED):
             self.relists.relist_for(target.namespace)
 
     # ------------------------------------------------------------ owner chain

@@ -1,6 +1,6 @@
-"""Relists of the pod watches that the scrape stage asks for, spaced out per watch.
+"""Relists of the pod watches that the writer asks for, spaced out per watch.
 
-A scrape that finds a target's pod is not the one the pod watch says
+A write whose read of a target's pod finds it not the one the pod watch says
 (:mod:`scraper.kube.pod_confirm`) asks for a relist of that pod's watch; a list of all
 pods in a scope is big, so one watch lists at most once per ``spacing`` seconds.
 """

@@ -10,7 +10,13 @@ cache: Kubernetes API concepts, "Resource versions", semantics of get) and confi
 
 * the same UID as the target's pod (a pod re-created under the same name is another);
 * ``status.podIP`` still the target's host;
-* not in a terminal phase (``Succeeded``, ``Failed``): its IP may already be reused.
+* not in a terminal phase (``Succeeded``, ``Failed``): its IP may already be reused;
+  unless its containers ended no earlier than the second the answer arrived in
+  (``state.terminated.finishedAt``, whole seconds): the pod held the address until
+  then, so the last status of a training whose pod ended while the status waited in
+  the write queue is still written.  The residual risk is an address handed to a new
+  pod whose exporter answered within that same second (and the clock skew between
+  the node and the scraper): a new pod's sandbox and containers have to start first.
 
 The answer arrived before the read.  A pod's IP stays its own for the pod's life, so a
 pod that was the target when it was scraped and still is at the read held the address
@@ -27,6 +33,9 @@ from __future__ import annotations
 import enum
 import ipaddress
 import logging
+import math
+from datetime import datetime
+from typing import Any
 from urllib.parse import urlsplit
 
 import urllib3
@@ -37,7 +46,7 @@ from scraper.kube.calls import call
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.shared.targets import Target
 
-__all__ = ["PodCheck", "PodConfirmer", "check_pod"]
+__all__ = ["PodCheck", "PodConfirmer", "check_pod", "containers_ended_at"]
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +74,30 @@ def _same_host(a: str | None, b: str | None) -> bool:
         return a == b
 
 
-def check_pod(target: Target, uid: str | None, pod_ip: str | None,
-              phase: str | None) -> PodCheck:
-    """The verdict for a pod read with ``uid``, ``pod_ip`` and ``phase`` (module doc)."""
+def check_pod(target: Target, uid: str | None, pod_ip: str | None, phase: str | None,
+              *, ended_at: float | None = None, answered_at: float | None = None) -> PodCheck:
+    """The verdict for a pod read with ``uid``, ``pod_ip`` and ``phase`` (module doc);
+    ``ended_at``: the latest ``finishedAt`` of its containers (epoch seconds, None: none
+    ended), ``answered_at``: when the answer arrived (epoch seconds, None: unknown)."""
     if uid != target.pod_uid:
         return PodCheck.REPLACED
     if not _same_host(pod_ip, urlsplit(target.url).hostname):
         return PodCheck.MOVED
     if phase in TERMINAL_PHASES:
+        if (ended_at is not None and answered_at is not None
+                and ended_at >= math.floor(answered_at)):
+            return PodCheck.CONFIRMED  # it still held the address when it answered
         return PodCheck.ENDED
     return PodCheck.CONFIRMED
+
+
+def containers_ended_at(statuses: list[Any] | None) -> float | None:
+    """The latest ``state.terminated.finishedAt`` of ``statuses`` (``V1ContainerStatus``
+    objects of the official client), epoch seconds; None when none ended."""
+    ends = [s.state.terminated.finished_at for s in statuses or ()
+            if s.state is not None and s.state.terminated is not None
+            and isinstance(s.state.terminated.finished_at, datetime)]
+    return max(end.timestamp() for end in ends) if ends else None
 
 
 class PodConfirmer:
@@ -87,9 +110,10 @@ class PodConfirmer:
     def __init__(self, core: CoreV1Api) -> None:
         self._core = core
 
-    async def __call__(self, target: Target) -> PodCheck:
-        """One GET of ``target``'s pod; its :class:`PodCheck`.  Never raises for an API
-        error (:attr:`PodCheck.UNREAD`)."""
+    async def __call__(self, target: Target, answered_at: float | None = None) -> PodCheck:
+        """One GET of ``target``'s pod; its :class:`PodCheck` for an answer that arrived
+        at ``answered_at`` (epoch seconds; None: unknown, an ended pod is ``ENDED``).
+        Never raises for an API error (:attr:`PodCheck.UNREAD`)."""
         try:
             pod = await call(self._core.read_namespaced_pod, target.pod_name,
                              target.namespace, _request_timeout=REQUEST_TIMEOUT)
@@ -104,5 +128,9 @@ class PodConfirmer:
                      target.key, type(exc).__name__)
             return PodCheck.UNREAD
         meta, status = pod.metadata, pod.status
-        return check_pod(target, meta.uid if meta else None,
-                         status.pod_ip if status else None, status.phase if status else None)
+        if status is None:
+            return check_pod(target, meta.uid if meta else None, None, None)
+        return check_pod(target, meta.uid if meta else None, status.pod_ip, status.phase,
+                         ended_at=containers_ended_at([*(status.container_statuses or ()),
+                                                       *(status.init_container_statuses or ())]),
+                         answered_at=answered_at)

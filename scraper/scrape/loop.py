@@ -211,7 +211,8 @@ class TargetState:
             scrapes (contract 2), else None (the target is polled).
         answered_at: monotonic time of the target's last answer (the floor of the next).
         answered_ever: its exporter answered once (before, a refusal is retried soon).
-        held: the task keeping this target's one waiting scrape open, if any.
+        held: the task of the run holding this target's one waiting scrape open, if
+            any (:meth:`ScrapeLoop.run`).
         wrong_pod_logged: an answer from another pod was logged for this target.
         unconfirmed_logged: the last pod check logged as a WARNING (one per result).
         sequence: the exporter sequence of the last answer in order (None: none had one).
@@ -377,34 +378,34 @@ class ScrapeLoop:
         self._clock = clock
 
     async def run(self, state: TargetState) -> None:
-        """One scheduled run for one target (never overlaps itself for that target)."""
+        """One scheduled run for one target (never overlaps itself for that target).
+
+        A target polled: one scrape.  A target whose exporter offers waiting scrapes
+        (learnt by a poll, possibly this run's): the run holds the target's one request
+        open, one after another, until waiting ends (:meth:`_hold`); its scheduled runs
+        are paused meanwhile (:meth:`Pacing.holding`), so the run is the target's only
+        scheduling path, polled or held.
+        """
         target = state.target
         if target is None or state.dropped or not self._leading():
             return
         if self._clock() < state.retry_at:
             return
-        if state.max_wait is not None:
-            # Waiting scrapes: the one held request per target replaces the polls.
-            self._start_holding(state, target)
-            return
-        result = await self._scraper.scrape(target, state.etag)
-        if isinstance(result, Busy):
-            self._pacing.busy(target.key)
-            return
-        state.answered_at = self._clock()
-        await self._handle(state, target, result)
-        if state.max_wait is not None and not state.dropped and state.target == target \
-                and self._leading():
+        if state.held is not None and not state.held.done():
+            return  # another run holds this target (only a caller without a scheduler)
+        if state.max_wait is None:
+            result = await self._scraper.scrape(target, state.etag)
+            if isinstance(result, Busy):
+                self._pacing.busy(target.key)
+                return
+            state.answered_at = self._clock()
+            await self._handle(state, target, result)
+            if (state.max_wait is None or state.dropped or state.target != target
+                    or not self._leading()):
+                return
             # The poll learnt that the exporter offers waiting scrapes: hold from now on,
             # not from the next scheduled run (an interval later); _hold keeps the pace.
-            self._start_holding(state, target)
-
-    def _start_holding(self, state: TargetState, target: Target) -> None:
-        """Open the target's one held request unless it is open already."""
-        if state.held is None or state.held.done():
-            state.held = asyncio.create_task(self._hold(state, target),
-                                             name=f"held-scrape {target.key}")
-            self._pacing.holding(target.key, True)
+        await self._hold(state, target)
 
     async def _hold(self, state: TargetState, target: Target) -> None:
         """Keep one waiting scrape open for ``target`` while its exporter offers them.
@@ -415,8 +416,11 @@ class ScrapeLoop:
         interval (contract 2 answers every change: a target answers at most once per
         interval, as polling would).  Ends (back to polling by the scheduled runs) on a
         failure, an answer without the contract header, a new target, the end of
-        leadership or the state's drop.
+        leadership or the state's drop; :meth:`TargetState.stop_holding` cancels it
+        (the run's task is ``state.held`` meanwhile).
         """
+        state.held = asyncio.current_task()
+        self._pacing.holding(target.key, True)
         try:
             while True:
                 policy = self._policy_of(target.namespace, target.trainjob)
@@ -505,24 +509,32 @@ class ScrapeLoop:
                                    confirm=None if result.identified else target)
         state.etag = result.etag if outcome in _SETTLED else None
 
-    def pod_checked(self, state: TargetState | None, target: Target, check: PodCheck) -> None:
+    def pod_checked(self, state: TargetState | None, target: Target, check: PodCheck) -> bool:
         """The writer read ``target``'s pod before sending a status of an answer that
         stated no pod (:mod:`scraper.kube.pod_confirm`).  Unless ``CONFIRMED`` the status
         was not sent: the target's ETag goes (the next scrape brings the status again)
         and a WARNING is logged once per result (repeats at DEBUG); a confirmed read
         ends the episode, so a later one warns again.  ``state``: the target's, None
-        when it left the table."""
-        if state is None or state.target != target:
-            return
+        when it left the table.
+
+        Returns:
+            Whether the read was of the pod and address ``state`` still scrapes (False:
+            the table moved on since, nothing is done).
+        """
+        now = state.target if state is not None else None
+        if (state is None or now is None or state.uid != target.pod_uid
+                or now.url != target.url):
+            return False
         if check is PodCheck.CONFIRMED:
             state.unconfirmed_logged = None
-            return
+            return True
         state.etag = None
         warned, state.unconfirmed_logged = state.unconfirmed_logged, check.value
         log.log(logging.DEBUG if warned == check.value else logging.WARNING,
                 "target %s (%s): an answer that states no pod, and the pod is not the "
                 "target's any more (%s); not written, the pod watch relists",
                 target.key, target.url, check.value)
+        return True
 
     async def _on_failure(self, state: TargetState, target: Target, failure: Failure) -> None:
         state.view.up = False

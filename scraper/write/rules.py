@@ -67,8 +67,9 @@ class WriterHooks:
         health: told when a write finds the API server unreachable or gets an answer;
             its recoveries make the queued retries due.  None: not told.
         confirm_pod: reads the pod of a status's ``confirm`` target right before the
-            status is sent (:class:`scraper.kube.pod_confirm.PodConfirmer`); None: no
-            read, every such status is sent.
+            status is sent, given when the status arrived (epoch seconds;
+            :class:`scraper.kube.pod_confirm.PodConfirmer`); None: no read, every such
+            status is sent.
         on_pod_check: called with ``(target, PodCheck)`` after each of those reads.
     """
 
@@ -76,7 +77,7 @@ class WriterHooks:
     counts: WriteCounts = NO_COUNTS
     on_gone: Callable[[str, str], None] = field(default=_ignore_gone)
     health: ApiHealth | None = None
-    confirm_pod: Callable[[Target], Awaitable[PodCheck]] | None = None
+    confirm_pod: Callable[[Target, float], Awaitable[PodCheck]] | None = None
     on_pod_check: Callable[[Target, PodCheck], object] = field(default=_ignore_check)
 
 

@@ -13,10 +13,11 @@ apply, retrying until each is applied, superseded, or its TrainJob is gone.
   the status is meant for (a ``metadata.uid`` in the apply body is no precondition:
   kube-apiserver v1.37 accepts a status apply with a wrong UID, measured, so the check
   is ours).
-* A status from an answer that stated no pod carries its target: right before it is
-  sent, its pod is read once (:mod:`scraper.kube.pod_confirm`), and unless it is still
-  the target's the status is dropped (``unconfirmed``, not retried: the next scrape
-  brings it again) and ``on_pod_check`` is told.
+* A status from an answer that stated no pod carries its target: right before each try
+  its pod is read once (:mod:`scraper.kube.pod_confirm`, on the loop's default
+  executor), and unless it is still the target's the status is dropped
+  (``unconfirmed``, not retried: the next scrape brings it again) and ``on_pod_check``
+  is told; a read that failed keeps the status queued, as a failed write does.
 * Right before the request the decision is asked again, against the informer's newest
   (:class:`Decisions`: a report another writer's status now keeps out, or that the
   TrainJob already holds, is not sent; its timing was the queue's), and the
@@ -47,7 +48,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -63,9 +64,7 @@ from scraper.kube.calls import Backoff, call, deadline_of, is_transient, retry_a
 from scraper.kube.client import REQUEST_TIMEOUT
 from scraper.kube.crd import CrdSupport
 from scraper.kube.health import ApiHealth, answering, unreachable
-from scraper.kube.pod_confirm import PodCheck
 from scraper.shared.outcome import FIELD_MANAGER, NotLeader, WriteCounts, WriteOutcome
-from scraper.shared.targets import Target
 from scraper.shared.trainjobs import (
     TrainJobGone,
     TrainJobKey,
@@ -88,6 +87,7 @@ from scraper.write.annotation_target import (
     written,
 )
 from scraper.write.notices import Notices
+from scraper.write.pod_gate import PodGate
 from scraper.write.queue import Pending, WriteQueue
 from scraper.write.rate import AdaptiveRate
 
@@ -230,9 +230,8 @@ class WriteWorker:
         on_settled: called with ``(key, outcome)`` when a status leaves the queue
             (applied, refused, superseded), never for a retry.
         on_gone: called with ``(namespace, name)`` when a write finds the TrainJob gone.
-        confirm_pod: reads the pod of an item's ``confirm`` target before it is sent
-            (:mod:`scraper.kube.pod_confirm`); None: no read.
-        on_pod_check: called with ``(target, PodCheck)`` after each read.
+        gate: reads the pod of an item's ``confirm`` target before each try
+            (:class:`scraper.write.pod_gate.PodGate`); None: no read.
         health: told when a write finds the API server unreachable or gets an answer.
         clock: monotonic seconds.
         wall: epoch seconds (who wrote, when the answer has no managedFields entry).
@@ -260,12 +259,10 @@ class WriteWorker:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         on_answer: Callable[[float, BaseException | None], object] = lambda s, exc: None,
-        confirm_pod: Callable[[Target], Awaitable[PodCheck]] | None = None,
-        on_pod_check: Callable[[Target, PodCheck], object] = lambda target, check: None,
+        gate: PodGate | None = None,
     ) -> None:
         self.queue = queue
-        self._confirm_pod = confirm_pod
-        self._on_pod_check = on_pod_check
+        self._gate = gate
         self._on_answer = on_answer
         self.store = store
         self._custom = custom
@@ -294,10 +291,9 @@ class WriteWorker:
     def start(self, workers: int) -> None:
         """Start ``workers`` worker tasks on the running loop.
 
-        Each makes its apply request on the loop (:mod:`scraper.kube.apply_request`),
-        over connections of the writer's own, so a request never waits for a thread of
-        the loop's default executor (informer lists, Events, CRD probes) and those never
-        wait for a write (a new connection's host-name lookup does; aiohttp caches it).
+        Each applies on the loop over connections of its own
+        (:mod:`scraper.kube.apply_request`), never waiting for the default executor's
+        threads (informers, Events, CRD probes); the pod read of :class:`PodGate` does.
         """
         for i in range(workers):
             self._tasks.append(asyncio.create_task(self._work(), name=f"status-writer-{i}"))
@@ -363,13 +359,11 @@ class WriteWorker:
                 and not self.crd.recheck_due()):
             await self._notices.unsupported(namespace, name, record.uid)
             return WriteOutcome.NOT_STORED, None
-        if item.confirm is not None and self._confirm_pod is not None:
-            # Read only for a status that will be sent: one GET per write, none for a
-            # report coalesced in the queue or found unchanged.
-            check = await self._confirm_pod(item.confirm)
-            self._on_pod_check(item.confirm, check)
-            if check is not PodCheck.CONFIRMED:
-                return WriteOutcome.UNCONFIRMED, None
+        # Only a try that will be sent reads the pod: none for a report coalesced in the
+        # queue or found unchanged.
+        if self._gate is not None and (held := await self._gate.verdict(
+                item.confirm, item.arrived, lambda: QUEUE_BACKOFF.delay(item.attempts))):
+            return held
         status = self._notices.settled(item, status_in(record, place), record.uid)
         try:
             async with self._limiter:

@@ -79,6 +79,7 @@ from scraper.shared.writes import (
 from scraper.write.annotation_target import Place, StatusTarget, place_for, status_in, writer_in
 from scraper.write.deferral import Deferrals
 from scraper.write.notices import Notices
+from scraper.write.pod_gate import PodGate
 from scraper.write.queue import WriteQueue
 from scraper.write.rate import AdaptiveRate, WriteBudget, write_limiter
 from scraper.write.rules import NO_HOOKS, WriterHooks, WriteRules
@@ -165,7 +166,8 @@ class StatusWriter:
             place=self.place, target=target, may_write=hooks.may_write, counts=counts,
             on_settled=self._settle, on_gone=self._dropped,
             health=hooks.health, clock=clock, wall=wall,
-            confirm_pod=hooks.confirm_pod, on_pod_check=hooks.on_pod_check,
+            gate=(PodGate(hooks.confirm_pod, hooks.on_pod_check)
+                  if hooks.confirm_pod is not None else None),
             on_answer=limiter.observe if isinstance(limiter, AdaptiveRate) else _unheard)
         if hooks.health is not None:
             hooks.health.on_recovered(self.queue.resume)

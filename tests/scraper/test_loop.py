@@ -349,11 +349,17 @@ async def test_a_status_whose_pod_the_writer_did_not_confirm_drops_the_etag_and_
     lines = [r for r in caplog.records if f"any more ({check.value})" in r.getMessage()]
     assert [r.levelno for r in lines] == [logging.WARNING, logging.DEBUG, logging.DEBUG,
                                           logging.WARNING]
-    # A check of another target (the pod was replaced meanwhile) changes nothing.
+    # The same pod at the same address with another interval is still this target.
     state.etag = '"e3"'
-    rig.loop.pod_checked(state, _target("http://10.0.0.8:28080/metrics"), check)
-    rig.loop.pod_checked(None, _target(), check)
-    assert state.etag == '"e3"'
+    assert rig.loop.pod_checked(state, _target(interval=30.0), check)
+    assert state.etag is None
+    # A check of another address or pod (the table moved on meanwhile) changes nothing.
+    state.etag = '"e4"'
+    assert not rig.loop.pod_checked(state, _target("http://10.0.0.8:28080/metrics"), check)
+    assert not rig.loop.pod_checked(
+        state, Target(NS, TJ, POD, "uid-2", _target().url, 10.0), check)
+    assert not rig.loop.pod_checked(None, _target(), check)
+    assert state.etag == '"e4"'
 
 
 @pytest.mark.parametrize("outcome", [WriteOutcome.FAILED, WriteOutcome.NOT_LEADER,

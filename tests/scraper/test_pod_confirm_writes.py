@@ -1,8 +1,9 @@
 """The writer reads the pod of a status that stated none right before sending it
 (scraper/kube/pod_confirm.py), on the real kube-apiserver: one read per write sent, none
-for a status coalesced in the queue or one that states its pod, and nothing sent once
-the pod is gone.  The scrape side of the same window (the pod watch held behind, the
-pods swapped at one address) is tests/scraper/test_reused_pod_ip.py."""
+for a status coalesced in the queue or one that states its pod; a status that arrived
+before its pod ended is sent, one after the end or after the pod is gone is not.  The
+scrape side of the same window (the pod watch held behind, the pods swapped at one
+address) is tests/scraper/test_reused_pod_ip.py."""
 
 from __future__ import annotations
 
@@ -57,9 +58,13 @@ async def test_a_status_that_states_no_pod_is_sent_only_while_its_pod_is_the_tar
     reads: list[str] = []
     checks: list[PodCheck] = []
 
-    async def counted(of: Target) -> PodCheck:
+    # Seconds added to each status's arrival: an answer that waited in the queue while its
+    # pod ended (negative), or one that came after the end (positive).
+    shift = [0.0]
+
+    async def counted(of: Target, answered_at: float) -> PodCheck:
         reads.append(of.key)
-        return await real(of)
+        return await real(of, answered_at + shift[0])
 
     outcomes = _Outcomes()
     async with running_writer(kube_api, namespace, confirm_pod=counted,
@@ -82,13 +87,27 @@ async def test_a_status_that_states_no_pod_is_sent_only_while_its_pod_is_the_tar
         assert outcomes.seen["written"] == 2, outcomes.seen
         assert reads == [target.key] and checks == [PodCheck.CONFIRMED]
 
-        # The pod goes (its address may be another pod's now): nothing is sent.
-        objects.delete_pod(kube_api, namespace, pod.metadata.name)
-        await writer.apply(namespace, "a", _status(77),
-                           confirm=target)
+        # The pod ends.  A status that arrived before its end (it waited in the queue)
+        # is still its pod's: sent.  One that arrived after the end may be another
+        # pod's at the address: not sent, not retried.
+        objects.terminate_pod(kube_api, namespace, pod.metadata.name, message="")
+        shift[0] = -10.0
+        await writer.apply(namespace, "a", _status(40), confirm=target)
         assert await writer.queue.wait_idle(20)
-        assert checks == [PodCheck.CONFIRMED, PodCheck.GONE]
-        assert outcomes.seen["unconfirmed"] == 1 and outcomes.seen["written"] == 2
+        assert progress_of(kube_api, namespace, "a") == 40
+        shift[0] = 10.0
+        await writer.apply(namespace, "a", _status(50), confirm=target)
+        assert await writer.queue.wait_idle(20)
+        assert progress_of(kube_api, namespace, "a") == 40, "sent after its pod ended"
+        assert checks[1:] == [PodCheck.CONFIRMED, PodCheck.ENDED]
+
+        # The pod goes: nothing is sent, whenever the status arrived.
+        objects.delete_pod(kube_api, namespace, pod.metadata.name)
+        shift[0] = -10.0
+        await writer.apply(namespace, "a", _status(77), confirm=target)
+        assert await writer.queue.wait_idle(20)
+        assert checks[3:] == [PodCheck.GONE]
+        assert outcomes.seen["unconfirmed"] == 2 and outcomes.seen["written"] == 3
         assert writer.queue.unapplied() == 0, "an unconfirmed status is not retried"
-        assert progress_of(kube_api, namespace, "a") == 29, "sent after its pod was gone"
-        assert len(reads) == 2
+        assert progress_of(kube_api, namespace, "a") == 40, "sent after its pod was gone"
+        assert len(reads) == 4

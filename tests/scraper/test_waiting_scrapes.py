@@ -75,10 +75,15 @@ class Rig:
     counted: list[str]
     leading: list[bool]
 
+    task: asyncio.Task[None] | None = None
+
     async def runs(self, n: int) -> None:
-        """``n`` scheduled runs, one interval apart (as the scheduler fires them)."""
+        """``n`` scheduled runs, one interval apart, as the scheduler fires them: a run
+        that holds the target's waiting scrape goes on in its task, and the target's
+        runs are paused meanwhile (scraper/scrape/scheduling.py, ``holding``)."""
         for _ in range(n):
-            await self.loop.run(self.state)
+            if self.task is None or self.task.done():
+                self.task = asyncio.create_task(self.loop.run(self.state))
             await asyncio.sleep(INTERVAL)
 
 
@@ -98,6 +103,8 @@ async def rig(exporter: tuple[State, int]) -> AsyncIterator[Rig]:
     r = _rig(exporter[1])
     yield r
     r.state.stop_holding()
+    if r.task is not None:
+        await asyncio.gather(r.task, return_exceptions=True)
     await r.scraper.close()
 
 
@@ -203,11 +210,12 @@ async def test_one_connection_per_waiting_target(exporter: tuple[State, int]) ->
                     INTERVAL)
     state = TargetState(JobView("ns", "tj", "tj-node-0-0"), target=target, uid="uid")
     try:
-        await loop.run(state)  # the poll: contract 2 learnt
-        assert state.max_wait is not None
+        # The run polls (contract 2 learnt), then holds: its request one interval after
+        # the poll's answer.
+        run = asyncio.create_task(loop.run(state))
+        await until(lambda: state.max_wait is not None, 5, "contract 2 learnt")
         # the polled connection was closed, not pooled
         await until(lambda: _established_to(port) == 0, 5, "the polled connection closed")
-        await loop.run(state)  # the held request
         await until(lambda: scraper.held == 1 and _established_to(port) == 1, 5,
                     "the held request on one connection")
         # And it stays one over an interval: the absence of a second connection has no
@@ -215,6 +223,7 @@ async def test_one_connection_per_waiting_target(exporter: tuple[State, int]) ->
         await asyncio.sleep(INTERVAL)
         assert scraper.held == 1
         assert _established_to(port) == 1
+        assert not run.done()
     finally:
         state.stop_holding()
         await scraper.close()
@@ -249,8 +258,10 @@ async def test_contract_3_new_percentage_within_the_floor_metrics_held(
     target = Target("ns", "tj", "tj-node-0-0", "uid", f"http://127.0.0.1:{port}/metrics", 30.0)
     st = TargetState(JobView("ns", "tj", "tj-node-0-0"), target=target, uid="uid")
     try:
-        await loop.run(st)  # the only scheduled run: it polls, then holds at once
-        assert st.by_policy and st.held is not None
+        # The only scheduled run: it polls, then holds at once.
+        run = asyncio.create_task(loop.run(st))
+        await until(lambda: st.held is run, 5, "the run holding")
+        assert st.by_policy
         assert [p for _, p in writer.applied] == [1]
         latencies = []
         for progress in range(2, 6):

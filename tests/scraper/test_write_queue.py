@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from exporter_lib.status import TrainerStatus
 from scraper.decide.decision import priority_of
+from scraper.shared.targets import Target
 from scraper.write.queue import AGE_SECONDS, Priority, WriteQueue
 
 
@@ -68,6 +69,33 @@ def test_coalescing_keeps_one_item_with_the_newest_status_and_its_place() -> Non
     first = q.take()
     assert first is not None and first.key == ("ns", "x")  # kept its earlier place
     assert first.status == status(2) and first.priority is Priority.PROGRESS
+
+
+A = Target("ns", "x", "x-node-0-0", "uid-a", "http://10.0.0.7:28080/metrics", 30.0)
+B = Target("ns", "x", "x-node-0-1", "uid-b", "http://10.0.0.8:28080/metrics", 30.0)
+
+
+def test_a_coalesced_status_carries_the_pod_to_confirm_of_its_newest_report() -> None:
+    """The writer reads the pod of the status it sends (scraper/kube/pod_confirm.py): the
+    newest report's, never an older one's, also across a write in progress and a retry."""
+    q = WriteQueue(clock=Clock())
+    q.put(("ns", "x"), status(1), Priority.PROGRESS, confirm=A)
+    q.put(("ns", "x"), status(2), Priority.PROGRESS)  # stated its pod: no read
+    q.put(("ns", "x"), status(3), Priority.PROGRESS, confirm=B)
+    item = q.take()
+    assert item is not None and item.status == status(3) and item.confirm == B
+    q.put(("ns", "x"), status(4), Priority.PROGRESS)  # while B's is being written
+    q.done(item, retry_in=0.0)  # B's failed: the newer report supersedes it
+    nxt = q.take()
+    assert nxt is not None and nxt.status == status(4) and nxt.confirm is None
+    q.done(nxt, retry_in=0.0)  # a retry keeps its own
+    again = q.take()
+    assert again is not None and again.status == status(4) and again.confirm is None
+    q.done(again)
+    q.put(("ns", "x"), status(100), Priority.FINAL)  # from the pod object: no read
+    q.put(("ns", "x"), status(5), Priority.PROGRESS, confirm=A)
+    final = q.take()
+    assert final is not None and final.status == status(100) and final.confirm is None
 
 
 def test_a_final_status_is_never_replaced_by_a_later_scrape() -> None:
