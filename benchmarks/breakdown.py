@@ -144,7 +144,8 @@ async def changing_pieces(urls: list[str], window: float = WINDOW) -> dict[str, 
     from exporter_lib.status import TrainerStatus
     from scraper.decide.decision import decide
     from scraper.scrape.exporter import ExporterScraper
-    from scraper.scrape.loop import ScrapeLoop, TargetState
+    from scraper.scrape.loop import ScrapeLoop
+    from scraper.scrape.target_state import TargetState
     from scraper.shared.scrapes import Fresh
     from scraper.shared.trainjobs import TrainJobRecord, TrainJobStore
     from scraper.telemetry import JobView, Telemetry

@@ -29,8 +29,9 @@ from typing import Any
 from benchmarks.static_exporter import start_static_exporter
 from exporter_lib.status import TrainerStatus
 from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
-from scraper.scrape.loop import ScrapeLoop, TargetState
+from scraper.scrape.loop import ScrapeLoop
 from scraper.scrape.scheduling import TargetScheduler
+from scraper.scrape.target_state import TargetState
 from scraper.shared.outcome import WriteOutcome
 from scraper.shared.scrapes import ScrapeResult
 from scraper.shared.targets import Target

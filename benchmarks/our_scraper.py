@@ -40,7 +40,7 @@ from exporter_lib.status import TrainerStatus
 from scraper.app import ScraperApp
 from scraper.config import ScraperSettings
 from scraper.kube.pod_confirm import PodCheck
-from scraper.scrape.loop import TargetState
+from scraper.scrape.target_state import TargetState
 from scraper.shared.outcome import WriteOutcome
 from scraper.shared.targets import Target
 from scraper.shared.trainjobs import TrainJobRecord, TrainJobStore

@@ -43,10 +43,11 @@ from scraper.leader import LeaseElector
 from scraper.logsource.reader import LogLimits, LogScraper
 from scraper.metrics_auth import MetricsAuth, metrics_auth_for
 from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
-from scraper.scrape.loop import ScrapeLoop, TargetState
+from scraper.scrape.loop import ScrapeLoop
 from scraper.scrape.manager import TargetManager
 from scraper.scrape.scheduling import TargetScheduler
 from scraper.scrape.sources import SourceScraper
+from scraper.scrape.target_state import TargetState
 from scraper.scrape.target_table import AddressIndex, TargetTable
 from scraper.shared.leadership import Leadership
 from scraper.shared.policy import PolicyResolver, WritePolicy

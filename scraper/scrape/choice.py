@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from scraper.scrape.loop import TargetState
+from scraper.scrape.target_state import TargetState
 from scraper.scrape.target_table import TargetTable
 from scraper.shared.targets import Target
 

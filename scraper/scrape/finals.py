@@ -16,13 +16,8 @@ from typing import Any
 
 from exporter_lib.status import StatusError, TrainerStatus
 from scraper.scrape.exporter import excerpt
-from scraper.scrape.loop import (
-    DETAIL_MAX,
-    FINAL_SETTLED,
-    REASON_FINAL_INVALID,
-    ScrapeLoop,
-    TargetState,
-)
+from scraper.scrape.loop import DETAIL_MAX, FINAL_SETTLED, REASON_FINAL_INVALID, ScrapeLoop
+from scraper.scrape.target_state import TargetState
 from scraper.shared.targets import Final
 from scraper.telemetry import JobView
 

@@ -1,11 +1,11 @@
 """The target manager: discovery's target changes in, one scheduled scrape loop per target out.
 
-Holds the table of :class:`~scraper.scrape.loop.TargetState` (one per trainer pod, keyed
+Holds the table of :class:`~scraper.scrape.target_state.TargetState` (one per trainer pod, keyed
 ``namespace/pod``), applies the changes discovery hands over (it is discovery's
 :class:`~scraper.shared.targets.TargetSink`, like Prometheus's scrape manager fed by
 its discovery manager), keeps the scheduler's jobs in step with the table and with
 leadership, and keeps every ended pod's final status owed until it needs no write
-(:class:`~scraper.scrape.loop.FinalDue`).
+(:class:`~scraper.scrape.target_state.FinalDue`).
 
 Leader changes (docs/scraper.md, "Leader changes"): a final is owed from the pod's end
 until an apply finds it on the TrainJob (or superseded, not storable, the TrainJob
@@ -26,7 +26,8 @@ from typing import Any
 
 from scraper.scrape.choice import Scheduler, TargetChoice
 from scraper.scrape.finals import OwedFinals
-from scraper.scrape.loop import ScrapeLoop, TargetState
+from scraper.scrape.loop import ScrapeLoop
+from scraper.scrape.target_state import TargetState
 from scraper.scrape.target_table import AddressIndex, TargetTable
 from scraper.shared.leadership import Leadership
 from scraper.shared.targets import Final, Known, Rank, Target

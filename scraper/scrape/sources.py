@@ -29,7 +29,7 @@ class SourceScraper:
                  on_exporter_answer: Callable[[Target], None] = lambda target: None) -> None:
         """``on_exporter_answer``: called with an ``auto`` target whose exporter answered
         (its final status is then the exporter's, never the log's); the caller keeps
-        that per pod (:attr:`scraper.scrape.loop.TargetState.exporter_answered`), so nothing
+        that per pod (:attr:`scraper.scrape.target_state.TargetState.exporter_answered`), so nothing
         here grows with the pods that come and go."""
         self.exporter = exporter
         self.logs = logs

@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterator, MutableMapping
 from urllib.parse import urlsplit
 
-from scraper.scrape.loop import TargetState
+from scraper.scrape.target_state import TargetState
 from scraper.telemetry import JobView
 
 TrainJobKey = tuple[str, str]
 
 
 class TargetTable(MutableMapping[str, TargetState]):
-    """``namespace/pod`` -> :class:`~scraper.scrape.loop.TargetState`, with the keys of each
+    """``namespace/pod`` -> :class:`~scraper.scrape.target_state.TargetState`, with the keys of each
     TrainJob (``state.trainjob_key``, fixed for a state's life) kept alongside."""
 
     def __init__(self) -> None:

@@ -34,7 +34,8 @@ from hypothesis import strategies as st
 
 from exporter_lib.status import TrainerStatus
 from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
-from scraper.scrape.loop import DETAIL_MAX, ScrapeLoop, TargetState
+from scraper.scrape.loop import DETAIL_MAX, ScrapeLoop
+from scraper.scrape.target_state import TargetState
 from scraper.shared.outcome import WriteOutcome
 from scraper.shared.scrapes import Failure, FailureKind, Fresh, NothingYet, NotModified
 from scraper.shared.targets import Target

@@ -33,9 +33,9 @@ from scraper.scrape.loop import (
     REASON_INVALID,
     REASON_SCRAPE_FAILED,
     ScrapeLoop,
-    TargetState,
 )
 from scraper.scrape.manager import TargetManager
+from scraper.scrape.target_state import TargetState
 from scraper.shared.outcome import WriteOutcome
 from scraper.shared.scrapes import (
     Busy,

@@ -25,7 +25,8 @@ from exporter_lib.api import Exporter
 from exporter_lib.state import State
 from exporter_lib.status import TrainerStatus
 from scraper.scrape.exporter import ExporterScraper, ScrapeLimits
-from scraper.scrape.loop import ScrapeLoop, TargetState
+from scraper.scrape.loop import ScrapeLoop
+from scraper.scrape.target_state import TargetState
 from scraper.shared.outcome import WriteOutcome
 from scraper.shared.targets import Target
 from scraper.telemetry import JobView

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from exporter_lib.status import TrainerStatus
 from scraper.decide.others import FINAL_DELIVERED_MARGIN_SECONDS as FINAL_MARGIN
 from scraper.decide.others import Report, WriteVerdict, decide, same_content
-from scraper.scrape.loop import ScrapeLoop, TargetState
+from scraper.scrape.loop import ScrapeLoop
+from scraper.scrape.target_state import TargetState
 from scraper.shared.outcome import WriteOutcome
 from scraper.shared.scrapes import Fresh, NotModified, ScrapeResult
 from scraper.shared.sequence import Sequence, is_late, sequence_of
