@@ -867,25 +867,29 @@ def load_carry(path: Path, name: str, cases: list[dict[str, Any]]) -> dict[str, 
     return old  # type: ignore[no-any-return]
 
 
-def carry(res: dict[str, Any], path: Path) -> None:
+def carry(res: dict[str, Any], path: Path, old: dict[str, Any] | None = None) -> None:
     """Add to ``res`` the sessions of the earlier run ``path`` (its JSON) whose side this
     run did not measure, each marked ``carried_from`` with that run's file, start and
     commit, and summarise again.  For rerunning one side of a plan after a fix of that
     side alone: the carried sessions keep their own settings and figures.
 
-    A session that run had itself carried keeps the run it came from.
+    A session that run had itself carried keeps the run it came from; ``res["carried"]
+    ["from"]`` names the file each carried side came from.  ``old``: ``path``'s run as
+    :func:`load_carry` returned it (None: read here).
 
     Raises:
         SystemExit: as :func:`load_carry`.
     """
-    old = load_carry(path, res["plan"]["name"], res["plan"]["cases"])
+    if old is None:
+        old = load_carry(path, res["plan"]["name"], res["plan"]["cases"])
     measured = {r["side"] for r in res["runs"]}
     source = {"file": path.name, "started": old.get("started"),
               "commit": old.get("commit", "not recorded")}
     kept = [{**r, "carried_from": r.get("carried_from", source)} for r in old["runs"]
             if r["side"] not in measured]
     res["runs"] = kept + res["runs"]
-    res["carried"] = {**source, "sides": sorted({r["side"] for r in kept})}
+    res["carried"] = {**source, "sides": sorted({r["side"] for r in kept}),
+                      "from": {r["side"]: r["carried_from"]["file"] for r in kept}}
     res["sides"] = {**old.get("sides", {}), **{k: v for k, v in res["sides"].items()
                                                 if k in measured}}
     summarise(res)
@@ -899,15 +903,16 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--window={case.window:g}: must be longer than the lookahead "
                              f"of {case.label} ({lookahead(case.every):g} s): nothing "
                              "would be judged")
-    if args.carry:  # before the run: a file it could not carry would lose the run
-        load_carry(args.carry, plan.name, [c.__dict__ for c in plan.cases])
+    # Read before the run: a file it could not carry would lose the run.
+    earlier = (load_carry(args.carry, plan.name, [c.__dict__ for c in plan.cases])
+               if args.carry else None)
     if args.estimate:
         print(json.dumps(estimate(plan, memory_available()), indent=1))
         return 0
     started = time.monotonic()
     res = run(plan)
     if args.carry:
-        carry(res, args.carry)
+        carry(res, args.carry, earlier)
     stem = write_report(res, args.out, f"vs-push-{plan.name}", table, started)
     plot(res, stem)
     if plan.name == "cliff":

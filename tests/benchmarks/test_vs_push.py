@@ -251,6 +251,8 @@ def test_a_carried_session_keeps_the_run_it_came_from(tmp_path: Path) -> None:
     origin = {r["side"]: r.get("carried_from", {}).get("file") for r in third["runs"]}
     assert origin == {"push_as_shipped": "first.json", "pull_equal_budget": "second.json",
                       "push_best": None}
+    assert third["carried"]["from"] == {"push_as_shipped": "first.json",
+                                        "pull_equal_budget": "second.json"}
     text = report.table({**third, "machine": "2 cores", "loadavg_start": "0.1"})
     assert "of `push_as_shipped` come from the earlier run first.json" in text
     assert "of `pull_equal_budget` come from the earlier run second.json" in text
