@@ -143,7 +143,7 @@ async def finalize(loop: ScrapeLoop, final: Final, state: TargetState | None) ->
             problems.append(f"container {excerpt(container)}: {excerpt(str(exc), DETAIL_MAX)}")
             continue
         if state is not None:
-            state.view.status = status
+            state.show(status)
         outcome = await loop.write(final.namespace, final.trainjob, status, final=True,
                                    uid=final.trainjob_uid, finished_at=final.finished(container))
         log.info("final status of TrainJob %s/%s from pod %s (container %s): %s",
@@ -154,7 +154,7 @@ async def finalize(loop: ScrapeLoop, final: Final, state: TargetState | None) ->
         from_log = await loop.final_from_log(final, state is not None and state.exporter_answered)
         if from_log is not None:
             if state is not None:
-                state.view.status = from_log
+                state.show(from_log)
             outcome = await loop.write(final.namespace, final.trainjob, from_log, final=True,
                                        uid=final.trainjob_uid)
             log.info("final status of TrainJob %s/%s from the log of pod %s (container %s): %s",

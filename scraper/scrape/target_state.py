@@ -94,6 +94,10 @@ class TargetState:
     by_policy: bool = False
     taken_at: float = float("-inf")
 
+    def show(self, status: TrainerStatus) -> None:
+        """``status`` is what /metrics shows for its TrainJob now (a final's)."""
+        self.view.status = status
+
     def stop_holding(self) -> None:
         """Cancel the waiting scrape in flight (leadership lost, pod gone, stop)."""
         if self.held is not None:
