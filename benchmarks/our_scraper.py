@@ -98,7 +98,7 @@ class ScrapeOnlyWriter(StatusWriter):
         return WriteOutcome.UNCHANGED
 
 
-async def _confirmed(target: Target, answered_at: float) -> PodCheck:
+async def _confirmed(target: Target, answered_at: float | None) -> PodCheck:
     return PodCheck.CONFIRMED
 
 

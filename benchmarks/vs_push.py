@@ -864,6 +864,17 @@ def load_carry(path: Path, name: str, cases: list[dict[str, Any]]) -> dict[str, 
     if theirs != (name, key(cases)):
         raise SystemExit(f"--carry={path}: plan {theirs[0]!r} with cases {theirs[1]}; this "
                          f"run: {name!r} with {key(cases)}")
+    # Carry it into an empty run and report that, as after the run: a file whose runs
+    # cannot be reported stops here, not after hours of measuring.
+    probe: dict[str, Any] = {"started": "-", "commit": "-", "runs": [], "errors": {},
+                             "plan": old["plan"], "sides": {}, "machine": "-",
+                             "loadavg_start": "-"}
+    try:
+        carry(probe, path, json.loads(json.dumps(old)))
+        table(probe)
+    except Exception as exc:  # any shape the report cannot take
+        raise SystemExit(f"--carry={path}: its runs cannot be reported "
+                         f"({type(exc).__name__}: {exc})") from None
     return old  # type: ignore[no-any-return]
 
 

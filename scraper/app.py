@@ -97,7 +97,7 @@ class ScraperApp:
     def __init__(self, settings: ScraperSettings, api_client: k8s.ApiClient | None = None,
                  *, store: TrainJobStore | None = None, request: StatusRequest | None = None,
                  writer_class: type[StatusWriter] = StatusWriter,
-                 confirm_pod: Callable[[Target, float], Awaitable[PodCheck]] | None = None,
+                 confirm_pod: Callable[[Target, float | None], Awaitable[PodCheck]] | None = None,
                  ) -> None:
         """Every part is built here with the callbacks it calls (methods of this class,
         which read parts built after it only when called).

@@ -21,10 +21,12 @@ cache: Kubernetes API concepts, "Resource versions", semantics of get) and confi
 The answer arrived before the read.  A pod's IP stays its own for the pod's life, so a
 pod that was the target when it was scraped and still is at the read held the address
 all along, and answered (two live pods known at one address are refused earlier:
-:class:`scraper.shared.scrapes.SharedAddress`).  Anything else, a failed read included,
-is a mismatch: the status is not written (the next scrape tries again) and the pod
-watch relists.  The read is made by the writer tasks (:mod:`scraper.write.worker`) for a
-write that will be sent, after the decision, so its cost is one GET per write of such
+:class:`scraper.shared.scrapes.SharedAddress`).  Anything else is a mismatch: the
+status is not written (the next scrape tries again) and the pod watch relists.  A
+failed read (:attr:`PodCheck.UNREAD`) proves nothing either way: the status stays
+queued and is tried again, as after a failed write, and the watch relists.  The read is
+made by the writer tasks (:mod:`scraper.write.worker`, :mod:`scraper.write.pod_gate`)
+for a try that will be sent, after the decision, so its cost is one GET per try of such
 a target: a status coalesced in the write queue or found unchanged reads nothing.
 """
 
@@ -110,7 +112,7 @@ class PodConfirmer:
     def __init__(self, core: CoreV1Api) -> None:
         self._core = core
 
-    async def __call__(self, target: Target, answered_at: float | None = None) -> PodCheck:
+    async def __call__(self, target: Target, answered_at: float | None) -> PodCheck:
         """One GET of ``target``'s pod; its :class:`PodCheck` for an answer that arrived
         at ``answered_at`` (epoch seconds; None: unknown, an ended pod is ``ENDED``).
         Never raises for an API error (:attr:`PodCheck.UNREAD`)."""

@@ -122,6 +122,7 @@ class TargetScheduler:
         logging.getLogger("apscheduler.executors.default").addFilter(_drop_cancelled_runs)
         self._scheduled: dict[str, Target] = {}
         self._running: set[str] = set()  # keys whose scrape is in flight
+        self._paused: set[str] = set()  # keys whose run holds a waiting scrape
         self._soon_tokens = SOON_PER_SECOND
         self._soon_refilled = time.monotonic()
         self._skips = 0
@@ -170,6 +171,7 @@ class TargetScheduler:
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
         self._scheduled.clear()
+        self._paused.clear()
 
     def __len__(self) -> int:
         """How many targets are scheduled (no copy: read on every pod event)."""
@@ -233,6 +235,11 @@ class TargetScheduler:
             **extra,
         )
         self._scheduled[target.key] = target
+        if target.key in self._paused:
+            # The replaced job is new and unpaused, while the run holding this target's
+            # waiting scrape goes on: its firings would only find it running.
+            with contextlib.suppress(JobLookupError):
+                self._scheduler.pause_job(target.key)
         log.debug("scheduled %s every %.1fs (%s)", target.key, target.interval, target.url)
 
     # The scrape loop's Pacing (scraper.scrape.loop.Pacing).
@@ -261,19 +268,24 @@ class TargetScheduler:
 
     def pause(self, key: str) -> None:
         """Stop firing the target's job until :meth:`resume` (its waiting scrape is open:
-        a run per interval would only find it open, at the cost of a wakeup and a job run)."""
+        a run per interval would only find it open, at the cost of a wakeup and a job run;
+        it stays paused when :meth:`schedule` replaces the job meanwhile)."""
         if key in self._scheduled:
+            self._paused.add(key)
             with contextlib.suppress(JobLookupError):  # the job already ran its course
                 self._scheduler.pause_job(key)
 
     def resume(self, key: str) -> None:
         """Fire the target's job again at its phase (its waiting scrape ended)."""
+        self._paused.discard(key)
         if key in self._scheduled:
             with contextlib.suppress(JobLookupError):
                 self._scheduler.resume_job(key)
 
     def unschedule(self, key: str) -> None:
-        """Remove the target's job if there is one."""
+        """Remove the target's job if there is one (its holding run is the caller's to
+        cancel: :meth:`scraper.scrape.target_state.TargetState.stop_holding`)."""
+        self._paused.discard(key)
         if self._scheduled.pop(key, None) is not None:
             # The job already ran its course: nothing to remove.
             with contextlib.suppress(JobLookupError):

@@ -27,13 +27,13 @@ class PodGate:
     """Reads a queued status's pod before it is sent.
 
     Attributes:
-        confirm_pod: reads a target's pod, given when the status arrived (epoch seconds):
-            :class:`scraper.kube.pod_confirm.PodConfirmer`.
-        on_pod_check: told ``(target, PodCheck)`` of each read that found something
-            (not of a failed read).
+        confirm_pod: reads a target's pod, given when the status arrived (epoch seconds;
+            None: unknown): :class:`scraper.kube.pod_confirm.PodConfirmer`.
+        on_pod_check: told ``(target, PodCheck)`` of each read, a failed one
+            (``UNREAD``) too.
     """
 
-    confirm_pod: Callable[[Target, float], Awaitable[PodCheck]]
+    confirm_pod: Callable[[Target, float | None], Awaitable[PodCheck]]
     on_pod_check: Callable[[Target, PodCheck], object] = _ignore
 
     async def verdict(self, target: Target | None, arrived: float,
@@ -44,8 +44,9 @@ class PodGate:
         when the read failed (nothing learnt, as a failed write)."""
         if target is None:
             return None
-        check = await self.confirm_pod(target, arrived)
+        # 0: no arrival time known; an ended pod then confirms nothing.
+        check = await self.confirm_pod(target, arrived if arrived > 0 else None)
+        self.on_pod_check(target, check)
         if check is PodCheck.UNREAD:
             return WriteOutcome.RETRIED, retry_in()
-        self.on_pod_check(target, check)
         return None if check is PodCheck.CONFIRMED else (WriteOutcome.UNCONFIRMED, None)

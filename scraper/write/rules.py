@@ -77,7 +77,7 @@ class WriterHooks:
     counts: WriteCounts = NO_COUNTS
     on_gone: Callable[[str, str], None] = field(default=_ignore_gone)
     health: ApiHealth | None = None
-    confirm_pod: Callable[[Target, float], Awaitable[PodCheck]] | None = None
+    confirm_pod: Callable[[Target, float | None], Awaitable[PodCheck]] | None = None
     on_pod_check: Callable[[Target, PodCheck], object] = field(default=_ignore_check)
 
 

@@ -277,6 +277,19 @@ def test_a_carry_file_that_cannot_be_carried_stops_the_run_before_it_starts(
         vs_push.main(["--plan", "cliff", "--jobs", "40", "--estimate", "--carry", str(path)])
     assert vs_push.main(["--plan", "cliff", "--jobs", "20", "40", "--estimate", "--carry",
                          str(path)]) == 0
+    # Runs of shapes the report cannot take are refused before the run, not after it.
+    good = _cliff_res(["push_best"], "t0")
+    for runs in (["a string"], [{"side": "push_best"}],
+                 [{k: v for k, v in good["runs"][0].items() if k != "side"}],
+                 [{**good["runs"][0], "carried_from": "old.json"}]):
+        path.write_text(json.dumps({**good, "runs": runs}))
+        with pytest.raises(SystemExit, match=r"--carry=.*: its runs cannot be reported"):
+            vs_push.main(["--plan", "cliff", "--jobs", "20", "40", "--estimate", "--carry",
+                          str(path)])
+    path.write_text(json.dumps({**good, "sides": ["push_best"]}))
+    with pytest.raises(SystemExit, match=r"--carry=.*: its runs cannot be reported"):
+        vs_push.main(["--plan", "cliff", "--jobs", "20", "40", "--estimate", "--carry",
+                      str(path)])
 
 
 _NUMERIC = {"--every": (0.0, False), "--percent-seconds": (0.0, False),

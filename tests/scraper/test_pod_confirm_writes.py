@@ -62,8 +62,9 @@ async def test_a_status_that_states_no_pod_is_sent_only_while_its_pod_is_the_tar
     # pod ended (negative), or one that came after the end (positive).
     shift = [0.0]
 
-    async def counted(of: Target, answered_at: float) -> PodCheck:
+    async def counted(of: Target, answered_at: float | None) -> PodCheck:
         reads.append(of.key)
+        assert answered_at is not None
         return await real(of, answered_at + shift[0])
 
     outcomes = _Outcomes()

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -477,6 +478,39 @@ async def test_skipped_runs_are_counted_and_warned_once_a_minute(
     assert not [r for r in caplog.records if "maximum number of running" in r.getMessage()]
     ours = [r for r in caplog.records if "skipped since start" in r.getMessage()]
     assert len(ours) == 1 and ours[0].levelname == "WARNING", [r.getMessage() for r in ours]
+
+
+async def test_a_job_replaced_while_its_run_holds_stays_paused() -> None:
+    """A target whose run holds its waiting scrape (scraper/scrape/loop.py, ``_hold``)
+    keeps its job paused when the target changes but its URL does not (an interval or a
+    policy annotation): the new job's firings would only find the run going on and
+    count as skipped runs, with a WARNING to raise --concurrency."""
+    skipped: list[str] = []
+    holding = asyncio.Event()
+    release = asyncio.Event()
+
+    async def scrape(key: str) -> None:
+        scheduler.holding(key, True)  # as ScrapeLoop._hold does
+        holding.set()
+        try:
+            await asyncio.wait_for(release.wait(), 30)
+        finally:
+            scheduler.holding(key, False)
+
+    scheduler = TargetScheduler(scrape, on_skipped=skipped.append)
+    scheduler.start()
+    target = Target("ns", "job", "pod", "uid", "http://127.0.0.1:1/", 1.0)
+    try:
+        scheduler.schedule(target)
+        await asyncio.wait_for(holding.wait(), 10)
+        scheduler.schedule(replace(target, interval=2.0))  # same URL: the run goes on
+        # Nothing to wait for but time: three intervals of the new job, each of which
+        # would have fired once unpaused (the old code counted them as skipped).
+        await asyncio.sleep(6.0)
+        assert skipped == []
+        release.set()
+    finally:
+        scheduler.shutdown()
 
 
 async def test_scrapes_cancelled_at_shutdown_log_no_error(
