@@ -39,9 +39,9 @@ from benchmarks.procstat import cpu_seconds, rss_bytes
 from exporter_lib.status import TrainerStatus
 from scraper.app import ScraperApp
 from scraper.config import ScraperSettings
-from scraper.kube.pod_confirm import PodCheck
 from scraper.scrape.target_state import TargetState
 from scraper.shared.outcome import WriteOutcome
+from scraper.shared.pod_check import PodCheck
 from scraper.shared.targets import Target
 from scraper.shared.trainjobs import TrainJobRecord, TrainJobStore
 from scraper.telemetry import JobView

@@ -32,13 +32,13 @@ from scraper.decide.decision import decide
 from scraper.discovery.feed import PodFeed
 from scraper.discovery.identity import Identity, Link, OwnerIndex
 from scraper.discovery.owner_watches import owner_watches
+from scraper.discovery.pod_confirm import PodConfirmer
 from scraper.discovery.pod_targets import PodTargets
 from scraper.discovery.pods import PodWatcher, WatchItem, probe_selector
 from scraper.discovery.relists import Relists
 from scraper.kube.client import load_client, without_retries
 from scraper.kube.health import ApiHealth
 from scraper.kube.informer import ScopesListed
-from scraper.kube.pod_confirm import PodCheck, PodConfirmer
 from scraper.leader import LeaseElector
 from scraper.logsource.reader import LogLimits, LogScraper
 from scraper.metrics_auth import MetricsAuth, metrics_auth_for
@@ -50,6 +50,7 @@ from scraper.scrape.sources import SourceScraper
 from scraper.scrape.target_state import TargetState
 from scraper.scrape.target_table import AddressIndex, TargetTable
 from scraper.shared.leadership import Leadership
+from scraper.shared.pod_check import PodCheck
 from scraper.shared.policy import PolicyResolver, WritePolicy
 from scraper.shared.targets import Target
 from scraper.shared.trainjobs import TrainJobKey, TrainJobStore
@@ -104,7 +105,7 @@ class ScraperApp:
 
         ``store``, ``request``, ``writer_class`` and ``confirm_pod`` replace the TrainJob
         informer's store, the apply request, the writer's class and the read of a
-        target's pod (:class:`scraper.kube.pod_confirm.PodConfirmer`): the benchmarks
+        target's pod (:class:`scraper.discovery.pod_confirm.PodConfirmer`): the benchmarks
         keep TrainJobs in memory and have no pod objects (benchmarks/our_scraper.py)."""
         self.settings = settings
         found, scrape, write = settings.discovery, settings.scrape, settings.write
@@ -374,7 +375,7 @@ class ScraperApp:
         self._targets_changed()
 
     def _pod_checked(self, target: Target, check: PodCheck) -> None:
-        """The writer read a target's pod (kube/pod_confirm.py); a moved one relists."""
+        """The writer read a target's pod (discovery/pod_confirm.py); a moved one relists."""
         if (self.scrape_loop.pod_checked(self.targets.get(target.key), target, check)
                 and check is not PodCheck.CONFIRMED):
             self.relists.relist_for(target.namespace)

@@ -1,7 +1,7 @@
 """Relists of the pod watches that the writer asks for, spaced out per watch.
 
 A write whose read of a target's pod finds it not the one the pod watch says
-(:mod:`scraper.kube.pod_confirm`) asks for a relist of that pod's watch; a list of all
+(:mod:`scraper.discovery.pod_confirm`) asks for a relist of that pod's watch; a list of all
 pods in a scope is big, so one watch lists at most once per ``spacing`` seconds.
 """
 

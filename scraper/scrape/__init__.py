@@ -6,6 +6,6 @@
 exporter (:mod:`scraper.scrape.exporter` over :mod:`scraper.scrape.http_exchange`) or
 its log (:mod:`scraper.logsource`), as :mod:`scraper.scrape.sources` picks.  A changed
 status from an exporter that states no pod is written only once
-:mod:`scraper.kube.pod_confirm` has read the pod again.  What it reads goes to
+:mod:`scraper.discovery.pod_confirm` has read the pod again.  What it reads goes to
 :mod:`scraper.write`.
 """

@@ -30,7 +30,7 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
   the ETag, is logged once per target, counted by reason and recorded as a Warning
   Event (as other failures, at most once per :data:`EVENT_REPEAT_SECONDS`).  An
   answer that states no pod goes to the writer with its target, which reads the pod
-  before sending the status (:mod:`scraper.kube.pod_confirm`); a status not confirmed
+  before sending the status (:mod:`scraper.discovery.pod_confirm`); a status not confirmed
   drops the ETag (:meth:`ScrapeLoop.pod_checked`).
 * Final status: a terminated pod's final status is owed
   (:class:`~scraper.scrape.target_state.FinalDue`) until the writer finds it needs no
@@ -65,10 +65,10 @@ from typing import Protocol
 
 from exporter_lib.hold_policy import format_policy
 from exporter_lib.status import TrainerStatus
-from scraper.kube.pod_confirm import PodCheck
 from scraper.scrape.exporter import excerpt
 from scraper.scrape.target_state import TargetState
 from scraper.shared.outcome import WriteOutcome
+from scraper.shared.pod_check import PodCheck
 from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
 from scraper.shared.scrapes import (
     NO_SCRAPE_COUNTS,
@@ -200,7 +200,7 @@ class ScrapeLoop:
             (:meth:`scraper.scrape.target_table.AddressIndex.pods_at`); an answer that states
             no pod is refused (:class:`SharedAddress`) while there is more than one, and
             otherwise goes to the writer with its target, whose pod the writer reads
-            before sending it (:mod:`scraper.kube.pod_confirm`, :meth:`pod_checked`).
+            before sending it (:mod:`scraper.discovery.pod_confirm`, :meth:`pod_checked`).
     """
 
     def __init__(
@@ -368,7 +368,7 @@ class ScrapeLoop:
 
     def pod_checked(self, state: TargetState | None, target: Target, check: PodCheck) -> bool:
         """The writer read ``target``'s pod before sending a status of an answer that
-        stated no pod (:mod:`scraper.kube.pod_confirm`).  Unless ``CONFIRMED`` the status
+        stated no pod (:mod:`scraper.discovery.pod_confirm`).  Unless ``CONFIRMED`` the status
         was not sent: the target's ETag goes (the next scrape brings the status again)
         and a WARNING is logged once per result (repeats at DEBUG); a confirmed read
         ends the episode, so a later one warns again.  ``state``: the target's, None

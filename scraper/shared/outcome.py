@@ -31,8 +31,8 @@ class WriteOutcome(enum.Enum):
     DEFERRED = "deferred"  # another writer's status is kept (decide.others: deferred_total)
     QUEUED = "queued"  # apply(): news, queued for the writers (not counted as a write)
     RETRIED = "retried"  # a write failed and stays queued
-    #: Not sent: the answer stated no pod, and a read found its pod not the target's
-    #: any more (scraper.kube.pod_confirm).
+    #: Not sent: the answer stated no pod, and the writer's read of its pod found it
+    #: not the target's any more.
     UNCONFIRMED = "unconfirmed"
 
 

@@ -2,7 +2,7 @@
 
 The writer tasks (:mod:`scraper.write.worker`) ask :meth:`PodGate.verdict` before each
 try of a queued status that carries a ``confirm`` target: its pod is read once
-(:mod:`scraper.kube.pod_confirm`), and the try goes on only when the pod is still the
+(:mod:`scraper.discovery.pod_confirm`), and the try goes on only when the pod is still the
 target's.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from scraper.kube.pod_confirm import PodCheck
 from scraper.shared.outcome import WriteOutcome
+from scraper.shared.pod_check import PodCheck
 from scraper.shared.targets import Target
 
 __all__ = ["PodGate"]
@@ -28,7 +28,7 @@ class PodGate:
 
     Attributes:
         confirm_pod: reads a target's pod, given when the status arrived (epoch seconds;
-            None: unknown): :class:`scraper.kube.pod_confirm.PodConfirmer`.
+            None: unknown): :class:`scraper.discovery.pod_confirm.PodConfirmer`.
         on_pod_check: told ``(target, PodCheck)`` of each read, a failed one
             (``UNREAD``) too.
     """

@@ -95,7 +95,7 @@ class Pending:
         behind: percentage points between ``status``'s progress and the progress the
             TrainJob shows (0: the same, or either has none).
         confirm: the target whose pod is read before the status is sent (an answer
-            that stated no pod: :mod:`scraper.kube.pod_confirm`); None: no read.
+            that stated no pod: :mod:`scraper.discovery.pod_confirm`); None: no read.
     """
 
     key: TrainJobKey

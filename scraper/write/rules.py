@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from scraper.kube.health import ApiHealth
-from scraper.kube.pod_confirm import PodCheck
 from scraper.shared.outcome import NO_COUNTS, WriteCounts
+from scraper.shared.pod_check import PodCheck
 from scraper.shared.policy import DEFAULT_POLICY, WritePolicy
 from scraper.shared.targets import Target
 from scraper.shared.writes import Decide
@@ -68,7 +68,7 @@ class WriterHooks:
             its recoveries make the queued retries due.  None: not told.
         confirm_pod: reads the pod of a status's ``confirm`` target right before the
             status is sent, given when the status arrived (epoch seconds;
-            :class:`scraper.kube.pod_confirm.PodConfirmer`); None: no read, every such
+            :class:`scraper.discovery.pod_confirm.PodConfirmer`); None: no read, every such
             status is sent.
         on_pod_check: called with ``(target, PodCheck)`` after each of those reads.
     """

@@ -14,7 +14,7 @@ apply, retrying until each is applied, superseded, or its TrainJob is gone.
   kube-apiserver v1.37 accepts a status apply with a wrong UID, measured, so the check
   is ours).
 * A status from an answer that stated no pod carries its target: right before each try
-  its pod is read once (:mod:`scraper.kube.pod_confirm`, on the loop's default
+  its pod is read once (:mod:`scraper.discovery.pod_confirm`, on the loop's default
   executor), and unless it is still the target's the status is dropped
   (``unconfirmed``, not retried: the next scrape brings it again) and ``on_pod_check``
   is told; a read that failed keeps the status queued, as a failed write does.

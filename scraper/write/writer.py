@@ -250,7 +250,7 @@ class StatusWriter:
                 seconds), None when unknown.
             confirm: the target whose answer stated no pod: its pod is read right before
                 the status is sent, and the status is not sent unless it is still the
-                target's (:mod:`scraper.kube.pod_confirm`).  None: no read.
+                target's (:mod:`scraper.discovery.pod_confirm`).  None: no read.
 
         Raises:
             TrainJobGone: the informer knows the TrainJob with another UID (re-created):

@@ -395,7 +395,7 @@ def _check_denied(control_plane: ControlPlane, token: str, namespace: str, train
             "list Secrets cluster-wide": lambda: core.list_secret_for_all_namespaces(),
             "list ConfigMaps": lambda: core.list_namespaced_config_map(namespace),
             # get Pod is granted: a pod is read again before an answer that states no
-            # pod is written (scraper/kube/pod_confirm.py).
+            # pod is written (scraper/discovery/pod_confirm.py).
             "patch Pod": lambda: core.patch_namespaced_pod(
                 pod, namespace, {"metadata": {"labels": {"x": "y"}}}),
             "patch Pod status": lambda: core.patch_namespaced_pod_status(

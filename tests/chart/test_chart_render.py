@@ -174,7 +174,7 @@ def _rules(role: dict[str, Any]) -> set[tuple[str, str, str, tuple[str, ...]]]:
 #: scraper/discovery/identity.py, scraper/shared/trainjobs.py, scraper/write/ and
 #: scraper/kube/events.py); any added verb must be justified here too.
 SCOPE_GRANTS = {
-    ("", "pods", "get", ()),  # scraper/kube/pod_confirm.py
+    ("", "pods", "get", ()),  # scraper/discovery/pod_confirm.py
     ("", "pods", "list", ()),
     ("", "pods", "watch", ()),
     ("trainer.kubeflow.org", "trainjobs", "get", ()),

@@ -25,7 +25,6 @@ import pytest
 
 from exporter_lib.status import TrainerStatus
 from scraper.discovery.pod_targets import PodTargets
-from scraper.kube.pod_confirm import PodCheck
 from scraper.scrape.loop import (
     DETAIL_MAX,
     EVENT_REPEAT_SECONDS,
@@ -37,6 +36,7 @@ from scraper.scrape.loop import (
 from scraper.scrape.manager import TargetManager
 from scraper.scrape.target_state import TargetState
 from scraper.shared.outcome import WriteOutcome
+from scraper.shared.pod_check import PodCheck
 from scraper.shared.scrapes import (
     Busy,
     Failure,
@@ -324,7 +324,7 @@ async def test_etag_kept_when_the_status_is_where_it_belongs(rig: Rig,
 async def test_an_answer_that_states_no_pod_goes_to_the_writer_with_its_target(
         rig: Rig) -> None:
     """The writer reads the pod of such an answer before sending it
-    (scraper/kube/pod_confirm.py); an answer that states its pod needs no read."""
+    (scraper/discovery/pod_confirm.py); an answer that states its pod needs no read."""
     state = rig.state()
     rig.scraper.results = [Fresh(_status(10), '"e1"', identified=False),
                            Fresh(_status(11), '"e2"')]

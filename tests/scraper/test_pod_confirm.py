@@ -1,5 +1,5 @@
 """The verdict of a pod read before an unidentified answer is written
-(scraper/kube/pod_confirm.py); the read itself on the real API server:
+(scraper/discovery/pod_confirm.py); the read itself on the real API server:
 tests/scraper/test_reused_pod_ip.py (the pod watch held behind)."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from kubernetes.client import (
     V1ContainerStatus,
 )
 
-from scraper.kube.pod_confirm import PodCheck, check_pod, containers_ended_at
+from scraper.discovery.pod_confirm import containers_ended_at
+from scraper.shared.pod_check import PodCheck, check_pod
 from scraper.shared.targets import Target
 
 TARGET = Target(namespace="ns", trainjob="a", pod_name="a-0", pod_uid="uid-a",

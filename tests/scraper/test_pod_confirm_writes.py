@@ -1,5 +1,5 @@
 """The writer reads the pod of a status that stated none right before sending it
-(scraper/kube/pod_confirm.py), on the real kube-apiserver: one read per write sent, none
+(scraper/discovery/pod_confirm.py), on the real kube-apiserver: one read per write sent, none
 for a status coalesced in the queue or one that states its pod; a status that arrived
 before its pod ended is sent, one after the end or after the pod is gone is not.  The
 scrape side of the same window (the pod watch held behind, the pods swapped at one
@@ -16,8 +16,9 @@ from kubernetes import client
 
 from exporter_lib.status import TrainerStatus
 from localdev.cluster import objects
-from scraper.kube.pod_confirm import PodCheck, PodConfirmer
+from scraper.discovery.pod_confirm import PodConfirmer
 from scraper.shared.outcome import WriteOutcome
+from scraper.shared.pod_check import PodCheck
 from scraper.shared.targets import Target
 from tests.helpers.scraper import progress_of
 from tests.helpers.writer import running_writer

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from scraper.kube.pod_confirm import PodCheck
 from scraper.shared.outcome import WriteOutcome
+from scraper.shared.pod_check import PodCheck
 from scraper.shared.targets import Target
 from scraper.write.pod_gate import PodGate
 

@@ -76,7 +76,7 @@ def test_every_stage_resumes_soon_after_the_api_server_is_ready(
         pod = objects.create_trainer_pod(kube_api, namespace, name, port=exporters[i].port)
         # Each exporter states its pod, as exporter_lib in a pod does, so its changes are
         # queued during the outage.  (An answer that states no pod waits for a read of
-        # its pod, which needs the API server: scraper/kube/pod_confirm.py.)
+        # its pod, which needs the API server: scraper/discovery/pod_confirm.py.)
         exporters[i].pod = PodIdentity(name=pod.metadata.name, namespace=namespace,
                                        uid=pod.metadata.uid)
         pods.append(pod.metadata.name)

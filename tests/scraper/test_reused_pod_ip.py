@@ -247,7 +247,7 @@ def test_pod_watch_behind_an_exporter_stating_no_pod_never_puts_b_on_a(
     exporter_factory: Callable[..., FakeExporter],
     scraper_factory: Callable[..., ScraperProcess],
 ) -> None:
-    """The last misplacement window (scraper/kube/pod_confirm.py): an exporter that
+    """The last misplacement window (scraper/discovery/pod_confirm.py): an exporter that
     states no pod, the pod watch held behind while A's pod goes and B's pod comes up at
     its address.  Before: B's status was on A 1.0 s after the swap, and stayed.  Now the
     scraper's writer reads A's pod right before sending the changed status, finds it

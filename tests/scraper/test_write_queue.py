@@ -76,7 +76,7 @@ B = Target("ns", "x", "x-node-0-1", "uid-b", "http://10.0.0.8:28080/metrics", 30
 
 
 def test_a_coalesced_status_carries_the_pod_to_confirm_of_its_newest_report() -> None:
-    """The writer reads the pod of the status it sends (scraper/kube/pod_confirm.py): the
+    """The writer reads the pod of the status it sends (scraper/discovery/pod_confirm.py): the
     newest report's, never an older one's, also across a write in progress and a retry."""
     q = WriteQueue(clock=Clock())
     q.put(("ns", "x"), status(1), Priority.PROGRESS, confirm=A)
