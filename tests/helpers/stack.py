@@ -176,6 +176,12 @@ def recording(api: client.ApiClient, namespace: str, name: str) -> Iterator[Trai
         recorder.stop()
 
 
+#: Starts of a scraper tried when another process took its free port between
+#: ``free_port()`` and the scraper's bind ("address already in use", exit code 1: seen in
+#: a CI run with two workers; tests/helpers/scraper.py's ScraperProcess does the same).
+SCRAPER_PORT_TRIES = 3
+
+
 @contextlib.contextmanager
 def scraper(cluster: Cluster, namespace: str, workdir: Path,
             options: Sequence[str] = (), kubeconfig: Path | None = None,
@@ -183,12 +189,21 @@ def scraper(cluster: Cluster, namespace: str, workdir: Path,
     """``trainjob-scraper run`` against the local cluster, for ``namespace`` (through
     ``kubeconfig`` when given, e.g. a fault proxy's; else the cluster's admin one;
     ``env`` added to its environment)."""
-    child = start_scraper(workdir, kubeconfig=kubeconfig or cluster.kubeconfig_path,
-                          port=free_port(),
-                          options=["--interval", "1s", "--namespaces", namespace, *options],
-                          env=env)
+    for attempt in range(1, SCRAPER_PORT_TRIES + 1):
+        child = start_scraper(workdir, kubeconfig=kubeconfig or cluster.kubeconfig_path,
+                              port=free_port(),
+                              options=["--interval", "1s", "--namespaces", namespace,
+                                       *options],
+                              env=env)
+        try:
+            wait_http_ok(child.extra["base_url"] + "/readyz", child)
+            break
+        except RuntimeError:
+            lost_port = not child.running() and "ddress already in use" in child.log_tail()
+            child.stop()
+            if not lost_port or attempt == SCRAPER_PORT_TRIES:
+                raise
     try:
-        wait_http_ok(child.extra["base_url"] + "/readyz", child)
         yield child
     finally:
         child.stop()
