@@ -18,10 +18,6 @@ from scraper.shared.targets import Target
 __all__ = ["PodGate"]
 
 
-def _ignore(target: Target, check: PodCheck) -> None:
-    return None
-
-
 @dataclass(frozen=True)
 class PodGate:
     """Reads a queued status's pod before it is sent.
@@ -34,7 +30,7 @@ class PodGate:
     """
 
     confirm_pod: Callable[[Target, float | None], Awaitable[PodCheck]]
-    on_pod_check: Callable[[Target, PodCheck], object] = _ignore
+    on_pod_check: Callable[[Target, PodCheck], object]
 
     async def verdict(self, target: Target | None, arrived: float,
                       retry_in: Callable[[], float]) -> tuple[WriteOutcome, float | None] | None:
