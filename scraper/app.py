@@ -28,6 +28,7 @@ from kubernetes import client as k8s
 from scraper.boost.watch import BoostCollector, BoostWatch
 from scraper.boost.workload import list_workloads, write_boost
 from scraper.config import ScraperSettings
+from scraper.config_groups import TelemetrySettings
 from scraper.decide.decision import decide
 from scraper.discovery.feed import PodFeed
 from scraper.discovery.identity import Identity, Link, OwnerIndex
@@ -87,6 +88,17 @@ def observed(chosen: Mapping[TrainJobKey, TargetState]) -> list[Observed]:
             out.append(Observed(key, target.trainjob_uid, target.pod_name, state.uid,
                                 target.interval, state.view.status, state.view.up is True))
     return out
+
+
+def _log_serving(tel: TelemetrySettings, port: int, *, guarded: bool) -> None:
+    """Says where /metrics is served and who may read it."""
+    log.info("serving /metrics, /healthz, /readyz on %s:%d", tel.listen_host, port)
+    if not guarded:
+        log.warning("/metrics is open to anyone who reaches %s:%d (metrics_auth=false)",
+                    tel.listen_host, port)
+    else:
+        log.info("/metrics needs a bearer token allowed to get /metrics (TokenReview and "
+                 "SubjectAccessReview, decisions cached %gs)", tel.metrics_auth_cache_ttl)
 
 
 class ScraperApp:
@@ -223,14 +235,7 @@ class ScraperApp:
             guard = [self.metrics_auth.middleware] if self.metrics_auth else []
             port = await self.telemetry.start(tel.listen_host, tel.listen_port,
                                               middlewares=guard)
-            log.info("serving /metrics, /healthz, /readyz on %s:%d", tel.listen_host, port)
-            if self.metrics_auth is None:
-                log.warning("/metrics is open to anyone who reaches %s:%d (metrics_auth=false)",
-                            tel.listen_host, port)
-            else:
-                log.info("/metrics needs a bearer token allowed to get /metrics (TokenReview "
-                         "and SubjectAccessReview, decisions cached %gs)",
-                         tel.metrics_auth_cache_ttl)
+            _log_serving(tel, port, guarded=self.metrics_auth is not None)
             await self._serve(stop, supervisor)
         finally:
             await self.scraper.close()

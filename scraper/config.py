@@ -34,7 +34,6 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from exporter_lib.pod import service_account_namespace
 from scraper.config_file import REMOVED_OPTIONS as REMOVED_OPTIONS
 from scraper.config_file import FileSource, file_keys_given
 from scraper.config_file import removed_option as removed_option
@@ -399,11 +398,6 @@ class ScraperSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, FileSource(settings_cls, _config_file.get()))
 
-    def write_ceiling(self) -> float:
-        """The adaptive write rate's ceiling (writes per second): ``write_qps_max``, at
-        least ``write_qps``."""
-        return max(self.write_qps, self.write_qps_max)
-
     def write_policy(self) -> WritePolicy:
         """The default write policy (``--progress-floor``, ``--metrics-staleness``,
         ``--other-writer-grace``)."""
@@ -419,12 +413,6 @@ class ScraperSettings(BaseSettings):
     logs = property(LogSourceSettings.of)
     lease = property(LeaseSettings.of)
     telemetry = property(TelemetrySettings.of)
-
-    def effective_lease_namespace(self) -> str:
-        """The Lease's namespace: configured, else the pod's own, else ``default``."""
-        if self.lease_namespace:
-            return self.lease_namespace
-        return service_account_namespace() or "default"
 
 
 def load_settings(

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from exporter_lib.pod import service_account_namespace
 from scraper.shared.policy import WritePolicy
 
 __all__ = ["BoostSettings", "DiscoverySettings", "LeaseSettings", "LogSourceSettings",
@@ -79,7 +80,7 @@ class WriteSettings(_Group):
 
     @classmethod
     def of(cls, s: Any) -> WriteSettings:
-        return cls(qps=s.write_qps, qps_max=s.write_ceiling(), burst=s.write_burst,
+        return cls(qps=s.write_qps, qps_max=max(s.write_qps, s.write_qps_max), burst=s.write_burst,
                    status_target=s.status_target, policy=s.write_policy())
 
 
@@ -137,7 +138,8 @@ class LeaseSettings(_Group):
     @classmethod
     def of(cls, s: Any) -> LeaseSettings:
         return cls(enabled=s.leader_election, name=s.lease_name,
-                   namespace=s.effective_lease_namespace(), duration=s.lease_duration,
+                   namespace=(s.lease_namespace or service_account_namespace()
+                              or "default"), duration=s.lease_duration,
                    renew_deadline=s.renew_deadline, retry_period=s.retry_period,
                    identity=s.identity)
 

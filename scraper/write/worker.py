@@ -140,6 +140,47 @@ def _retryable(exc: BaseException) -> bool:
     return is_transient(exc) and not _not_in_schema(exc)
 
 
+async def read_trainjob(custom: CustomObjectsApi, limiter: AsyncLimiter | AdaptiveRate,
+                        store: TrainJobStore, namespace: str, name: str) -> TrainJobRecord:
+    """GET a TrainJob the informer has not delivered yet (rare: the pod watch was
+    ahead), under the writes' ``limiter``, and keep it in ``store``.
+
+    Raises:
+        TrainJobGone: 404.
+        ApiException, urllib3.exceptions.HTTPError, ConnectionError: the read failed.
+    """
+    try:
+        async with limiter:
+            obj = await call(custom.get_namespaced_custom_object, API_GROUP, API_VERSION,
+                             namespace, TRAINJOB_PLURAL, name, _request_timeout=REQUEST_TIMEOUT)
+    except ApiException as exc:
+        if exc.status == 404:
+            raise TrainJobGone(f"{namespace}/{name}") from None
+        raise
+    store.store(namespace, name, slim_trainjob(obj))
+    return store.get(namespace, name) or record_from_object(obj)
+
+
+def after_apply(obj: dict[str, Any], record: TrainJobRecord, place: Place,
+                sent: TrainerStatus, now: float, wall: float) -> TrainJobRecord:
+    """What the TrainJob holds after an apply answered with ``obj``: ``record`` with
+    the status, UID, resourceVersion and writer now stored at ``place``.
+
+    What it stores is what was sent (SSA with force owns every field sent), unless
+    another manager keeps a field ``sent`` leaves unset: only then is the answer's
+    trainerStatus read (no second validation on the common path).  ``now``: the store's
+    clock (seconds); ``wall``: epoch seconds, the write's time when the answer has no
+    managedFields entry of ours.
+    """
+    status = stored_after_apply(obj, place, sent)
+    meta = obj.get("metadata") or {}
+    uid, rv = meta.get("uid", record.uid), meta.get("resourceVersion", "")
+    by_status, by_annotation = writers_of(meta.get("managedFields"), seen=now,
+                                          prefer=FIELD_MANAGER)
+    by = by_annotation if place is Place.ANNOTATION else by_status
+    return written(record, place, status, uid, rv, by or Writer(FIELD_MANAGER, wall, now))
+
+
 @dataclass(frozen=True)
 class OurWrite:
     """The last status this replica applied to a TrainJob, and where it landed.
@@ -400,43 +441,15 @@ class WriteWorker:
             return await self._not_stored(item, record)
         if place is Place.STATUS and self.crd.supported is not True:
             self.crd.mark_supported()
-        # What the TrainJob stores now is what was sent (SSA with force owns every field
-        # sent), unless another manager keeps a field this status leaves unset: only then
-        # is the answer's trainerStatus read (no second validation on the common path).
-        status = stored_after_apply(obj, place, status)
-        meta = obj.get("metadata") or {}
-        uid, rv = meta.get("uid", record.uid), meta.get("resourceVersion", "")
-        now = self.store.clock()
-        by_status, by_annotation = writers_of(meta.get("managedFields"), seen=now,
-                                              prefer=FIELD_MANAGER)
-        by = by_annotation if place is Place.ANNOTATION else by_status
-        self.store.keep(namespace, name, written(
-            record, place, status, uid, rv, by or Writer(FIELD_MANAGER, self._wall(), now)))
-        self._ours[item.key] = OurWrite(uid, status, rv, self._clock(), place,
+        kept = after_apply(obj, record, place, status, self.store.clock(), self._wall())
+        self.store.keep(namespace, name, kept)
+        self._ours[item.key] = OurWrite(kept.uid, status_in(kept, place) or status,
+                                        kept.resource_version, self._clock(), place,
                                         item.fresh_at or self._clock())
         if item.priority is Priority.FINAL:
             log.info("final status of TrainJob %s/%s applied (%d failed tries before)",
                      namespace, name, item.attempts)
         return WriteOutcome.WRITTEN, None
-
-    async def _read(self, namespace: str, name: str) -> TrainJobRecord:
-        """GET a TrainJob the informer has not delivered yet (rare: the pod watch was
-        ahead); keep it in the store.
-
-        Raises:
-            TrainJobGone: 404.
-        """
-        try:
-            async with self._limiter:
-                obj = await call(self._custom.get_namespaced_custom_object, API_GROUP,
-                                 API_VERSION, namespace, TRAINJOB_PLURAL, name,
-                                 _request_timeout=REQUEST_TIMEOUT)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise TrainJobGone(f"{namespace}/{name}") from None
-            raise
-        self.store.store(namespace, name, slim_trainjob(obj))
-        return self.store.get(namespace, name) or record_from_object(obj)
 
     async def _not_stored(self, item: Pending,
                           record: TrainJobRecord) -> tuple[WriteOutcome, float | None]:
@@ -502,6 +515,9 @@ class WriteWorker:
         if item.attempts < CONFLICTS_AT_ONCE:
             return WriteOutcome.RETRIED, 0.0
         return WriteOutcome.RETRIED, QUEUE_BACKOFF.delay(item.attempts - CONFLICTS_AT_ONCE + 1)
+
+    async def _read(self, namespace: str, name: str) -> TrainJobRecord:
+        return await read_trainjob(self._custom, self._limiter, self.store, namespace, name)
 
     def _gone(self, item: Pending, why: str) -> None:
         namespace, name = item.key

@@ -524,14 +524,14 @@ def test_write_ceiling_reaches_the_scraper_and_flow_control_is_optional(
     rendered = helm.template()
     assert not rendered.of_kind("FlowSchema")
     assert not rendered.of_kind("PriorityLevelConfiguration")
-    assert _settings_from(rendered, tmp_path).write_ceiling() == 200.0
+    assert _settings_from(rendered, tmp_path).write.qps_max == 200.0
 
     rendered = helm.template({
         "config": {"writeQps": 30, "writeQpsMax": 500},
         "flowControl": {"enabled": True, "limitResponse": "Reject"},
         "serviceAccount": {"create": False, "name": "preexisting"}})
     settings = _settings_from(rendered, tmp_path)
-    assert (settings.write_qps, settings.write_ceiling()) == (30, 500)
+    assert (settings.write_qps, settings.write.qps_max) == (30, 500)
     level = rendered.one("PriorityLevelConfiguration", FULLNAME)
     assert level["spec"] == {"type": "Limited", "limited": {
         "nominalConcurrencyShares": 10, "lendablePercent": 0,
