@@ -86,6 +86,18 @@ def wrong_pod(target: Target, stated: PodIdentity | None) -> WrongPod | None:
     return None
 
 
+def names_the_pod(target: Target, stated: PodIdentity | None) -> bool:
+    """Whether ``stated`` (already found to agree, :func:`wrong_pod`) names the target's
+    pod by a part that was compared: its UID, its name, or its hostname where the
+    target's is known.  A namespace alone names no pod, nor does a hostname where the
+    target's is unknown (a ``hostNetwork`` pod's containers have the node's): such an
+    answer is treated as one that states no pod (checked at a shared address, its pod
+    read before the write)."""
+    if stated is None:
+        return False
+    return bool(stated.uid or stated.name or (stated.hostname and target.hostname))
+
+
 @dataclass(frozen=True)
 class ScrapeLimits:
     """Bounds of one scrape: ``timeout`` seconds, ``max_body_bytes`` bytes."""
@@ -402,7 +414,7 @@ class ExporterScraper:
                 # is closed, not left idle.
                 keep = False
             answer = await self._answer(resp, max_wait, cap, holds_by_policy(contract))
-            if stated is None and isinstance(answer, Fresh):
+            if not names_the_pod(target, stated) and isinstance(answer, Fresh):
                 answer = dataclasses.replace(answer, identified=False)
             return answer
         finally:

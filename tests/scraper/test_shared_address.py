@@ -71,9 +71,10 @@ class PlainExporter:
 
 
 def _pod(trainjob: str, uid: str, phase: str = "Running",
-         ip: str = "127.0.0.1") -> dict[str, Any]:
+         ip: str = "127.0.0.1", host_network: bool = False) -> dict[str, Any]:
     return {"metadata": {"namespace": NS, "name": f"{trainjob}-node-0", "uid": uid,
                          "labels": {"jobset.sigs.k8s.io/jobset-name": trainjob}},
+            "spec": {"hostNetwork": True} if host_network else {},
             "status": {"phase": phase, "podIP": ip}}
 
 
@@ -168,6 +169,29 @@ async def test_answers_with_identity_are_unchanged_at_a_shared_address(
     assert stack.written("a") is None  # B's answer at A's target: WrongPod, as before
     assert stack.scrapes == ["ok", "wrong_pod"]
     assert stack.shared_events() == []
+
+
+@pytest.mark.parametrize("stated", [PodIdentity(namespace=NS),
+                                    PodIdentity(hostname="node-1", namespace=NS)],
+                         ids=["namespace-only", "node-hostname"])
+async def test_an_answer_that_names_no_pod_is_one_that_states_none(
+        stack: Stack, exporter: PlainExporter, stated: PodIdentity) -> None:
+    """A namespace names no pod, nor does the node's hostname that a hostNetwork pod's
+    exporter states (the target's own hostname is unknown): at an address two live pods
+    share, such an answer is not written, as one without the header."""
+    stack.pods.on_pod(_pod("a", "uid-a", host_network=True), deleted=False)
+    stack.pods.on_pod(_pod("b", "uid-b", host_network=True), deleted=False)
+    exporter.stated = stated
+    await stack.scrape(A)
+    await stack.scrape(B)
+    assert stack.written("a") is None and stack.written("b") is None
+    assert stack.scrapes == ["shared_address"] * 2
+    # Alone at the address it is written, with its pod to be read before the write.
+    stack.pods.on_pod(_pod("a", "uid-a", host_network=True), deleted=True)
+    await stack.scrape(B)
+    assert stack.written("b") == 90
+    assert stack.writer.confirms[-1] is not None
+    assert stack.writer.confirms[-1].pod_uid == "uid-b"
 
 
 async def test_the_address_index_follows_pods_and_stays_bounded(
