@@ -25,8 +25,8 @@ class _Group(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-# ``of(settings)``: the group of a validated ScraperSettings (typed Any: that module
-# imports this one).
+# Each group's ``of(settings)`` builds it from a validated ScraperSettings (typed Any:
+# scraper/config.py imports this module, not the other way).
 
 
 class DiscoverySettings(_Group):

@@ -5,7 +5,7 @@ The whole rule, and why, is docs/scraper.md, "Other writers and time".  It holds
 every status source (exporter JSON, Prometheus text, termination messages, push-compat)
 and is tested with hypothesis (``tests/scraper/test_writer_rules.py``).
 :func:`decide` says whether a report is written where the TrainJob stores ``there``, last
-written by ``writer`` (:class:`scraper.shared.trainjob.Writer`: the API server's clock and
+written by ``writer`` (:class:`scraper.shared.trainjobs.Writer`: the API server's clock and
 the store's monotonic clock order writes, never a writer's own ``lastUpdatedTime``).
 The ``lastUpdatedTime`` written is settled when the write is sent
 (:func:`scraper.write.notices.settle_time`).

@@ -24,7 +24,7 @@ Rank = tuple[int, int, str, str]
 
 
 class Scheduler(Protocol):
-    """What the target manager needs of :class:`scraper.scrape.scheduling.Scheduler`."""
+    """What the target manager needs of :class:`scraper.scrape.scheduling.TargetScheduler`."""
 
     def schedule(self, target: Target) -> None: ...
 
