@@ -367,9 +367,11 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         # TrainJob's series; the row reports its size).
         w0, text0, a = len(watcher.seen), scraper.metrics(), time.time()
         cpu0 = _cpu(scraper.child.process.pid)
+        plane_cpu0 = _plane_cpu(plane)
         time.sleep(window)
         b = time.time()
         cpu1 = _cpu(scraper.child.process.pid)
+        plane_cpu1 = _plane_cpu(plane)
         if pressure is not None and apf0 is not None:
             out["pressure_with_scraper"] = pressure.summary(a, b)
             out["scraper_apf"] = wp.rejected_share(apf0, wp.flowcontrol_counts(plane),
@@ -410,6 +412,9 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             "cpu_per_s": (cpu1 - cpu0) / (b - a) if cpu0 is not None and cpu1 is not None
             else None,
             "scrapes_per_s": scrapes / (b - a),
+            # The API server's side of the writes: CPU-seconds over the window of
+            # kube-apiserver and etcd, and per status written (ms).
+            **_plane_cost(plane_cpu0, plane_cpu1, written),
             "rss": sampler.sample()[0], "fds": sampler.fds, "peak_rss": sampler.peak_rss,
             "peak_fds": sampler.peak_fds,
             "held": scraper.metric("trainjob_scraper_held_scrapes"),
@@ -449,6 +454,26 @@ def _nonzero(counts: dict[str, float] | None) -> str:
     """``"written 9700, retried 12"``: the counts above zero, or ``"-"``."""
     shown = [f"{k} {v:.0f}" for k, v in (counts or {}).items() if v > 0]
     return ", ".join(shown) or "-"
+
+
+def _plane_cpu(plane: ControlPlane) -> dict[str, float | None]:
+    """CPU-seconds so far of kube-apiserver and etcd (None: not readable)."""
+    pids = {"apiserver": plane.apiserver_pid, "etcd": plane.etcd_pid}
+    return {k: None if pid is None else _cpu(pid) for k, pid in pids.items()}
+
+
+def _plane_cost(before: dict[str, float | None], after: dict[str, float | None],
+                written: float) -> dict[str, float | None]:
+    """``apiserver_cpu_s``, ``etcd_cpu_s`` over a window and each per status written
+    (``apiserver_cpu_ms_per_write``, ``etcd_cpu_ms_per_write``); None where unknown."""
+    out: dict[str, float | None] = {}
+    for k in ("apiserver", "etcd"):
+        x, y = before.get(k), after.get(k)
+        used = None if x is None or y is None else y - x
+        out[f"{k}_cpu_s"] = used
+        out[f"{k}_cpu_ms_per_write"] = (None if used is None or not written
+                                         else 1000.0 * used / written)
+    return out
 
 
 def _cpu(pid: int) -> float | None:
@@ -583,6 +608,12 @@ def table(res: dict[str, Any]) -> str:
                 f"{fmt(b['cpu_per_s'], '.2f')} s/s / {fmt(b['scrapes_per_s'], '.0f')} / "
                 f"{b['rss'] / 2**20:.0f} MiB / {b['fds']} ({b['peak_rss'] / 2**20:.0f} MiB / "
                 f"{b['peak_fds']}) / {fmt(b['held'], '.0f')} | | | {b['loadavg']} |"]
+        if "apiserver_cpu_s" in b:
+            lines += [
+                f"| same, steady window: kube-apiserver / etcd CPU-seconds, and per status "
+                f"written | {fmt(b['apiserver_cpu_s'], '.1f')} / {fmt(b['etcd_cpu_s'], '.1f')}"
+                f" s; {fmt(b['apiserver_cpu_ms_per_write'], '.2f')} / "
+                f"{fmt(b['etcd_cpu_ms_per_write'], '.2f')} ms | | | {b['loadavg']} |"]
     if c:
         lines += [
             f"| training logging every {c['log_every']:g} s, {c['jobs']} TrainJobs: API "
