@@ -92,7 +92,7 @@ from scraper.write.queue import Pending, WriteQueue
 from scraper.write.rate import AdaptiveRate
 
 __all__ = ["QUEUE_BACKOFF", "Decisions", "OurWrite", "StatusApply", "StatusRequest",
-           "WriteWorker", "writers_for"]
+           "WriteWorker", "after_apply", "read_trainjob", "writers_for"]
 
 log = logging.getLogger(__name__)
 
