@@ -107,6 +107,8 @@ class Exporter:
                 self._server = ServerThread(host, port, Renderer(source, self._refused), push,
                                             self._refused)
                 self.port = self._server.port
+                if isinstance(state, State):  # reports and pushes wake held scrapes
+                    state.on_progress = self._server.progress_moved
                 log.info("trainjob exporter serving on http://%s:%d/metrics", host, self.port)
             except (OSError, OverflowError) as exc:  # OverflowError: a port beyond 65535
                 reason = ("port already in use" if getattr(exc, "errno", None) == errno.EADDRINUSE

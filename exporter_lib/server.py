@@ -334,6 +334,15 @@ class _Server:
             self._date = (second, formatdate(second, usegmt=True))
         return self._date[1]
 
+    @property
+    def holding(self) -> bool:
+        """Whether a scrape waits now (read from any thread: a hint, not a lock)."""
+        return self._waiting.waiting > 0
+
+    def progress_moved(self) -> None:
+        """A report changed the percentage: the waiting scrapes look now (loop thread)."""
+        self._waiting.poke()
+
     # -- shutdown --------------------------------------------------------------
 
     def stop(self) -> None:
@@ -423,6 +432,15 @@ class ServerThread:
                 task.cancel()
             self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self._loop.close()
+
+    def progress_moved(self) -> None:
+        """Wake the waiting scrapes, from any thread (``State.on_progress``): a report
+        changed the percentage.  Nothing is done while no scrape waits or once the loop
+        has closed; never raises."""
+        if not self._server.holding:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            self._loop.call_soon_threadsafe(self._server.progress_moved)
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop serving: held scrapes are answered at once, then every connection closes.

@@ -64,6 +64,42 @@ _INT_HIGH = 10**64
 MetricValue = str | bool | int | float
 
 
+def progress_of(value: object) -> tuple[int | None, str | None]:
+    """A reported ``progressPercentage`` as stored: floored to an int, clamped to
+    ``PROGRESS_MIN..PROGRESS_MAX``; None for NaN or a non-number.  The second item says
+    why the value was dropped or clamped (None: taken as it is).  Constant time."""
+    if type(value) is int:
+        number: float = value
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        number = float(value)
+        if math.isnan(number):
+            return None, "NaN is not a percentage; dropped"
+    else:
+        return None, "not a number; dropped"
+    if number < PROGRESS_MIN or number > PROGRESS_MAX:
+        clamped = int(min(max(number, PROGRESS_MIN), PROGRESS_MAX))
+        return clamped, f"outside {PROGRESS_MIN}..{PROGRESS_MAX}; clamped to {clamped}"
+    return int(number), None  # floor for the non-negative numbers left
+
+
+def remaining_of(value: object) -> tuple[int | None, str | None]:
+    """A reported ``estimatedRemainingSeconds`` as stored: rounded up to an int, clamped
+    to ``0..REMAINING_SECONDS_MAX`` (int32); None for a non-finite or non-number.  The
+    second item as for :func:`progress_of`."""
+    if type(value) is int:
+        number: float = value
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        number = float(value)
+        if not math.isfinite(number):
+            return None, "not a finite number; dropped"
+    else:
+        return None, "not a number; dropped"
+    if number < 0 or number > REMAINING_SECONDS_MAX:
+        clamped = 0 if number < 0 else REMAINING_SECONDS_MAX
+        return clamped, f"outside 0..{REMAINING_SECONDS_MAX} (int32); clamped to {clamped}"
+    return math.ceil(number), None
+
+
 class State:
     """Thread-safe holder of the latest reported status.
 
@@ -85,6 +121,11 @@ class State:
         self._cache: tuple[int, TrainerStatus | None] = (0, None)
         self._warned: set[str] = set()
         self.rejected: dict[str, int] = {}
+        #: Told, after a report changed the integer percentage (on the reporting thread,
+        #: outside the lock; what it raises is logged once, never raised): the server
+        #: wakes its waiting scrapes through it, so a new percentage is answered at once
+        #: rather than at the next poll (:mod:`exporter_lib.waiting`).  None: nobody.
+        self.on_progress: Callable[[], None] | None = None
 
     # -- writes -----------------------------------------------------------------
 
@@ -99,15 +140,13 @@ class State:
         ``lastUpdatedTime`` becomes the wall-clock time of this call.
         """
         try:
-            progress = None if progress_percentage is None else self._progress_of(
-                progress_percentage
-            )
-            remaining = None if estimated_remaining_seconds is None else self._remaining_of(
-                estimated_remaining_seconds
-            )
+            progress = self._checked("progressPercentage", progress_percentage, progress_of)
+            remaining = self._checked("estimatedRemainingSeconds", estimated_remaining_seconds,
+                                      remaining_of)
             clean = self._clean_metrics(metrics) if metrics else None
             stamp = self._clock()
             with self._lock:
+                moved = progress is not None and progress != self._progress
                 if progress is not None:
                     self._progress = progress
                 if remaining is not None:
@@ -120,8 +159,19 @@ class State:
                         self._merge_capped(clean)
                 self._updated = stamp
                 self.generation += 1
+            if moved:
+                self._progress_moved()
         except Exception as exc:  # the training loop must never see our bugs
             self._warn_once("update", f"update() failed and was ignored: {exc!r}")
+
+    def _progress_moved(self) -> None:
+        told = self.on_progress
+        if told is None:
+            return
+        try:
+            told()
+        except Exception as exc:  # a report must never fail for a listener
+            self._warn_once("on_progress", f"waking the waiting scrapes failed: {exc!r}")
 
     def checkpoint_saved(self, when: float | None = None) -> None:
         """Record that the training saved a checkpoint at ``when`` (unix seconds; default
@@ -162,6 +212,7 @@ class State:
         metrics: dict[str, MetricValue] = {m.name: m.value for m in status.metrics}
         when = self._clock() if stamp is None else stamp
         with self._lock:
+            moved = status.progress_percentage != self._progress
             self._progress = status.progress_percentage
             self._remaining = status.estimated_remaining_seconds
             self._metrics = metrics
@@ -169,6 +220,8 @@ class State:
             if status.last_checkpoint_time is not None:
                 self._checkpoint = status.last_checkpoint_time.timestamp()
             self.generation += 1
+        if moved:
+            self._progress_moved()
 
     # -- reads ------------------------------------------------------------------
 
@@ -239,43 +292,16 @@ class State:
 
     # -- checks (constant time per value) ---------------------------------------
 
-    def _progress_of(self, value: object) -> int | None:
-        field = "progressPercentage"
-        if type(value) is int:
-            number: float = value
-        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-            number = float(value)
-            if math.isnan(number):
-                self._reject(field, value, "NaN is not a percentage; dropped")
-                return None
-        else:
-            self._reject(field, value, "not a number; dropped")
+    def _checked(self, field: str, value: object,
+                 check: Callable[[object], tuple[int | None, str | None]]) -> int | None:
+        """``value`` as ``check`` takes it (None: not reported or dropped); a value
+        dropped or clamped is counted and logged once under ``field``."""
+        if value is None:
             return None
-        if number < PROGRESS_MIN or number > PROGRESS_MAX:
-            clamped = int(min(max(number, PROGRESS_MIN), PROGRESS_MAX))
-            self._reject(field, value, f"outside {PROGRESS_MIN}..{PROGRESS_MAX}; "
-                         f"clamped to {clamped}")
-            return clamped
-        return int(number)  # floor for the non-negative numbers left
-
-    def _remaining_of(self, value: object) -> int | None:
-        field = "estimatedRemainingSeconds"
-        if type(value) is int:
-            number: float = value
-        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-            number = float(value)
-            if not math.isfinite(number):
-                self._reject(field, value, "not a finite number; dropped")
-                return None
-        else:
-            self._reject(field, value, "not a number; dropped")
-            return None
-        if number < 0 or number > REMAINING_SECONDS_MAX:
-            clamped = 0 if number < 0 else REMAINING_SECONDS_MAX
-            self._reject(field, value, f"outside 0..{REMAINING_SECONDS_MAX} (int32); "
-                         f"clamped to {clamped}")
-            return clamped
-        return math.ceil(number)
+        kept, why = check(value)
+        if why is not None:
+            self._reject(field, value, why)
+        return kept
 
     def _clean_metrics(self, metrics: Mapping[str, object]) -> dict[str, MetricValue]:
         clean: dict[str, MetricValue] = {}

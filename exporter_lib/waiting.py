@@ -3,8 +3,12 @@
 A scrape that sends ``Prefer: wait=N`` with the ETag it holds is answered when the
 status changes (contract 3: when it changes in a way the scraper states it will write,
 :mod:`exporter_lib.hold_policy`), after ``N`` seconds, when its client leaves, or when
-the server stops.  ``update()`` in the training thread never wakes anything: while a
-scrape waits, one task polls the renderer's version every :data:`WAIT_POLL_SECONDS`.
+the server stops.  While a scrape waits, one task polls the renderer's version every
+:data:`WAIT_POLL_SECONDS`; a report that changes the integer percentage (at most 101
+per training) also wakes the waiting scrapes at once (:meth:`WaitingScrapes.poke`,
+through :attr:`exporter_lib.state.State.on_progress`), so the change users look at
+first is not held up to a poll, while every other report costs ``update()`` no
+wake-up call.
 """
 
 from __future__ import annotations
@@ -107,6 +111,12 @@ class WaitingScrapes:
     def _wake(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+
+    def poke(self) -> None:
+        """A report changed the percentage: every waiting scrape looks at the status now,
+        not at the next poll.  Loop thread only."""
+        if self.waiting > 0:
+            self._wake()
 
     def stop(self) -> None:
         """Answer every waiting scrape at once; none waits from now on."""

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import exporter_lib
-from exporter_lib import server
+from exporter_lib import server, waiting
 
 Fetch = Callable[..., Any]
 JSON = {"Accept": "application/json"}
@@ -37,6 +37,39 @@ def test_held_until_the_status_changes(metrics_url: str, fetch: Fetch) -> None:
     assert resp.status == 200 and b'"progressPercentage":2' in resp.body
     assert resp.headers["Preference-Applied"] == "wait=5"
     assert 0.5 < waited < 4
+
+
+def test_a_new_percentage_wakes_a_held_scrape_a_metric_waits_for_the_poll(
+        metrics_url: str, fetch: Fetch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """update() with a new integer percentage answers the held scrape at once; a report
+    of metrics alone is seen by the poll, set here beyond the wait, so only the wait's
+    end answers it."""
+    monkeypatch.setattr(waiting, "WAIT_POLL_SECONDS", 60.0)
+    exporter_lib.update(progress_percentage=1)
+    tag = fetch(metrics_url, headers=JSON).headers["ETag"]
+    held = {**JSON, "If-None-Match": tag, "Prefer": "wait=3"}
+    timer = threading.Timer(0.3, lambda: exporter_lib.update(metrics={"loss": 0.5}))
+    timer.start()
+    start = time.monotonic()
+    resp = fetch(metrics_url, headers=held)
+    timer.join()
+    assert resp.status == 200 and b'"loss"' in resp.body
+    assert time.monotonic() - start >= 2.9, "a metrics-only report woke the held scrape"
+    tag = resp.headers["ETag"]
+    timer = threading.Timer(0.3, lambda: exporter_lib.update(progress_percentage=1.7))
+    timer.start()  # the same integer percentage (1.7 -> 1): not a change that wakes
+    start = time.monotonic()
+    resp = fetch(metrics_url, headers={**held, "If-None-Match": tag})
+    timer.join()
+    assert time.monotonic() - start >= 2.9, "an unchanged percentage woke the held scrape"
+    tag = resp.headers["ETag"]
+    timer = threading.Timer(0.3, lambda: exporter_lib.update(progress_percentage=2))
+    timer.start()
+    start = time.monotonic()
+    resp = fetch(metrics_url, headers={**JSON, "If-None-Match": tag, "Prefer": "wait=30"})
+    timer.join()
+    assert resp.status == 200 and b'"progressPercentage":2' in resp.body
+    assert time.monotonic() - start < 10, "a new percentage waited for the poll"
 
 
 def test_held_until_the_wait_ends_then_304(metrics_url: str, fetch: Fetch) -> None:
@@ -93,3 +126,27 @@ def test_held_requests_are_capped(metrics_url: str, fetch: Fetch,
     ("handling=lenient", None)])
 def test_prefer_parsing(prefer: str | None, expected: int | None) -> None:
     assert server.requested_wait(prefer) == expected
+
+
+def test_the_wake_never_fails_a_report(caplog: pytest.LogCaptureFixture) -> None:
+    """A listener that raises is logged once; update() and replace() still take the
+    report, and only a change of the integer percentage calls it."""
+    from exporter_lib.state import State
+
+    state = State()
+    calls: list[int] = []
+
+    def broken() -> None:
+        calls.append(1)
+        raise RuntimeError("loop closed")
+
+    state.on_progress = broken
+    state.update(progress_percentage=5)
+    state.update(progress_percentage=5.9, metrics={"loss": 1.0})  # still 5: no call
+    state.update(progress_percentage=6)
+    status = state.status()
+    assert status is not None and status.progress_percentage == 6
+    assert len(calls) == 2
+    assert sum("waking the waiting scrapes failed" in r.message for r in caplog.records) == 1
+    state.replace(status.model_copy(update={"progress_percentage": 7}))
+    assert len(calls) == 3 and state.status().progress_percentage == 7  # type: ignore[union-attr]
