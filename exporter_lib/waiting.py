@@ -66,9 +66,15 @@ class WaitingScrapes:
         start = loop.time()
         end = start + seconds
         self.waiting += 1
+        # From here a report wakes this scrape (poke) or the watcher sees it (from the
+        # version read now); one that came since the caller's render is looked at here.
         if self._watcher is None:
-            self._watcher = loop.create_task(self._watch(), name="trainjob-exporter-watch")
+            self._watcher = loop.create_task(self._watch(self._renderer.version()),
+                                             name="trainjob-exporter-watch")
         try:
+            rendered = self._renderer.render(accept)
+            if self.due(rendered, if_none_match, policy, 0.0):
+                return rendered
             while True:
                 changed = self._changed
                 now = loop.time()
@@ -91,13 +97,13 @@ class WaitingScrapes:
             self.waiting -= 1
         return self._renderer.render(accept)
 
-    async def _watch(self) -> None:
-        """While scrapes wait, look for a new status every :data:`WAIT_POLL_SECONDS`.
+    async def _watch(self, seen: tuple[int, int]) -> None:
+        """While scrapes wait, look for a new status every :data:`WAIT_POLL_SECONDS`,
+        from the version ``seen`` when the first of them registered.
 
-        Polling keeps ``update()`` free of any wake-up call (it stays one lock and a few
-        assignments); the loop only wakes while somebody waits.
+        Polling keeps ``update()`` free of any wake-up call but for a new percentage; the
+        loop only wakes while somebody waits.
         """
-        seen = self._renderer.version()
         try:
             while self.waiting > 0 and not self._stopping:
                 await asyncio.sleep(WAIT_POLL_SECONDS)

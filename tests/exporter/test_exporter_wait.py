@@ -150,3 +150,30 @@ def test_the_wake_never_fails_a_report(caplog: pytest.LogCaptureFixture) -> None
     assert sum("waking the waiting scrapes failed" in r.message for r in caplog.records) == 1
     state.replace(status.model_copy(update={"progress_percentage": 7}))
     assert len(calls) == 3 and state.status().progress_percentage == 7  # type: ignore[union-attr]
+
+
+def test_a_report_between_the_render_and_the_hold_is_not_missed(
+        metrics_url: str, fetch: Fetch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report that lands after the server rendered the answer and before the scrape
+    is held answers it at once, not at the hold's end (nothing woke it: the scrape was
+    not waiting yet, and the watcher starts after the report)."""
+    exporter_lib.update(progress_percentage=1)
+    tag = fetch(metrics_url, headers=JSON).headers["ETag"]
+    first = waiting.WaitingScrapes.due
+    calls: list[int] = []
+
+    def due_then_report(self: waiting.WaitingScrapes, *args: Any) -> bool:
+        answer = first(self, *args)
+        if not calls:  # the server's look before it holds the scrape
+            calls.append(1)
+            report = threading.Thread(target=exporter_lib.update,
+                                      kwargs={"progress_percentage": 60})
+            report.start()
+            report.join()
+        return answer
+
+    monkeypatch.setattr(waiting.WaitingScrapes, "due", due_then_report)
+    start = time.monotonic()
+    resp = fetch(metrics_url, headers={**JSON, "If-None-Match": tag, "Prefer": "wait=8"})
+    assert resp.status == 200 and b'"progressPercentage":60' in resp.body
+    assert time.monotonic() - start < 4, "the report was seen only at the hold's end"
