@@ -59,6 +59,7 @@ from kubernetes import client
 
 from benchmarks.cp import _make_jobs, _metric_sum, _Scraper, _Watcher, percentile
 from benchmarks.farm import ExporterFarm, free_ports, wait_http
+from benchmarks.procstat import cpu_seconds_of, cpu_used
 from benchmarks.report import fmt, loadavg, verdict, write_report
 from benchmarks.waits import wait_until
 from localdev.cluster import ControlPlane, install_trainjob_crds
@@ -366,11 +367,11 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         # One /metrics read at each end of the window (each read renders every
         # TrainJob's series; the row reports its size).
         w0, text0, a = len(watcher.seen), scraper.metrics(), time.time()
-        cpu0 = _cpu(scraper.child.process.pid)
+        cpu0 = cpu_seconds_of(scraper.child.process.pid)
         plane_cpu0 = _plane_cpu(plane)
         time.sleep(window)
         b = time.time()
-        cpu1 = _cpu(scraper.child.process.pid)
+        cpu1 = cpu_seconds_of(scraper.child.process.pid)
         plane_cpu1 = _plane_cpu(plane)
         if pressure is not None and apf0 is not None:
             out["pressure_with_scraper"] = pressure.summary(a, b)
@@ -436,7 +437,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             out["picture"] = str(wp.plot_writes(
                 {f"{write_rate}, N={jobs}": out["writes_per_s"]}, picture,
                 f"status writes/s from the scraper's start ({write_rate} rate)"))
-        out["scraper_cpu_seconds"] = _cpu(scraper.child.process.pid)
+        out["scraper_cpu_seconds"] = cpu_seconds_of(scraper.child.process.pid)
         out["first_seen_missing"] = sorted(set(ran) - set(first))[:20]
     finally:
         if pressure is not None:
@@ -458,8 +459,8 @@ def _nonzero(counts: dict[str, float] | None) -> str:
 
 def _plane_cpu(plane: ControlPlane) -> dict[str, float | None]:
     """CPU-seconds so far of kube-apiserver and etcd (None: not readable)."""
-    pids = {"apiserver": plane.apiserver_pid, "etcd": plane.etcd_pid}
-    return {k: None if pid is None else _cpu(pid) for k, pid in pids.items()}
+    return {"apiserver": cpu_seconds_of(plane.apiserver_pid),
+            "etcd": cpu_seconds_of(plane.etcd_pid)}
 
 
 def _plane_cost(before: dict[str, float | None], after: dict[str, float | None],
@@ -467,21 +468,11 @@ def _plane_cost(before: dict[str, float | None], after: dict[str, float | None],
     """``apiserver_cpu_s``, ``etcd_cpu_s`` over a window and each per status written
     (``apiserver_cpu_ms_per_write``, ``etcd_cpu_ms_per_write``); None where unknown."""
     out: dict[str, float | None] = {}
-    for k in ("apiserver", "etcd"):
-        x, y = before.get(k), after.get(k)
-        used = None if x is None or y is None else y - x
+    for k, used in cpu_used(before, after).items():
         out[f"{k}_cpu_s"] = used
         out[f"{k}_cpu_ms_per_write"] = (None if used is None or not written
                                          else 1000.0 * used / written)
     return out
-
-
-def _cpu(pid: int) -> float | None:
-    from benchmarks.procstat import cpu_seconds
-
-    with contextlib.suppress(OSError):
-        return cpu_seconds(pid)
-    return None
 
 
 def logging_training(plane: ControlPlane, api: client.ApiClient, jobs: int,

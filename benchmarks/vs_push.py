@@ -64,7 +64,7 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.cp import _Scraper
-from benchmarks.procstat import cpu_seconds
+from benchmarks.procstat import cpu_seconds_of, cpu_used
 from benchmarks.report import loadavg, write_report
 from benchmarks.vs_push_delivery import delivery, final_shown, finals
 from benchmarks.vs_push_farm import SDK_THROTTLE_SECONDS, STUB
@@ -211,14 +211,6 @@ def estimate_seconds(s: Session) -> float:
 # ------------------------------------------------------------------ processes
 
 
-def _cpu(pid: int | None) -> float | None:
-    if pid is None:
-        return None
-    with contextlib.suppress(OSError):
-        return cpu_seconds(pid)
-    return None
-
-
 def _sleep_until(at: float) -> None:
     time.sleep(max(0.0, at - time.time()))
 
@@ -258,7 +250,7 @@ class _Farms:
                     cmd, cluster.workdir / f"farm-{out.name}-{group}-{i}.log", env=env))
 
     def cpu(self) -> float | None:
-        values = [_cpu(p.pid) for p in self.procs]
+        values = [cpu_seconds_of(p.pid) for p in self.procs]
         return None if not values or None in values else sum(v for v in values if v)
 
     def stop(self, timeout: float) -> None:
@@ -460,18 +452,17 @@ def run_session(cluster: Cluster, s: Session, best: Path | None) -> dict[str, An
         _sleep_until(a)
         pids = {"worker": worker.pid(), "apiserver": cluster.apiserver_pid,
                 "etcd": cluster.etcd_pid, "trainer": cluster.process_pid(TRAINER)}
-        c0 = {k: _cpu(p) for k, p in pids.items()}
+        c0 = {k: cpu_seconds_of(p) for k, p in pids.items()}
         f0 = farms.cpu() if farms else None
         m0 = worker.scraper_sample()
         log0 = _size(trainer_log)
         _sleep_until(b)
-        c1 = {k: _cpu(p) for k, p in pids.items()}
+        c1 = {k: cpu_seconds_of(p) for k, p in pids.items()}
         f1 = farms.cpu() if farms else None
         m1 = worker.scraper_sample()
         res["window"] = {
             "start": a, "end": b, "seconds": b - a, "warmup": s.warmup, "loadavg": loadavg(),
-            "cpu_seconds": {k: None if c0[k] is None or c1[k] is None
-                            else c1[k] - c0[k] for k in pids},  # type: ignore[operator]
+            "cpu_seconds": cpu_used(c0, c1),
             "farm_cpu_seconds": None if f0 is None or f1 is None else f1 - f0,
             "trainer_reconciles": reconciles(trainer_log, log0, _size(trainer_log),
                                              s.namespace),
