@@ -75,12 +75,8 @@ def wrong_pod(target: Target, stated: PodIdentity | None) -> WrongPod | None:
     """
     if stated is None:
         return None
-    checks = (("uid", stated.uid, target.pod_uid), ("name", stated.name, target.pod_name),
-              ("namespace", stated.namespace, target.namespace),
-              ("hostname", None if stated.hostname is None else hostname_label(stated.hostname),
-               target.hostname or None))
-    for reason, said, meant in checks:
-        if said is not None and meant is not None and said != meant:
+    for reason, said, meant in _compared(target, stated):
+        if said != meant:
             return WrongPod(reason, f"the answer at {target.url} is from pod {reason} "
                             f"{excerpt(said)}, not {meant}: the pod IP was reused")
     return None
@@ -95,7 +91,18 @@ def names_the_pod(target: Target, stated: PodIdentity | None) -> bool:
     read before the write)."""
     if stated is None:
         return False
-    return bool(stated.uid or stated.name or (stated.hostname and target.hostname))
+    return any(reason != "namespace" for reason, _, _ in _compared(target, stated))
+
+
+def _compared(target: Target, stated: PodIdentity) -> list[tuple[str, str, str]]:
+    """The parts of ``stated`` the scraper can compare, each as ``(part, stated, the
+    target's)``: both sides known; the hostname as its first DNS label."""
+    parts = (("uid", stated.uid, target.pod_uid), ("name", stated.name, target.pod_name),
+             ("namespace", stated.namespace, target.namespace),
+             ("hostname", None if stated.hostname is None else hostname_label(stated.hostname),
+              target.hostname or None))
+    return [(part, said, meant) for part, said, meant in parts
+            if said is not None and meant is not None]
 
 
 @dataclass(frozen=True)
