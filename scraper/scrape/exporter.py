@@ -84,14 +84,20 @@ def wrong_pod(target: Target, stated: PodIdentity | None) -> WrongPod | None:
 
 def names_the_pod(target: Target, stated: PodIdentity | None) -> bool:
     """Whether ``stated`` (already found to agree, :func:`wrong_pod`) names the target's
-    pod by a part that was compared: its UID, its name, or its hostname where the
-    target's is known.  A namespace alone names no pod, nor does a hostname where the
-    target's is unknown (a ``hostNetwork`` pod's containers have the node's): such an
-    answer is treated as one that states no pod (checked at a shared address, its pod
-    read before the write)."""
+    pod by parts that were compared: its UID, or its name or hostname together with its
+    namespace.  A name or hostname alone does not: pod names and JobSet hostnames
+    (``<trainjob>-node-0-0``) repeat across namespaces.  Nor does a namespace alone, or a
+    hostname where the target's is unknown (a ``hostNetwork`` pod's containers have the
+    node's).  Such an answer is treated as one that states no pod (checked at a shared
+    address, its pod read before the write)."""
     if stated is None:
         return False
-    return any(reason != "namespace" for reason, _, _ in _compared(target, stated))
+    parts = {part for part, _, _ in _compared(target, stated)}
+    return "uid" in parts or ("namespace" in parts and not parts.isdisjoint(_NAMING))
+
+
+#: The parts that name one pod within its namespace.
+_NAMING = frozenset({"name", "hostname"})
 
 
 def _compared(target: Target, stated: PodIdentity) -> list[tuple[str, str, str]]:

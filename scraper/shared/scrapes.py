@@ -44,8 +44,10 @@ class Fresh:
     exporter's order (:data:`scraper.shared.sequence.SEQUENCE_HEADER`; None without the
     header); ``by_policy``: the exporter holds waiting scrapes by the stated write policy
     (contract 3, :func:`scraper.scrape.exporter.holds_by_policy`); ``identified``: False
-    when an exporter's answer stated no pod (no :data:`~exporter_lib.pod.POD_HEADER`), so
-    that it may be another pod's at a shared address (:class:`SharedAddress`)."""
+    when an exporter's answer did not name its pod (no :data:`~exporter_lib.pod.POD_HEADER`,
+    or one without the UID or a name or hostname with the namespace:
+    :func:`scraper.scrape.exporter.names_the_pod`), so that it may be another pod's at a
+    shared address (:class:`SharedAddress`)."""
 
     status: TrainerStatus
     etag: str | None

@@ -9,8 +9,8 @@ server through the fault proxy (tests/helpers/fault_proxy.py), which cuts its po
 and holds the reconnection while A's pod goes and B's comes: the scraper still has A's
 target at that address.  Before: B's status landed on A 0.9 s after B's exporter
 answered, and stayed.  Now B's exporter states its pod (the pod runner gives it the
-kubelet's HOSTNAME) and the scraper writes none of it to A; once the watch catches up,
-B's status lands on B.
+kubelet's HOSTNAME and the ServiceAccount mount's namespace file) and the scraper
+writes none of it to A; once the watch catches up, B's status lands on B.
 
 kwok hands out any free address of the node (its pool is a Go map: which one is random),
 and the session's earlier pods left some free: before A's pod goes, filler pods take
@@ -22,14 +22,18 @@ from __future__ import annotations
 import ipaddress
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from kubernetes import client
 
+from exporter_lib import DEFAULT_PORT
+from exporter_lib.pod import POD_HEADER, PodIdentity, kubelet_hostname
 from exporter_lib.status import API_GROUP, API_VERSION, TRAINJOB_PLURAL
 from localdev.cluster import trainjobs
+from localdev.cluster.mounts import private_mount_prefix
 from localdev.cluster.stack import RUNNER_NODE, RUNNER_TAINT_KEY, Cluster
 from localdev.demo.processes import Child
 from tests.helpers.fault_proxy import FaultProxy, write_kubeconfig
@@ -94,6 +98,13 @@ def _no_free_address_but_the_next(api: client.ApiClient, namespace: str,
             core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
 
 
+def _stated(address: str) -> PodIdentity | None:
+    """The pod the exporter at ``address`` states in its answer."""
+    with urllib.request.urlopen(f"http://{address}:{DEFAULT_PORT}/metrics",
+                                timeout=10) as resp:
+        return PodIdentity.parse(resp.headers.get(POD_HEADER))
+
+
 def _wrong_pod_answers(child: Child) -> float:
     lines = scraper_metric(child, "trainjob_scraper_wrong_pod_answers_total")
     return sum(float(line.split()[-1]) for line in lines.splitlines() if line)
@@ -115,6 +126,15 @@ def test_reused_pod_ip_while_the_pod_watch_is_behind(
             rec_a.wait_for(lambda o: o.status is not None, TIMEOUT, "A's first status")
             [pod_a] = trainjobs.pods(stack_api, ns, "ipa")
             address = pod_a.status.pod_ip
+            # The pod runner gives the container what a kubelet does (HOSTNAME, the
+            # ServiceAccount mount), so the exporter names its pod: hostname and namespace.
+            # (The ServiceAccount mount needs the pod runner's private mount namespace.)
+            assert private_mount_prefix() is not None, (
+                "no private mount namespace here: the pod runner mounts no ServiceAccount "
+                "volume, so exporters cannot read their namespace")
+            assert _stated(address) == PodIdentity(
+                hostname=kubelet_hostname(pod_a.metadata.name, pod_a.spec.hostname),
+                namespace=ns)
 
             with _no_free_address_but_the_next(stack_api, ns, kube_stack.runner_cidr):
                 # The scraper's pod watch falls behind: cut, and its reconnection held.

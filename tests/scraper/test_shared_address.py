@@ -14,6 +14,7 @@ server is not needed for the rule; tests/scraper/test_reused_pod_ip.py covers it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -190,6 +191,32 @@ async def test_an_answer_that_names_no_pod_is_one_that_states_none(
     stack.pods.on_pod(_pod("a", "uid-a", host_network=True), deleted=True)
     await stack.scrape(B)
     assert stack.written("b") == 90
+    assert stack.writer.confirms[-1] is not None
+    assert stack.writer.confirms[-1].pod_uid == "uid-b"
+
+
+@pytest.mark.parametrize("naming", [PodIdentity(hostname="b-node-0"),
+                                    PodIdentity(name="b-node-0")], ids=["hostname", "name"])
+async def test_a_hostname_or_name_names_the_pod_only_with_its_namespace(
+        stack: Stack, exporter: PlainExporter, naming: PodIdentity) -> None:
+    """A TrainJob of one name in two namespaces has pods of one hostname (JobSet's
+    ``<trainjob>-node-0-0``), so a hostname or name without the namespace beside it is
+    handled as no identity; with the namespace it names the pod.  The rule is what is
+    tested (both pods here are in one namespace, sharing one address)."""
+    stack.pods.on_pod(_pod("a", "uid-a"), deleted=False)
+    stack.pods.on_pod(_pod("b", "uid-b"), deleted=False)
+    exporter.stated = naming
+    await stack.scrape(B)
+    assert stack.written("b") is None and stack.scrapes == ["shared_address"]
+    exporter.stated = dataclasses.replace(naming, namespace=NS)
+    await stack.scrape(B)
+    assert stack.written("b") == 90 and stack.scrapes[-1] == "ok"
+    assert stack.writer.confirms[-1] is None, "a named pod needs no read before the write"
+    # Alone at the address, the bare hostname or name is written once its pod is read.
+    stack.pods.on_pod(_pod("a", "uid-a"), deleted=True)
+    exporter.stated, exporter.progress = naming, 95
+    await stack.scrape(B)
+    assert stack.written("b") == 95
     assert stack.writer.confirms[-1] is not None
     assert stack.writer.confirms[-1].pod_uid == "uid-b"
 
