@@ -83,6 +83,9 @@ WRITE_QPS_MAX = {"adaptive": 200.0, "fixed": DEFAULT_QPS}
 #: Nominal concurrency shares of the level the scraper and the pressure client share
 #: (kube-apiserver's workload-low has 100).
 PRESSURE_SHARES = 10
+#: Progress-freshness p99 target of b (seconds; the adaptive rate's target at N=1000
+#: with a change per 15 s, the API server otherwise idle).
+FRESH_TARGET = 5.0
 #: Processes creating the TrainJobs of scenario a (8 client threads each).
 CREATE_WORKERS = 3
 
@@ -424,6 +427,10 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         errors = wp.percent_errors([s for s in watcher.seen if a - 60 <= s[2] <= b],
                                    port_of, period, a, b)
         out["b"]["change_every"] = period
+        ages, made = wp.freshness(watcher.seen, port_of, period, a, b)
+        out["b"]["progress_freshness_p50"] = percentile(ages, 0.5)
+        out["b"]["progress_freshness_p99"] = percentile(ages, 0.99)
+        out["b"]["changes_shown"], out["b"]["changes_made"] = len(ages), made
         out["b"]["percent_error_p50"] = percentile(errors, 0.5)
         out["b"]["percent_error_p99"] = percentile(errors, 0.99)
         out["b"]["rate_changes"] = {r: delta("trainjob_scraper_status_write_rate_changes_total",
@@ -599,6 +606,14 @@ def table(res: dict[str, Any]) -> str:
                 f"{fmt(b['cpu_per_s'], '.2f')} s/s / {fmt(b['scrapes_per_s'], '.0f')} / "
                 f"{b['rss'] / 2**20:.0f} MiB / {b['fds']} ({b['peak_rss'] / 2**20:.0f} MiB / "
                 f"{b['peak_fds']}) / {fmt(b['held'], '.0f')} | | | {b['loadavg']} |"]
+        if "progress_freshness_p99" in b:
+            p99 = b["progress_freshness_p99"]
+            lines += [
+                f"| same: progress freshness p50 / p99, a change to the watch's event (changes "
+                f"shown of those made in the window) | "
+                f"{fmt(b['progress_freshness_p50'], '.2f')} / {fmt(p99, '.2f')} s "
+                f"({b['changes_shown']} of {b['changes_made']}) | p99 <= {FRESH_TARGET:g} s | "
+                f"{verdict(None if p99 is None else p99 <= FRESH_TARGET)} | {b['loadavg']} |"]
         if "apiserver_cpu_s" in b:
             lines += [
                 f"| same, steady window: kube-apiserver / etcd CPU-seconds, and per status "
@@ -648,6 +663,7 @@ def run_entry(out: dict[str, Any]) -> dict[str, Any]:
         "skipped_runs": (a.get("skipped_runs") or 0) + (b.get("skipped_runs") or 0),
         "writes_per_s": b.get("writes_per_s"), "change_every_s": b.get("change_every"),
         "percent_error_p99": b.get("percent_error_p99"),
+        "progress_freshness_p99_s": b.get("progress_freshness_p99"),
         "rate_changes": b.get("rate_changes"), "write_rate_end": b.get("write_rate_end"),
     }
     if "pressure_alone" in out:

@@ -79,6 +79,26 @@ def percent_errors(seen: Iterable[tuple[str, float, float]], port_of: Mapping[st
     return errors
 
 
+def freshness(seen: Iterable[tuple[str, float, float]], port_of: Mapping[str, int],
+              period: float, start: float, end: float) -> tuple[list[float], int]:
+    """Progress freshness of the changes shown in ``[start, end]``: for each status the
+    watch saw there, seconds from its exporter's change (the moment the port's stamp
+    became that value, :func:`stamp`) to the watch event; and how many changes the
+    exporters of ``port_of`` made in the window (so ``made - len(freshness)`` were
+    superseded before shown, or not shown by ``end``).
+
+    ``seen``: as :func:`percent_errors`; the static status (stamp 0) is no change.
+    Returns:
+        ``(seconds per shown change, changes made)``.
+    """
+    ages = [at - (value * period - phase(port_of[job], period))
+            for job, value, at in seen
+            if value > 0 and job in port_of and start <= at <= end]
+    made = sum(max(0, stamp(port, period, end) - stamp(port, period, start))
+               for port in port_of.values())
+    return ages, made
+
+
 def writes_per_second(seen: Iterable[tuple[str, float, float]], start: float,
                       end: float) -> list[int]:
     """Status writes the watch saw in each second of ``[start, end)``."""

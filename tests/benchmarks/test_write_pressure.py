@@ -3,7 +3,13 @@ writes/s are computed from the watch's records as their definitions say."""
 
 from __future__ import annotations
 
-from benchmarks.write_pressure import percent_errors, phase, stamp, writes_per_second
+from benchmarks.write_pressure import (
+    freshness,
+    percent_errors,
+    phase,
+    stamp,
+    writes_per_second,
+)
 
 
 def test_stamp_counts_changes_of_the_port_at_its_phase() -> None:
@@ -44,3 +50,16 @@ def test_the_static_status_before_the_changes_is_not_an_error_of_every_change_si
     seen = [("job-0", 0.0, start - 30.0), ("job-0", float(first), start + 5.0)]
     errors = percent_errors(seen, {"job-0": port}, period, start, start + 10)
     assert errors == [0] * 5  # sampled from the first changing status on
+
+
+def test_freshness_is_from_the_exporters_change_to_the_watch_event() -> None:
+    port, period = 10001, 10.0
+    start = 1_000_000.0 - phase(port, period)  # the exporter changes at start + 10 k
+    first = stamp(port, period, start)
+    # The change at start + 10 shown 0.5 s after it, the one at start + 20 never (the
+    # one at start + 30 superseded it, shown 2 s late); the static status is no change.
+    seen = [("job-0", 0.0, start + 1.0), ("job-0", float(first + 1), start + 10.5),
+            ("job-0", float(first + 3), start + 32.0), ("job-1", 5.0, start + 3.0)]
+    ages, made = freshness(seen, {"job-0": port}, period, start, start + 35)
+    assert [round(a, 6) for a in ages] == [0.5, 2.0]
+    assert made == 3  # the changes at start + 10, 20 and 30
