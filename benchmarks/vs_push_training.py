@@ -13,7 +13,11 @@ makes it:
 
 Every ``VS_PUSH_EVERY`` seconds (wall clock, fixed schedule) it reports: the progress
 percentage, one point per ``VS_PUSH_PERCENT_SECONDS`` of its own run (a training of
-100 x that length; capped at 99 until the final), the remaining seconds of that
+100 x that length; capped at 99 until the final), counted from a phase of its own
+(:func:`percent_phase`: with one clock for the changes and the reports, each
+training's points would fall at one fixed place in the SDK's 5 s throttle window for
+the whole run, so push's freshness would be that place, not the throttle's spread),
+the remaining seconds of that
 length, and the metrics ``stamp`` (the report's wall time, seconds since the epoch, 3
 decimals: the metrics-freshness key) and ``loss``, which change at every report.  It
 ends at the epoch time in the file ``VS_PUSH_END_FILE`` (written by the benchmark; the
@@ -26,6 +30,7 @@ creates ``$VS_PUSH_OUT/<trainjob>.up``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -45,6 +50,14 @@ OUTCOMES = ("ok", "throttled", "http", "timeout", "error", "skipped")
 Reporter = Callable[[int, int, dict[str, str]], str]
 
 
+def percent_phase(name: str, percent_seconds: float) -> float:
+    """Seconds of progress a training counts as done at its start: a fraction of
+    ``percent_seconds`` from the SHA-256 of ``name`` (the same in every run), so the
+    trainings' percentage points fall at phases spread over a point's length."""
+    digest = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
+    return digest / 2**64 * percent_seconds
+
+
 class Training:
     """One training's report loop and what it saw of its own report calls.
 
@@ -59,6 +72,7 @@ class Training:
         self._report, self._every, self._pct = report, every, percent_seconds
         self._end_at, self._out = end_at, out
         self.started = time.time()
+        self._phase = percent_phase(name, percent_seconds)
         self.stamps: list[float] = []
         self.percents: list[int] = []
         self.call_ns: list[int] = []
@@ -83,7 +97,7 @@ class Training:
             now = time.time()
             if now >= self._end_at():
                 break
-            ran = now - self.started
+            ran = now - self.started + self._phase
             self._once(min(99, int(ran / self._pct)), max(0, int(length - ran)))
             if k == 0:  # the benchmark's window starts once every training reported
                 self._out.mkdir(parents=True, exist_ok=True)

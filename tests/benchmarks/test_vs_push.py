@@ -428,3 +428,15 @@ def test_scraper_window_reads_a_scrapers_metrics_text() -> None:
     assert w["increase"]["trainjob_scraper_status_writes_total{result=written}"] == 6
     assert w["write_seconds_mean"] == pytest.approx(2.0)
     assert vs_push.scraper_window(None, after) is None
+
+
+def test_each_training_counts_its_points_from_a_phase_of_its_own() -> None:
+    """The percentage points of the trainings fall at phases spread over a point's
+    length (the same in every run), not at one place of the SDK's throttle window."""
+    phases = [training.percent_phase(f"job-{i}", 15.0) for i in range(200)]
+    assert all(0.0 <= p < 15.0 for p in phases)
+    assert phases == [training.percent_phase(f"job-{i}", 15.0) for i in range(200)]
+    # Spread: every 5 s third of a point holds some, and the throttle's window (5 s)
+    # sees every place of it.
+    assert {int(p // 5) for p in phases} == {0, 1, 2}
+    assert {int(p % 5) for p in phases} == {0, 1, 2, 3, 4}
