@@ -117,7 +117,11 @@ def test_stale_pod_object_at_a_reused_ip_gets_no_status_of_the_new_pod(
     port = probe.port
     probe.stop()
     pod_b = objects.create_trainer_pod(kube_api, namespace, "b", port=port, ip=ip)
-    env = ({"HOSTNAME": _hostname(pod_b)} if stated == "hostname" else
+    # "hostname": what exporter_lib states in a pod by default (the runtime's HOSTNAME,
+    # the namespace from the ServiceAccount mount, here POD_NAMESPACE: the exporter
+    # runs outside a pod); a hostname alone names no pod (test_shared_address.py).
+    env = ({"HOSTNAME": _hostname(pod_b), "POD_NAMESPACE": namespace}
+           if stated == "hostname" else
            {"POD_NAME": pod_b.metadata.name, "POD_UID": pod_b.metadata.uid,
             "POD_NAMESPACE": namespace})
     exporters(ip, port, 77, **env)
@@ -156,7 +160,7 @@ def test_pod_watch_behind_while_the_ip_moves_to_another_trainjob(
         port = probe.port
         probe.stop()
         pod_a = objects.create_trainer_pod(kube_api, namespace, "a", port=port, ip=ip)
-        exporter_a = exporters(ip, port, 10, HOSTNAME=_hostname(pod_a))
+        exporter_a = exporters(ip, port, 10, HOSTNAME=_hostname(pod_a), POD_NAMESPACE=namespace)
         scraper = scraper_factory("--interval=1s", f"--namespaces={namespace}",
                                   kubeconfig=kubeconfig)
         wait_for(lambda: progress_of(kube_api, namespace, "a") == 10, 20, "A's status on A")
@@ -168,7 +172,7 @@ def test_pod_watch_behind_while_the_ip_moves_to_another_trainjob(
         objects.delete_pod(kube_api, namespace, pod_a.metadata.name)
         exporter_a.stop()
         pod_b = objects.create_trainer_pod(kube_api, namespace, "b", port=port, ip=ip)
-        exporters(ip, port, 77, HOSTNAME=_hostname(pod_b))
+        exporters(ip, port, 77, HOSTNAME=_hostname(pod_b), POD_NAMESPACE=namespace)
 
         wait_for(lambda: scraper.value("trainjob_scraper_wrong_pod_answers_total",
                                        reason="hostname") >= 3, 15,
