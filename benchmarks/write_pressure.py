@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+import math
 import ssl
 import threading
 import time
@@ -81,21 +82,31 @@ def percent_errors(seen: Iterable[tuple[str, float, float]], port_of: Mapping[st
 
 def freshness(seen: Iterable[tuple[str, float, float]], port_of: Mapping[str, int],
               period: float, start: float, end: float) -> tuple[list[float], int]:
-    """Progress freshness of the changes shown in ``[start, end]``: for each status the
-    watch saw there, seconds from its exporter's change (the moment the port's stamp
-    became that value, :func:`stamp`) to the watch event; and how many changes the
-    exporters of ``port_of`` made in the window (so ``made - len(freshness)`` were
-    superseded before shown, or not shown by ``end``).
+    """Progress freshness of the changes the exporters of ``port_of`` made in ``(start,
+    end]``: for each change the watch showed, seconds from the change (the moment the
+    port's stamp became that value, :func:`stamp`) to the first watch event showing it
+    (a later write of the same value, or its showing before the change was made, is no
+    showing of it); and how many changes were made (so ``made - len(freshness)`` were
+    superseded before shown, or not shown by the last event in ``seen``).
 
-    ``seen``: as :func:`percent_errors`; the static status (stamp 0) is no change.
+    ``seen``: as :func:`percent_errors`.
     Returns:
         ``(seconds per shown change, changes made)``.
     """
-    ages = [at - (value * period - phase(port_of[job], period))
-            for job, value, at in seen
-            if value > 0 and job in port_of and start <= at <= end]
-    made = sum(max(0, stamp(port, period, end) - stamp(port, period, start))
-               for port in port_of.values())
+    first: dict[tuple[str, int], float] = {}
+    for job, value, at in seen:
+        key = (job, int(value))
+        if at < first.get(key, math.inf):
+            first[key] = at
+    ages: list[float] = []
+    made = 0
+    for job, port in port_of.items():
+        for n in range(stamp(port, period, start) + 1, stamp(port, period, end) + 1):
+            made += 1
+            changed = n * period - phase(port, period)
+            at = first.get((job, n))
+            if at is not None and at >= changed:
+                ages.append(at - changed)
     return ages, made
 
 

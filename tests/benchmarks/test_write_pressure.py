@@ -52,14 +52,25 @@ def test_the_static_status_before_the_changes_is_not_an_error_of_every_change_si
     assert errors == [0] * 5  # sampled from the first changing status on
 
 
-def test_freshness_is_from_the_exporters_change_to_the_watch_event() -> None:
+def test_freshness_is_from_the_exporters_change_to_its_first_showing() -> None:
     port, period = 10001, 10.0
     start = 1_000_000.0 - phase(port, period)  # the exporter changes at start + 10 k
     first = stamp(port, period, start)
-    # The change at start + 10 shown 0.5 s after it, the one at start + 20 never (the
-    # one at start + 30 superseded it, shown 2 s late); the static status is no change.
+    # The change at start + 10 shown 0.5 s after it and written again later (no second
+    # showing); the one at start + 20 never shown (the one at start + 30 superseded it,
+    # shown 2 s late); the static status is no change; job-1 is not in port_of.
     seen = [("job-0", 0.0, start + 1.0), ("job-0", float(first + 1), start + 10.5),
+            ("job-0", float(first + 1), start + 18.0),
             ("job-0", float(first + 3), start + 32.0), ("job-1", 5.0, start + 3.0)]
     ages, made = freshness(seen, {"job-0": port}, period, start, start + 35)
     assert [round(a, 6) for a in ages] == [0.5, 2.0]
     assert made == 3  # the changes at start + 10, 20 and 30
+
+
+def test_a_change_made_before_the_window_is_not_one_of_its_changes() -> None:
+    port, period = 10001, 10.0
+    start = 1_000_000.0 - phase(port, period)
+    first = stamp(port, period, start)
+    # The change at start (the window's first instant) is shown inside the window.
+    seen = [("job-0", float(first), start + 4.0)]
+    assert freshness(seen, {"job-0": port}, period, start, start + 5) == ([], 0)
