@@ -17,7 +17,10 @@ a. **N TrainJobs appearing at once**: N TrainJobs and their rank-0 pods (API obj
 b. **steady state, every TrainJob changing every interval** (progress and a
    ``stamp`` metric, each TrainJob at its own phase): the longest gap between two
    writes of one TrainJob seen by the watch over the window.  Target:
-   <= max(interval, N / QPS) + 1 s.
+   <= max(interval, N / QPS) + 1 s.  The window opens :data:`SETTLE_PERIODS` change
+   periods after the exporters start changing (that switch answers every held scrape
+   at once); progress freshness is also reported from the switch, and per
+   :data:`FRESH_BUCKET_SECONDS` of change time.
 c. **a training that logs every 10 s**: real exporter_lib exporters
    (:class:`benchmarks.farm.ExporterFarm`) updated every 10 s, scraped at the
    scraper's default interval (30 s, waiting scrapes on): API writes per TrainJob-hour
@@ -80,12 +83,49 @@ SPARSE_INTERVAL = 15.0
 #: ``--write-qps-max`` of each ``--write-rate``: the scraper's default ceiling, or the
 #: floor (a fixed rate, the budget before the adaptive rate).
 WRITE_QPS_MAX = {"adaptive": 200.0, "fixed": DEFAULT_QPS}
+
+
+def write_budget(write_rate: str) -> tuple[float, float]:
+    """``(--write-qps, --write-qps-max)`` of a ``--write-rate`` value: ``adaptive`` and
+    ``fixed`` (:data:`WRITE_QPS_MAX`), or ``fixed-Q``, a fixed Q writes/s.
+
+    Raises:
+        ValueError: another value, or Q not a finite number above 0.
+    """
+    if write_rate in WRITE_QPS_MAX:
+        return DEFAULT_QPS, WRITE_QPS_MAX[write_rate]
+    prefix, _, qps = write_rate.partition("-")
+    try:
+        value = float(qps)
+    except ValueError:
+        value = math.nan
+    if prefix != "fixed" or not 0 < value < math.inf:
+        raise ValueError(f"--write-rate={write_rate!r}: adaptive, fixed or fixed-Q with Q "
+                         f"writes/s above 0")
+    return value, value
+
+
+def _write_rate(text: str) -> str:
+    try:
+        write_budget(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 #: Nominal concurrency shares of the level the scraper and the pressure client share
 #: (kube-apiserver's workload-low has 100).
 PRESSURE_SHARES = 10
 #: Progress-freshness p99 target of b (seconds; the adaptive rate's target at N=1000
 #: with a change per 15 s, the API server otherwise idle).
 FRESH_TARGET = 5.0
+#: Change periods b waits after the exporters start changing before its window opens:
+#: the switch answers every held scrape at once (N writes no training makes), and at
+#: N=1000 the adaptive rate drains that burst in about two periods (the writes/s
+#: picture of cluster-scale-20261207-0222).  Freshness from the switch is reported too.
+SETTLE_PERIODS = 2
+#: Upper bounds of the scraper's write-latency buckets read in b (its histogram's).
+LATENCY_BUCKETS = ("0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5")
+#: Width of the change-time buckets of b's freshness series (seconds).
+FRESH_BUCKET_SECONDS = 10.0
 #: Processes creating the TrainJobs of scenario a (8 client threads each).
 CREATE_WORKERS = 3
 
@@ -301,8 +341,9 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
     """
     from benchmarks import write_pressure as wp
 
-    out: dict[str, Any] = {"jobs": jobs, "interval": interval, "qps": DEFAULT_QPS,
-                           "write_rate": write_rate, "write_qps_max": WRITE_QPS_MAX[write_rate]}
+    qps, qps_max = write_budget(write_rate)
+    out: dict[str, Any] = {"jobs": jobs, "interval": interval, "qps": qps,
+                           "write_rate": write_rate, "write_qps_max": qps_max}
     period = change_every or interval
     budget = jobs / DEFAULT_QPS
     exporters = _Exporters(jobs, plane.workdir, duration=3 * budget + window + 900)
@@ -310,7 +351,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
     scraper: _Scraper | None = None
     sampler: _Sampler | None = None
     pressure: wp.PressureClient | None = None
-    account = f"scraper-{write_rate}"
+    account = f"scraper-{write_rate.replace('.', 'p')}"
     try:
         kubeconfig = wp.bench_account(plane, api, namespace, account)
         if pressure_qps > 0:
@@ -333,7 +374,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         started = time.time()
         scraper = _Scraper(kubeconfig, plane.workdir, namespace,
                            ["--interval", f"{interval:g}s",
-                            "--write-qps-max", f"{WRITE_QPS_MAX[write_rate]:g}"])
+                            "--write-qps", f"{qps:g}", "--write-qps-max", f"{qps_max:g}"])
         sampler = _Sampler(scraper.child.process.pid)
         scraper.wait_ready()
         serving = time.time()
@@ -365,7 +406,8 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         }
         # b: every TrainJob changes every period.
         exporters.changing(period)
-        time.sleep(interval + 2)
+        switched = time.time()
+        time.sleep(max(interval + 2, SETTLE_PERIODS * period))
         apf0 = wp.flowcontrol_counts(plane) if pressure is not None else None
         # One /metrics read at each end of the window (each read renders every
         # TrainJob's series; the row reports its size).
@@ -393,6 +435,9 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         req_s = delta("trainjob_scraper_status_write_duration_seconds_sum")
         req_n = delta("trainjob_scraper_status_write_duration_seconds_count")
         pending = _metric_sum(text1, "trainjob_scraper_status_writes_pending")
+        # The scraper's own view of the API server: its write latencies' buckets over b.
+        latency = {le: delta("trainjob_scraper_status_write_duration_seconds_bucket",
+                             f'le="{le}"') for le in LATENCY_BUCKETS}
         per_job: dict[str, list[float]] = {}
         for job, _, at in watcher.seen[w0:]:
             if a <= at <= b:
@@ -411,6 +456,9 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
             # Every request spends a token: requests/s below the budget means the writers
             # waited elsewhere; outcomes other than "written" are tokens not spent on news.
             "requests_per_s": req_n / (b - a), "outcomes": outcomes,
+            "request_over_25ms_share": 1 - latency["0.025"] / req_n if req_n else None,
+            "request_p99_bucket": next((le for le, n in latency.items()
+                                        if req_n and n >= 0.99 * req_n), None),
             "metrics_bytes": len(text1.encode()),
             "loadavg": loadavg(),
             "cpu_per_s": (cpu1 - cpu0) / (b - a) if cpu0 is not None and cpu1 is not None
@@ -431,6 +479,17 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         out["b"]["progress_freshness_p50"] = percentile(ages, 0.5)
         out["b"]["progress_freshness_p99"] = percentile(ages, 0.99)
         out["b"]["changes_shown"], out["b"]["changes_made"] = len(ages), made
+        # The same from the switch (its burst included), and by change time.
+        out["b"]["settle"] = a - switched
+        since, made_since = wp.freshness(watcher.seen, port_of, period, switched, b)
+        out["b"]["progress_freshness_p99_from_switch"] = percentile(since, 0.99)
+        out["b"]["changes_shown_from_switch"] = len(since)
+        out["b"]["changes_made_from_switch"] = made_since
+        out["b"]["freshness_p99_by_bucket"] = [
+            percentile(wp.freshness(watcher.seen, port_of, period, t, t + FRESH_BUCKET_SECONDS)[0],
+                       0.99)
+            for t in itertools.takewhile(lambda t: t < b, itertools.count(
+                switched, FRESH_BUCKET_SECONDS))]
         out["b"]["percent_error_p50"] = percentile(errors, 0.5)
         out["b"]["percent_error_p99"] = percentile(errors, 0.99)
         out["b"]["rate_changes"] = {r: delta("trainjob_scraper_status_write_rate_changes_total",
@@ -462,6 +521,14 @@ def _nonzero(counts: dict[str, float] | None) -> str:
     """``"written 9700, retried 12"``: the counts above zero, or ``"-"``."""
     shown = [f"{k} {v:.0f}" for k, v in (counts or {}).items() if v > 0]
     return ", ".join(shown) or "-"
+
+
+def _over_25ms(b: dict[str, Any]) -> str:
+    """``" (12.0 % over 25 ms, p99 <= 0.05 s)"``, or ``""`` in a report without them."""
+    if b.get("request_over_25ms_share") is None:
+        return ""
+    return (f" ({100 * b['request_over_25ms_share']:.1f} % over 25 ms, p99 <= "
+            f"{b.get('request_p99_bucket') or '>2.5'} s)")
 
 
 def _plane_cpu(plane: ControlPlane) -> dict[str, float | None]:
@@ -592,7 +659,8 @@ def table(res: dict[str, Any]) -> str:
             f"({fmt(b['gap_p50'], '.1f')} s; {b['writes_per_s']:.1f} writes/s over "
             f"{b['window']:.0f} s, {fmt(b.get('requests_per_s'), '.1f')} requests/s, "
             f"outcomes {_nonzero(b.get('outcomes'))}, "
-            f"request mean {fmt(b.get('request_mean'), '.3f')} s, "
+            f"request mean {fmt(b.get('request_mean'), '.3f')} s"
+            f"{_over_25ms(b)}, "
             f"/metrics {fmt((b.get('metrics_bytes') or 0) / 2**20, '.1f')} MiB, "
             f"{fmt(b.get('pending_end'), '.1f')} pending at the end) | <= {b['target_gap']:g} s | "
             f"{verdict(None if b['longest_gap'] is None else b['longest_gap'] <= b['target_gap'])}"
@@ -614,6 +682,15 @@ def table(res: dict[str, Any]) -> str:
                 f"{fmt(b['progress_freshness_p50'], '.2f')} / {fmt(p99, '.2f')} s "
                 f"({b['changes_shown']} of {b['changes_made']}) | p99 <= {FRESH_TARGET:g} s | "
                 f"{verdict(None if p99 is None else p99 <= FRESH_TARGET)} | {b['loadavg']} |"]
+        if "progress_freshness_p99_from_switch" in b:
+            buckets = ", ".join(fmt(v, ".1f") for v in b["freshness_p99_by_bucket"])
+            lines += [
+                f"| same, from the switch to changing ({b['settle']:.0f} s before the window, "
+                f"its burst of N answers included): progress freshness p99 (changes shown of "
+                f"those made); p99 per {FRESH_BUCKET_SECONDS:g} s of change time | "
+                f"{fmt(b['progress_freshness_p99_from_switch'], '.2f')} s "
+                f"({b['changes_shown_from_switch']} of {b['changes_made_from_switch']}); "
+                f"{buckets} | | | {b['loadavg']} |"]
         if "apiserver_cpu_s" in b:
             lines += [
                 f"| same, steady window: kube-apiserver / etcd CPU-seconds, and per status "
@@ -664,6 +741,7 @@ def run_entry(out: dict[str, Any]) -> dict[str, Any]:
         "writes_per_s": b.get("writes_per_s"), "change_every_s": b.get("change_every"),
         "percent_error_p99": b.get("percent_error_p99"),
         "progress_freshness_p99_s": b.get("progress_freshness_p99"),
+        "progress_freshness_p99_from_switch_s": b.get("progress_freshness_p99_from_switch"),
         "rate_changes": b.get("rate_changes"), "write_rate_end": b.get("write_rate_end"),
     }
     if "pressure_alone" in out:
@@ -710,9 +788,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="status writes per path for the CPU-per-write row (0: skip)")
     parser.add_argument("--scale-only", action="store_true",
                         help="scenarios a and b only (no c, d or the CPU-per-write row)")
-    parser.add_argument("--write-rate", action="append", choices=sorted(WRITE_QPS_MAX),
+    parser.add_argument("--write-rate", action="append", type=_write_rate,
                         help="adaptive (--write-qps 20 up to --write-qps-max 200, the "
-                        "default) or fixed (20/s); repeat for one run of a and b each")
+                        "default), fixed (20/s) or fixed-Q (Q/s); repeat for one run of a "
+                        "and b each")
     parser.add_argument("--change-every", type=float, default=None,
                         help="seconds between two changes of each exporter in b "
                         "(default: --interval)")
@@ -749,14 +828,15 @@ def main(argv: list[str] | None = None) -> int:
             api = plane.api_client()
             install_trainjob_crds(api)
             core = client.CoreV1Api(api)
-            for ns in (LOG_NS, SPARSE_NS, *(f"{SCALE_NS}-{rate}" for rate in rates)):
+            spaces = {rate: f"{SCALE_NS}-{rate.replace('.', 'p')}" for rate in rates}
+            for ns in (LOG_NS, SPARSE_NS, *spaces.values()):
                 core.create_namespace({"metadata": {"name": ns}})
             stamp = time.strftime("%Y%m%d-%H%M%S")
             res["runs"], res["scale_runs"] = [], []
             for rate in rates:
                 try:
                     out = scale(plane, api, args.jobs, args.interval, window,
-                                write_rate=rate, namespace=f"{SCALE_NS}-{rate}",
+                                write_rate=rate, namespace=spaces[rate],
                                 change_every=args.change_every,
                                 pressure_qps=args.pressure_qps,
                                 pressure_window=args.pressure_window,

@@ -10,7 +10,8 @@
   ``apiserver_flowcontrol_rejected_requests_total``, by ``flow_schema``) give each its
   share of 429s (:func:`flowcontrol_counts`).
 * :class:`PressureClient`: a second client applying ConfigMaps at a fixed rate, open
-  loop (a slow answer does not slow the next request), recording each latency.
+  loop (a slow answer does not slow the next request), in a process of its own,
+  recording each latency.
 * :func:`percent_errors`: |reported - shown| in percentage points, sampled every second
   for every TrainJob: the exporter's percentage is a function of time (one point per
   change, :func:`stamp`), the shown one the last status the watch saw.
@@ -21,15 +22,19 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import json
 import math
+import multiprocessing
+import multiprocessing.process
+import signal
 import ssl
-import threading
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
@@ -224,27 +229,49 @@ def rejected_share(before: dict[str, dict[str, float]], after: dict[str, dict[st
 
 class PressureClient:
     """ConfigMap applies at ``qps`` per second as ``kubeconfig``'s identity, open loop,
-    in a thread of its own (:meth:`start`, :meth:`stop`); each request's latency and
-    HTTP status are kept."""
+    in a process of its own (:meth:`start`, :meth:`stop`); each request's send time,
+    latency and HTTP status are kept (:attr:`results`).
+
+    Its own process, as another client of the API server is: in a thread of the
+    benchmark, its latencies would include waits for the GIL held by the TrainJob
+    watch, whose work grows with the scraper's writes/s.
+    """
 
     def __init__(self, kubeconfig: Path, namespace: str, qps: float,
                  objects: int = 50) -> None:
         self.kubeconfig, self.namespace, self.qps, self.objects = (
             kubeconfig, namespace, qps, objects)
-        self.results: list[tuple[float, float, int]] = []  # (epoch sent, seconds, status)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._log = Path(tempfile.mkstemp(prefix="pressure-", suffix=".log")[1])
+        self._proc: multiprocessing.process.BaseProcess | None = None
 
     def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()),
-                                        name="pressure", daemon=True)
-        self._thread.start()
+        self._log.write_text("")
+        self._proc = multiprocessing.get_context("spawn").Process(
+            target=_pressure_process, name="pressure", daemon=True,
+            args=(str(self.kubeconfig), self.namespace, self.qps, self.objects,
+                  str(self._log)))
+        self._proc.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(60)
+        """SIGTERM: the child sends no more, waits up to 30 s for its requests, exits."""
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        self._proc.join(60)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+
+    @property
+    def results(self) -> list[tuple[float, float, int]]:
+        """``(epoch sent, seconds, status)`` of each request answered so far (status 0:
+        no answer)."""
+        rows: list[tuple[float, float, int]] = []
+        for line in self._log.read_text().splitlines():
+            words = line.split()
+            if len(words) == 3:  # a line the child is still writing is skipped
+                rows.append((float(words[0]), float(words[1]), int(words[2])))
+        return rows
 
     def summary(self, start: float, end: float) -> dict[str, Any]:
         """Requests sent in ``[start, end)``: count, p50/p99 latency (s), 429s."""
@@ -257,43 +284,57 @@ class PressureClient:
                 "rejected": sum(1 for *_, code in rows if code == 429),
                 "failed": sum(1 for *_, code in rows if code not in (200, 201, 429))}
 
-    async def _run(self) -> None:
-        from kubernetes import config as k8s_config
 
-        from scraper.kube.apply_request import ApplyClient
+def _pressure_process(kubeconfig: str, namespace: str, qps: float, objects: int,
+                      log: str) -> None:
+    """The pressure child: applies until SIGTERM, one line per answer to ``log``."""
+    with open(log, "a", buffering=1) as out:  # a line per answer, readable at once
+        asyncio.run(_pressure(kubeconfig, namespace, qps, objects, out))
 
-        api = k8s_config.new_client_from_config(str(self.kubeconfig))
-        apply = ApplyClient(api, connections=64)
-        tasks: set[asyncio.Task[None]] = set()
-        began, n = time.monotonic(), 0
-        try:
-            while not self._stop.is_set():
-                delay = began + n / self.qps - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                task = asyncio.create_task(self._one(apply, n))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                n += 1
-            if tasks:
-                await asyncio.wait(tasks, timeout=30)
-        finally:
-            await apply.close()
-            api.close()
 
-    async def _one(self, apply: Any, n: int) -> None:
-        from kubernetes.client.exceptions import ApiException
+async def _pressure(kubeconfig: str, namespace: str, qps: float, objects: int,
+                    out: IO[str]) -> None:
+    from kubernetes import config as k8s_config
 
-        name = f"pressure-{n % self.objects}"
-        body = json.dumps({"apiVersion": "v1", "kind": "ConfigMap",
-                           "metadata": {"name": name}, "data": {"n": str(n)}}).encode()
-        sent, t0, code = time.time(), time.monotonic(), 200
-        try:
-            await apply.patch(f"/api/v1/namespaces/{self.namespace}/configmaps/{name}",
-                              [("fieldManager", "pressure"), ("force", "true")], body,
-                              request_timeout=(10.0, 30.0))
-        except ApiException as exc:
-            code = exc.status or 0
-        except (OSError, TimeoutError):
-            code = 0
-        self.results.append((sent, time.monotonic() - t0, code))
+    from scraper.kube.apply_request import ApplyClient
+
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    api = k8s_config.new_client_from_config(kubeconfig)
+    apply = ApplyClient(api, connections=64)
+    tasks: set[asyncio.Task[None]] = set()
+    began, n = time.monotonic(), 0
+    try:
+        while not stop.is_set():
+            delay = began + n / qps - time.monotonic()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                continue
+            task = asyncio.create_task(_apply_one(apply, namespace, objects, n, out))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            n += 1
+        if tasks:
+            await asyncio.wait(tasks, timeout=30)
+    finally:
+        await apply.close()
+        api.close()
+
+
+async def _apply_one(apply: Any, namespace: str, objects: int, n: int, out: IO[str]) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    name = f"pressure-{n % objects}"
+    body = json.dumps({"apiVersion": "v1", "kind": "ConfigMap",
+                       "metadata": {"name": name}, "data": {"n": str(n)}}).encode()
+    sent, t0, code = time.time(), time.monotonic(), 200
+    try:
+        await apply.patch(f"/api/v1/namespaces/{namespace}/configmaps/{name}",
+                          [("fieldManager", "pressure"), ("force", "true")], body,
+                          request_timeout=(10.0, 30.0))
+    except ApiException as exc:
+        code = exc.status or 0
+    except (OSError, TimeoutError):
+        code = 0
+    out.write(f"{sent:.6f} {time.monotonic() - t0:.6f} {code}\n")

@@ -3,6 +3,10 @@ writes/s are computed from the watch's records as their definitions say."""
 
 from __future__ import annotations
 
+import re
+
+import pytest
+
 from benchmarks.write_pressure import (
     freshness,
     percent_errors,
@@ -74,3 +78,20 @@ def test_a_change_made_before_the_window_is_not_one_of_its_changes() -> None:
     # The change at start (the window's first instant) is shown inside the window.
     seen = [("job-0", float(first), start + 4.0)]
     assert freshness(seen, {"job-0": port}, period, start, start + 5) == ([], 0)
+
+
+def test_write_budget_names_the_start_rate_and_the_ceiling() -> None:
+    from benchmarks.cluster_scale import DEFAULT_QPS, write_budget
+
+    assert write_budget("adaptive") == (DEFAULT_QPS, 200.0)
+    assert write_budget("fixed") == (DEFAULT_QPS, DEFAULT_QPS)
+    assert write_budget("fixed-42.5") == (42.5, 42.5)
+
+
+@pytest.mark.parametrize("value", ["fixed-0", "fixed--3", "fixed-x", "fixed-inf", "fixed-nan",
+                                   "adaptive-40", "fast"])
+def test_a_write_rate_that_is_not_one_is_refused_by_name(value: str) -> None:
+    from benchmarks.cluster_scale import write_budget
+
+    with pytest.raises(ValueError, match=re.escape(repr(value))):
+        write_budget(value)

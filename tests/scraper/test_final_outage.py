@@ -49,7 +49,10 @@ def test_final_statuses_land_after_the_api_server_comes_back(
     with scraper_service_account(kube_api, control_plane, namespace) as token:
         kubeconfig = control_plane.kubeconfig_for_token(token, tmp_path / "sa.kubeconfig")
         scraper = scraper_factory("--interval=1s", f"--namespaces={namespace}",
-                                  "--write-qps=1", "--write-burst=1", "--no-metrics-auth",
+                                  # A fixed budget: the adaptive rate (a ceiling above
+                                  # the start) would write the finals before the kill.
+                                  "--write-qps=1", "--write-qps-max=1", "--write-burst=1",
+                                  "--no-metrics-auth",
                                   kubeconfig=kubeconfig)
         wait_for(lambda: all(progress_of(kube_api, namespace, f"job-{i}") == 10 + i
                              for i in range(JOBS)), 60, "every first status")
