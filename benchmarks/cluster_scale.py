@@ -50,6 +50,7 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,10 +96,8 @@ def write_budget(write_rate: str) -> tuple[float, float]:
     if write_rate in WRITE_QPS_MAX:
         return DEFAULT_QPS, WRITE_QPS_MAX[write_rate]
     prefix, _, qps = write_rate.partition("-")
-    try:
-        value = float(qps)
-    except ValueError:
-        value = math.nan
+    # Digits and one point only: the value names a namespace (a "." becomes "p").
+    value = float(qps) if re.fullmatch(r"[0-9]+(\.[0-9]+)?", qps) else math.nan
     if prefix != "fixed" or not 0 < value < math.inf:
         raise ValueError(f"--write-rate={write_rate!r}: adaptive, fixed or fixed-Q with Q "
                          f"writes/s above 0")
@@ -332,7 +331,8 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
     """Scenarios a and b (module doc) with one scraper and one exporter child.
 
     ``write_rate``: ``adaptive`` (the scraper's defaults: ``--write-qps`` 20 rising up to
-    ``--write-qps-max`` 200) or ``fixed`` (``--write-qps-max`` 20: the fixed budget).
+    ``--write-qps-max`` 200), ``fixed`` (``--write-qps-max`` 20: the fixed budget) or
+    ``fixed-Q`` (Q writes/s, :func:`write_budget`); the targets count from the start rate.
     The scraper runs as a ServiceAccount (:func:`benchmarks.write_pressure.bench_account`).
     ``change_every``: seconds between two changes of each exporter in b (default: the
     interval).  ``pressure_qps`` > 0: a :class:`~benchmarks.write_pressure.PressureClient`
@@ -345,7 +345,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
     out: dict[str, Any] = {"jobs": jobs, "interval": interval, "qps": qps,
                            "write_rate": write_rate, "write_qps_max": qps_max}
     period = change_every or interval
-    budget = jobs / DEFAULT_QPS
+    budget = jobs / qps
     exporters = _Exporters(jobs, plane.workdir, duration=3 * budget + window + 900)
     watcher = _Watcher(api, namespace)
     scraper: _Scraper | None = None
@@ -488,8 +488,8 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         out["b"]["freshness_p99_by_bucket"] = [
             percentile(wp.freshness(watcher.seen, port_of, period, t, t + FRESH_BUCKET_SECONDS)[0],
                        0.99)
-            for t in itertools.takewhile(lambda t: t < b, itertools.count(
-                switched, FRESH_BUCKET_SECONDS))]
+            for t in itertools.takewhile(lambda t: t + FRESH_BUCKET_SECONDS <= b,
+                                         itertools.count(switched, FRESH_BUCKET_SECONDS))]
         out["b"]["percent_error_p50"] = percentile(errors, 0.5)
         out["b"]["percent_error_p99"] = percentile(errors, 0.99)
         out["b"]["rate_changes"] = {r: delta("trainjob_scraper_status_write_rate_changes_total",
@@ -816,6 +816,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--pressure-qps={args.pressure_qps:g}, --change-every="
                      f"{args.change_every}: --pressure-qps at least 0, --change-every above 0")
     rates = args.write_rate or ["adaptive"]
+    if len(set(rates)) < len(rates):
+        parser.error(f"--write-rate={rates}: each value at most once (one namespace each)")
     window = args.window or 2.5 * args.jobs / DEFAULT_QPS
     res: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                            "machine": f"{os.cpu_count()} cores",

@@ -27,6 +27,7 @@ import json
 import math
 import multiprocessing
 import multiprocessing.process
+import os
 import signal
 import ssl
 import tempfile
@@ -241,19 +242,24 @@ class PressureClient:
                  objects: int = 50) -> None:
         self.kubeconfig, self.namespace, self.qps, self.objects = (
             kubeconfig, namespace, qps, objects)
-        self._log = Path(tempfile.mkstemp(prefix="pressure-", suffix=".log")[1])
+        handle, name = tempfile.mkstemp(prefix="pressure-", suffix=".log")
+        os.close(handle)
+        self._log = Path(name)
         self._proc: multiprocessing.process.BaseProcess | None = None
+        self._stopped: list[tuple[float, float, int]] | None = None
 
     def start(self) -> None:
         self._log.write_text("")
+        self._stopped = None
         self._proc = multiprocessing.get_context("spawn").Process(
             target=_pressure_process, name="pressure", daemon=True,
             args=(str(self.kubeconfig), self.namespace, self.qps, self.objects,
-                  str(self._log)))
+                  str(self._log), os.getpid()))
         self._proc.start()
 
     def stop(self) -> None:
-        """SIGTERM: the child sends no more, waits up to 30 s for its requests, exits."""
+        """SIGTERM: the child sends no more, waits up to 30 s for its requests, exits;
+        its results are kept and its log removed."""
         if self._proc is None:
             return
         self._proc.terminate()
@@ -261,22 +267,33 @@ class PressureClient:
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)
+        self._stopped = self.results
+        self._log.unlink(missing_ok=True)
 
     @property
     def results(self) -> list[tuple[float, float, int]]:
         """``(epoch sent, seconds, status)`` of each request answered so far (status 0:
         no answer)."""
+        if self._stopped is not None:
+            return self._stopped
         rows: list[tuple[float, float, int]] = []
-        for line in self._log.read_text().splitlines():
-            words = line.split()
-            if len(words) == 3:  # a line the child is still writing is skipped
-                rows.append((float(words[0]), float(words[1]), int(words[2])))
+        for line in self._log.read_text().splitlines(keepends=True):
+            if line.endswith("\n"):  # a line the child is still writing is skipped
+                sent, seconds, status = line.split()
+                rows.append((float(sent), float(seconds), int(status)))
         return rows
 
     def summary(self, start: float, end: float) -> dict[str, Any]:
-        """Requests sent in ``[start, end)``: count, p50/p99 latency (s), 429s."""
+        """Requests sent in ``[start, end)``: count, p50/p99 latency (s), 429s.
+
+        Raises:
+            RuntimeError: the child ended before :meth:`stop` (its exit code named).
+        """
         from benchmarks.cp import percentile
 
+        if self._stopped is None and self._proc is not None and not self._proc.is_alive():
+            raise RuntimeError(f"pressure client: its process ended with exit code "
+                               f"{self._proc.exitcode} before it was stopped")
         rows = [r for r in self.results if start <= r[0] < end]
         lat = [s for _, s, _ in rows]
         return {"qps": self.qps, "requests": len(rows),
@@ -286,14 +303,15 @@ class PressureClient:
 
 
 def _pressure_process(kubeconfig: str, namespace: str, qps: float, objects: int,
-                      log: str) -> None:
-    """The pressure child: applies until SIGTERM, one line per answer to ``log``."""
+                      log: str, parent: int) -> None:
+    """The pressure child: applies until SIGTERM or until ``parent`` is gone, one line
+    per answer to ``log``."""
     with open(log, "a", buffering=1) as out:  # a line per answer, readable at once
-        asyncio.run(_pressure(kubeconfig, namespace, qps, objects, out))
+        asyncio.run(_pressure(kubeconfig, namespace, qps, objects, out, parent))
 
 
 async def _pressure(kubeconfig: str, namespace: str, qps: float, objects: int,
-                    out: IO[str]) -> None:
+                    out: IO[str], parent: int) -> None:
     from kubernetes import config as k8s_config
 
     from scraper.kube.apply_request import ApplyClient
@@ -305,7 +323,7 @@ async def _pressure(kubeconfig: str, namespace: str, qps: float, objects: int,
     tasks: set[asyncio.Task[None]] = set()
     began, n = time.monotonic(), 0
     try:
-        while not stop.is_set():
+        while not stop.is_set() and os.getppid() == parent:  # an orphan stops
             delay = began + n / qps - time.monotonic()
             if delay > 0:
                 with contextlib.suppress(TimeoutError):

@@ -89,7 +89,7 @@ def test_write_budget_names_the_start_rate_and_the_ceiling() -> None:
 
 
 @pytest.mark.parametrize("value", ["fixed-0", "fixed--3", "fixed-x", "fixed-inf", "fixed-nan",
-                                   "adaptive-40", "fast"])
+                                   "fixed-1E2", "fixed-+5", "fixed-5_0", "adaptive-40", "fast"])
 def test_a_write_rate_that_is_not_one_is_refused_by_name(value: str) -> None:
     from benchmarks.cluster_scale import write_budget
 
