@@ -104,6 +104,11 @@ def write_budget(write_rate: str) -> tuple[float, float]:
     return value, value
 
 
+def rate_label(write_rate: str) -> str:
+    """``write_rate`` as a part of an object name: ``fixed-42.5`` -> ``fixed-42p5``."""
+    return write_rate.replace(".", "p")
+
+
 def _write_rate(text: str) -> str:
     try:
         write_budget(text)
@@ -351,7 +356,7 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
     scraper: _Scraper | None = None
     sampler: _Sampler | None = None
     pressure: wp.PressureClient | None = None
-    account = f"scraper-{write_rate.replace('.', 'p')}"
+    account = f"scraper-{rate_label(write_rate)}"
     try:
         kubeconfig = wp.bench_account(plane, api, namespace, account)
         if pressure_qps > 0:
@@ -475,19 +480,20 @@ def scale(plane: ControlPlane, api: client.ApiClient, jobs: int, interval: float
         errors = wp.percent_errors([s for s in watcher.seen if a - 60 <= s[2] <= b],
                                    port_of, period, a, b)
         out["b"]["change_every"] = period
-        ages, made = wp.freshness(watcher.seen, port_of, period, a, b)
+        first_shown = wp.first_showings(watcher.seen)
+        ages, made = wp.freshness_of(first_shown, port_of, period, a, b)
         out["b"]["progress_freshness_p50"] = percentile(ages, 0.5)
         out["b"]["progress_freshness_p99"] = percentile(ages, 0.99)
         out["b"]["changes_shown"], out["b"]["changes_made"] = len(ages), made
         # The same from the switch (its burst included), and by change time.
         out["b"]["settle"] = a - switched
-        since, made_since = wp.freshness(watcher.seen, port_of, period, switched, b)
+        since, made_since = wp.freshness_of(first_shown, port_of, period, switched, b)
         out["b"]["progress_freshness_p99_from_switch"] = percentile(since, 0.99)
         out["b"]["changes_shown_from_switch"] = len(since)
         out["b"]["changes_made_from_switch"] = made_since
         out["b"]["freshness_p99_by_bucket"] = [
-            percentile(wp.freshness(watcher.seen, port_of, period, t, t + FRESH_BUCKET_SECONDS)[0],
-                       0.99)
+            percentile(wp.freshness_of(first_shown, port_of, period, t,
+                                       t + FRESH_BUCKET_SECONDS)[0], 0.99)
             for t in itertools.takewhile(lambda t: t + FRESH_BUCKET_SECONDS <= b,
                                          itertools.count(switched, FRESH_BUCKET_SECONDS))]
         out["b"]["percent_error_p50"] = percentile(errors, 0.5)
@@ -830,7 +836,7 @@ def main(argv: list[str] | None = None) -> int:
             api = plane.api_client()
             install_trainjob_crds(api)
             core = client.CoreV1Api(api)
-            spaces = {rate: f"{SCALE_NS}-{rate.replace('.', 'p')}" for rate in rates}
+            spaces = {rate: f"{SCALE_NS}-{rate_label(rate)}" for rate in rates}
             for ns in (LOG_NS, SPARSE_NS, *spaces.values()):
                 core.create_namespace({"metadata": {"name": ns}})
             stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -12,6 +12,8 @@
 * :class:`PressureClient`: a second client applying ConfigMaps at a fixed rate, open
   loop (a slow answer does not slow the next request), in a process of its own,
   recording each latency.
+* :func:`freshness`: from a change to its first showing (:func:`freshness_of` for
+  several windows of one :func:`first_showings`).
 * :func:`percent_errors`: |reported - shown| in percentage points, sampled every second
   for every TrainJob: the exporter's percentage is a function of time (one point per
   change, :func:`stamp`), the shown one the last status the watch saw.
@@ -99,11 +101,23 @@ def freshness(seen: Iterable[tuple[str, float, float]], port_of: Mapping[str, in
     Returns:
         ``(seconds per shown change, changes made)``.
     """
+    return freshness_of(first_showings(seen), port_of, period, start, end)
+
+
+def first_showings(seen: Iterable[tuple[str, float, float]]) -> dict[tuple[str, int], float]:
+    """When the watch first showed each ``(job, stamp)`` of ``seen`` (as
+    :func:`percent_errors`): one pass, for several windows of :func:`freshness_of`."""
     first: dict[tuple[str, int], float] = {}
     for job, value, at in seen:
         key = (job, int(value))
         if at < first.get(key, math.inf):
             first[key] = at
+    return first
+
+
+def freshness_of(first: Mapping[tuple[str, int], float], port_of: Mapping[str, int],
+                 period: float, start: float, end: float) -> tuple[list[float], int]:
+    """:func:`freshness` from the :func:`first_showings` of the watch's events."""
     ages: list[float] = []
     made = 0
     for job, port in port_of.items():
