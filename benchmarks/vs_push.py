@@ -590,13 +590,16 @@ class Plan:
     real: int | None
     time_budget: float | None = None  # seconds for the whole run; later sessions skipped
     extra: dict[str, Any] = field(default_factory=dict)
+    #: (case label, side key) pairs an earlier run measured (``--resume``): not run again.
+    done: frozenset[tuple[str, str]] = frozenset()
 
 
 def sessions(plan: Plan, available: int) -> list[Session]:
     """The sessions of a run, in case order, per case its sides in :data:`SIDE_KEYS`
     order.  ``pull_equal_budget`` at the scraper's default budget is the ``pull``
     session (one session, both keys) when the case has both; never while the defaults
-    adapt their rate (:func:`benchmarks.vs_push_sides.pull_defaults`)."""
+    adapt their rate (:func:`benchmarks.vs_push_sides.pull_defaults`).  A session all
+    of whose keys are in ``plan.done`` is left out."""
     out: list[Session] = []
     for case in plan.cases:
         keys = [k for k in SIDE_KEYS if k in case.sides]
@@ -607,6 +610,8 @@ def sessions(plan: Plan, available: int) -> list[Session]:
                 continue
             side = make_side(key, plan.budget)
             stands_for = (key, "pull_equal_budget") if shared and key == "pull" else (key,)
+            if all((case.label, k) in plan.done for k in stands_for):
+                continue
             setup = plan.setup_timeout if plan.setup_timeout is not None \
                 else 60 + 2.0 * case.jobs
             out.append(Session(side, case, real_count(case.jobs, available, plan.real),
@@ -787,9 +792,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="the same as --plan quick")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--carry", type=Path, default=None, metavar="RUN.json",
-                        help="an earlier run of the same plan: its sessions of the sides "
-                        "this run does not measure join this run's report, marked")
+                        help="an earlier run of the same plan: its sessions (case and "
+                        "side) this run does not measure join this run's report, marked")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --carry: run only the sessions (case and side) the "
+                        "carried run has no figures of, e.g. after its --time-budget")
     args = parser.parse_args(argv)
+    if args.resume and args.carry is None:
+        parser.error("--resume: needs --carry RUN.json (the run to resume)")
     if args.quick:
         if args.plan not in ("main", "quick"):  # main: the default, not asked for
             parser.error(f"--quick is --plan quick: not with --plan {args.plan}")
@@ -884,17 +894,38 @@ def carry(res: dict[str, Any], path: Path, old: dict[str, Any] | None = None) ->
     """
     if old is None:
         old = load_carry(path, res["plan"]["name"], res["plan"]["cases"])
-    measured = {r["side"] for r in res["runs"]}
+    measured = measured_pairs(res["runs"])
     source = {"file": path.name, "started": old.get("started"),
               "commit": old.get("commit", "not recorded")}
-    kept = [{**r, "carried_from": r.get("carried_from", source)} for r in old["runs"]
-            if r["side"] not in measured]
-    res["runs"] = kept + res["runs"]
-    res["carried"] = {**source, "sides": sorted({r["side"] for r in kept}),
-                      "from": {r["side"]: r["carried_from"]["file"] for r in kept}}
+    kept: list[dict[str, Any]] = []
+    for r in old["runs"]:
+        keys = [k for k in r.get("keys") or [r["side"]] if (r["label"], k) not in measured]
+        if keys:  # a shared session keeps only the keys this run did not measure again
+            kept.append({**r, "keys": keys, "carried_from": r.get("carried_from", source)})
+    # An earlier session that was not run (time budget) or failed gives way to this
+    # run's figures of it; this run's own such entries give way to the earlier figures.
+    kept_pairs = measured_pairs(kept)
+    fresh = [r for r in res["runs"] if "error" not in r
+             or not all((r["label"], k) in kept_pairs for k in r.get("keys") or [r["side"]])]
+    kept = [r for r in kept if "error" not in r
+            or not any((r["label"], k) in measured for k in r["keys"])]
+    res["runs"] = kept + fresh
+    origins: dict[str, set[str]] = {}
+    for r in kept:
+        origins.setdefault(r["side"], set()).add(r["carried_from"]["file"])
+    res["carried"] = {**source, "sides": sorted(origins),
+                      "from": {k: ", ".join(sorted(v)) for k, v in origins.items()}}
+    this_run = {k for _, k in measured}
     res["sides"] = {**old.get("sides", {}), **{k: v for k, v in res["sides"].items()
-                                                if k in measured}}
+                                                if k in this_run}}
     summarise(res)
+
+
+def measured_pairs(runs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """The (case label, side key) pairs that ``runs`` (a run's JSON ``runs``) have
+    figures of: every key of each session that ran without an error."""
+    return {(r["label"], k) for r in runs if "error" not in r
+            for k in r.get("keys") or [r["side"]]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -908,6 +939,8 @@ def main(argv: list[str] | None = None) -> int:
     # Read before the run: a file it could not carry would lose the run.
     earlier = (load_carry(args.carry, plan.name, [c.__dict__ for c in plan.cases])
                if args.carry else None)
+    if args.resume and earlier is not None:
+        plan.done = frozenset(measured_pairs(earlier["runs"]))
     if args.estimate:
         print(json.dumps(estimate(plan, memory_available()), indent=1))
         return 0

@@ -176,7 +176,7 @@ def _carried(res: dict[str, Any]) -> list[str]:
              for (file, started, commit), sides in origins.items()]
     text = "; ".join(parts)
     return [f"{text[0].upper()}{text[1:]}, the same plan; this run measured the other "
-            "sides.", ""]
+            "sessions.", ""]
 
 
 def table(res: dict[str, Any]) -> str:

@@ -261,6 +261,60 @@ def test_a_carried_session_keeps_the_run_it_came_from(tmp_path: Path) -> None:
     assert "`pull`" not in sides_line and "`push_best`" in sides_line
 
 
+def _not_run(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``runs`` as a run whose time budget was spent before them records them."""
+    head = ("side", "keys", "jobs", "every", "percent_seconds", "label")
+    return [{**{k: r[k] for k in head}, "error": "not run: the run's time budget (60 s) "
+             "was spent"} for r in runs]
+
+
+def test_a_resumed_run_measures_only_the_sessions_the_earlier_run_lacks(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cliff_sides = ["push_as_shipped", "push_best", "pull_equal_budget"]
+    first = _cliff_res(cliff_sides, "t0")
+    n20 = [r for r in first["runs"] if r["jobs"] == 20]
+    n40 = [r for r in first["runs"] if r["jobs"] == 40]
+    first["runs"] = n20 + _not_run(n40)  # its time budget ran out after N=20
+    path = tmp_path / "first.json"
+    path.write_text(json.dumps(first))
+    args = ["--plan", "cliff", "--jobs", "20", "40", "--estimate", "--carry", str(path)]
+    assert vs_push.main([*args, "--resume"]) == 0
+    planned = json.loads(capsys.readouterr().out)["per_session"]
+    assert [(label, side) for label, side, _ in planned] == [
+        (r["label"], r["side"]) for r in n40]
+    assert vs_push.main(args) == 0  # without --resume: every session again
+    assert len(json.loads(capsys.readouterr().out)["per_session"]) == 6
+    # The resumed run's report has every session once: N=20 from the first run, marked,
+    # and N=40 from this one; the first run's "not run" entries are gone.
+    second = _cliff_res(cliff_sides, "t1")
+    second["runs"] = [r for r in second["runs"] if r["jobs"] == 40]
+    vs_push.carry(second, path)
+    origin = {(r["label"], r["side"]): r.get("carried_from", {}).get("file")
+              for r in second["runs"]}
+    assert origin == {**{(r["label"], r["side"]): "first.json" for r in n20},
+                      **{(r["label"], r["side"]): None for r in n40}}
+    assert not any("error" in r for r in second["runs"])
+    assert {label: sorted(d) for label, d in second["by_label"].items()} == {
+        r["label"]: sorted(cliff_sides) for r in first["runs"]}
+    # A later run cut short keeps the earlier figures of what it did not get to.
+    (tmp_path / "second.json").write_text(json.dumps(second))
+    third = _cliff_res(["push_best"], "t2")
+    third["runs"] = [r for r in third["runs"] if r["jobs"] == 20] + _not_run(
+        [r for r in third["runs"] if r["jobs"] == 40])
+    vs_push.carry(third, tmp_path / "second.json")
+    best = {r["label"]: r.get("carried_from", {}).get("file") for r in third["runs"]
+            if r["side"] == "push_best"}
+    assert best == {n20[0]["label"]: None, n40[0]["label"]: "second.json"}
+    assert not any("error" in r for r in third["runs"])
+    assert third["carried"]["from"]["push_best"] == "second.json"
+    assert third["carried"]["from"]["push_as_shipped"] == "first.json, second.json"
+
+
+def test_resume_needs_a_run_to_resume() -> None:
+    with pytest.raises(SystemExit):
+        vs_push.parse_args(["--plan", "cliff", "--resume"])
+
+
 def test_a_carry_file_that_cannot_be_carried_stops_the_run_before_it_starts(
         tmp_path: Path) -> None:
     # --estimate runs nothing, so reaching its output means the check came first.
