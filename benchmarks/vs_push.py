@@ -843,13 +843,15 @@ def _first_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def load_carry(path: Path, name: str, cases: list[dict[str, Any]]) -> dict[str, Any]:
+def load_carry(path: Path, name: str, cases: list[dict[str, Any]],
+               budget: list[float] | None = None) -> dict[str, Any]:
     """The earlier run ``path`` (its JSON), checked to be of plan ``name`` with ``cases``
-    (dicts of :class:`Case` fields), so that a run is not started that could not carry it.
+    (dicts of :class:`Case` fields) and, when given, ``budget`` (``[writes/s, burst]``),
+    so that a run is not started that could not carry it.
 
     Raises:
         SystemExit: ``path`` cannot be read as a run's JSON, or it is of another plan, or
-            its cases differ.
+            its cases or its budget differ.
     """
     def key(of: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
         return [(c["jobs"], c["every"], c["percent_seconds"], c["window"]) for c in of]
@@ -865,6 +867,9 @@ def load_carry(path: Path, name: str, cases: list[dict[str, Any]]) -> dict[str, 
     if theirs != (name, key(cases)):
         raise SystemExit(f"--carry={path}: plan {theirs[0]!r} with cases {theirs[1]}; this "
                          f"run: {name!r} with {key(cases)}")
+    if budget is not None and old["plan"].get("budget") != list(budget):
+        raise SystemExit(f"--carry={path}: budget {old['plan'].get('budget')} (writes/s, "
+                         f"burst); this run: {list(budget)}")
     # Carry it into an empty run and report that, as after the run: a file whose runs
     # cannot be reported stops here, not after hours of measuring.
     probe: dict[str, Any] = {"started": "-", "commit": "-", "runs": [], "errors": {},
@@ -893,7 +898,8 @@ def carry(res: dict[str, Any], path: Path, old: dict[str, Any] | None = None) ->
         SystemExit: as :func:`load_carry`.
     """
     if old is None:
-        old = load_carry(path, res["plan"]["name"], res["plan"]["cases"])
+        old = load_carry(path, res["plan"]["name"], res["plan"]["cases"],
+                         res["plan"].get("budget"))
     measured = measured_pairs(res["runs"])
     source = {"file": path.name, "started": old.get("started"),
               "commit": old.get("commit", "not recorded")}
@@ -902,13 +908,14 @@ def carry(res: dict[str, Any], path: Path, old: dict[str, Any] | None = None) ->
         keys = [k for k in r.get("keys") or [r["side"]] if (r["label"], k) not in measured]
         if keys:  # a shared session keeps only the keys this run did not measure again
             kept.append({**r, "keys": keys, "carried_from": r.get("carried_from", source)})
-    # An earlier session that was not run (time budget) or failed gives way to this
-    # run's figures of it; this run's own such entries give way to the earlier figures.
+    # Figures beat an error of the same session, whichever run has them; of two errors
+    # (a resumed run cut short again), this run's stands.
     kept_pairs = measured_pairs(kept)
+    tried = {(r["label"], k) for r in res["runs"] for k in r.get("keys") or [r["side"]]}
     fresh = [r for r in res["runs"] if "error" not in r
              or not all((r["label"], k) in kept_pairs for k in r.get("keys") or [r["side"]])]
     kept = [r for r in kept if "error" not in r
-            or not any((r["label"], k) in measured for k in r["keys"])]
+            or not any((r["label"], k) in tried for k in r["keys"])]
     res["runs"] = kept + fresh
     origins: dict[str, set[str]] = {}
     for r in kept:
@@ -937,10 +944,15 @@ def main(argv: list[str] | None = None) -> int:
                              f"of {case.label} ({lookahead(case.every):g} s): nothing "
                              "would be judged")
     # Read before the run: a file it could not carry would lose the run.
-    earlier = (load_carry(args.carry, plan.name, [c.__dict__ for c in plan.cases])
+    earlier = (load_carry(args.carry, plan.name, [c.__dict__ for c in plan.cases],
+                          [plan.budget.qps, plan.budget.burst])
                if args.carry else None)
     if args.resume and earlier is not None:
         plan.done = frozenset(measured_pairs(earlier["runs"]))
+        if not sessions(plan, memory_available()):
+            print(f"--resume: {args.carry} has figures of every session asked for; "
+                  "nothing to run")
+            return 0
     if args.estimate:
         print(json.dumps(estimate(plan, memory_available()), indent=1))
         return 0

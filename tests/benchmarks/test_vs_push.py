@@ -284,6 +284,14 @@ def test_a_resumed_run_measures_only_the_sessions_the_earlier_run_lacks(
         (r["label"], r["side"]) for r in n40]
     assert vs_push.main(args) == 0  # without --resume: every session again
     assert len(json.loads(capsys.readouterr().out)["per_session"]) == 6
+    # Nothing left: no cluster is started; another budget cannot be resumed.
+    full = tmp_path / "full.json"
+    full.write_text(json.dumps(_cliff_res(cliff_sides, "t0")))
+    assert vs_push.main(["--plan", "cliff", "--jobs", "20", "40", "--carry", str(full),
+                         "--resume"]) == 0
+    assert "nothing to run" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"--carry=.*: budget \[5\.0, 10\]"):
+        vs_push.main([*args, "--resume", "--budget", "20/30"])
     # The resumed run's report has every session once: N=20 from the first run, marked,
     # and N=40 from this one; the first run's "not run" entries are gone.
     second = _cliff_res(cliff_sides, "t1")
@@ -306,13 +314,52 @@ def test_a_resumed_run_measures_only_the_sessions_the_earlier_run_lacks(
             if r["side"] == "push_best"}
     assert best == {n20[0]["label"]: None, n40[0]["label"]: "second.json"}
     assert not any("error" in r for r in third["runs"])
+    # One entry per case and side, whatever came from where.
+    pairs = [(r["label"], r["side"]) for r in third["runs"]]
+    assert sorted(pairs) == sorted({*pairs}) and len(pairs) == 6
     assert third["carried"]["from"]["push_best"] == "second.json"
     assert third["carried"]["from"]["push_as_shipped"] == "first.json, second.json"
 
 
-def test_resume_needs_a_run_to_resume() -> None:
+def test_a_resumed_run_cut_short_again_keeps_one_not_run_entry_per_session(
+        tmp_path: Path) -> None:
+    cliff_sides = ["push_as_shipped", "push_best", "pull_equal_budget"]
+    first = _cliff_res(cliff_sides, "t0")
+    n20 = [r for r in first["runs"] if r["jobs"] == 20]
+    n40 = [r for r in first["runs"] if r["jobs"] == 40]
+    first["runs"] = n20 + _not_run(n40)
+    (tmp_path / "first.json").write_text(json.dumps(first))
+    second = _cliff_res(cliff_sides, "t1")
+    second["runs"] = _not_run([r for r in second["runs"] if r["jobs"] == 40])
+    vs_push.carry(second, tmp_path / "first.json")
+    errors = [(r["label"], r["side"]) for r in second["runs"] if "error" in r]
+    assert sorted(errors) == sorted((r["label"], r["side"]) for r in n40)
+    assert all("carried_from" not in r for r in second["runs"] if "error" in r)
+    assert [r.get("carried_from", {}).get("file") for r in second["runs"]
+            if "error" not in r] == ["first.json"] * 3
+
+
+def test_a_shared_pull_session_measured_again_for_one_key_keeps_the_other(
+        tmp_path: Path) -> None:
+    # A session standing for two keys (pull at a budget equal to the capped one): when a
+    # later run measures one of them again, the carried session stands for the other only.
+    old = _cliff_res(["pull_equal_budget"], "t0")
+    for r in old["runs"]:
+        r["side"], r["keys"] = "pull", ["pull", "pull_equal_budget"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    new = _cliff_res(["pull_equal_budget"], "t1")
+    vs_push.carry(new, tmp_path / "old.json")
+    carried = [r for r in new["runs"] if "carried_from" in r]
+    assert [r["keys"] for r in carried] == [["pull"], ["pull"]]
+    for d in new["by_label"].values():
+        assert d["pull"]["session"] == "pull" and d["pull_equal_budget"]["session"] == \
+            "pull_equal_budget"
+
+
+def test_resume_needs_a_run_to_resume(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         vs_push.parse_args(["--plan", "cliff", "--resume"])
+    assert "--resume: needs --carry RUN.json" in capsys.readouterr().err
 
 
 def test_a_carry_file_that_cannot_be_carried_stops_the_run_before_it_starts(
