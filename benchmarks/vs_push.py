@@ -75,7 +75,7 @@ from benchmarks.vs_push_figures import (
     read_audit,
     trainjob_hours,
 )
-from benchmarks.vs_push_report import plot, plot_cliff, summarise, table
+from benchmarks.vs_push_report import plot, plot_cliff, session_keys, summarise, table
 from benchmarks.vs_push_sides import (
     SIDE_KEYS,
     Budget,
@@ -901,21 +901,20 @@ def carry(res: dict[str, Any], path: Path, old: dict[str, Any] | None = None) ->
         old = load_carry(path, res["plan"]["name"], res["plan"]["cases"],
                          res["plan"].get("budget"))
     measured = measured_pairs(res["runs"])
+    tried = {(r["label"], k) for r in res["runs"] for k in session_keys(r)}
     source = {"file": path.name, "started": old.get("started"),
               "commit": old.get("commit", "not recorded")}
+    # Figures beat an error of the same session, whichever run has them; of two errors
+    # (a resumed run cut short again), this run's stands.  A shared session keeps only
+    # the keys this run did not measure again.
     kept: list[dict[str, Any]] = []
     for r in old["runs"]:
-        keys = [k for k in r.get("keys") or [r["side"]] if (r["label"], k) not in measured]
-        if keys:  # a shared session keeps only the keys this run did not measure again
+        keys = [k for k in session_keys(r) if (r["label"], k) not in measured]
+        if keys and not ("error" in r and any((r["label"], k) in tried for k in keys)):
             kept.append({**r, "keys": keys, "carried_from": r.get("carried_from", source)})
-    # Figures beat an error of the same session, whichever run has them; of two errors
-    # (a resumed run cut short again), this run's stands.
     kept_pairs = measured_pairs(kept)
-    tried = {(r["label"], k) for r in res["runs"] for k in r.get("keys") or [r["side"]]}
     fresh = [r for r in res["runs"] if "error" not in r
-             or not all((r["label"], k) in kept_pairs for k in r.get("keys") or [r["side"]])]
-    kept = [r for r in kept if "error" not in r
-            or not any((r["label"], k) in tried for k in r["keys"])]
+             or not all((r["label"], k) in kept_pairs for k in session_keys(r))]
     res["runs"] = kept + fresh
     origins: dict[str, set[str]] = {}
     for r in kept:
@@ -931,8 +930,7 @@ def carry(res: dict[str, Any], path: Path, old: dict[str, Any] | None = None) ->
 def measured_pairs(runs: list[dict[str, Any]]) -> set[tuple[str, str]]:
     """The (case label, side key) pairs that ``runs`` (a run's JSON ``runs``) have
     figures of: every key of each session that ran without an error."""
-    return {(r["label"], k) for r in runs if "error" not in r
-            for k in r.get("keys") or [r["side"]]}
+    return {(r["label"], k) for r in runs if "error" not in r for k in session_keys(r)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,6 +69,11 @@ def headline(run: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def session_keys(run: dict[str, Any]) -> list[str]:
+    """The JSON keys a session's figures stand for: its ``keys``, else its side alone."""
+    return list(run.get("keys") or [run["side"]])
+
+
 def summarise(res: dict[str, Any]) -> None:
     """Fill ``res["by_label"]`` ({case label: {side key: headline}}; a session standing
     for two keys fills both), ``res["targets"]`` and ``res["cliff"]``."""
@@ -76,7 +81,7 @@ def summarise(res: dict[str, Any]) -> None:
     for run in res["runs"]:
         if "error" in run:
             continue
-        for key in run.get("keys") or [run["side"]]:
+        for key in session_keys(run):
             figures = headline(run)
             figures["session"] = run["side"]
             by_label.setdefault(run["label"], {})[key] = figures
@@ -208,7 +213,7 @@ def table(res: dict[str, Any]) -> str:
         real, farm = REAL_KIND[run["design"]], FARM_KIND[run["design"]]
         who = (f"{run['real']} real ({real}) + {run['farmed']} farmed ({farm})"
                if run["farmed"] else f"{run['real']} real ({real})")
-        keys = " = ".join(f"`{k}`" for k in run.get("keys") or [run["side"]])
+        keys = " = ".join(f"`{k}`" for k in session_keys(run))
         if "carried_from" in run:
             keys += f" (from {run['carried_from']['file']})"
         fin = "; ".join(f"{(h['finals_delivered'] or {}).get(g)} of "
@@ -266,7 +271,7 @@ def plot_points(runs: list[dict[str, Any]]) -> list[tuple[str, float, float, str
         x, y = w.get("progress_freshness_p99_s"), w.get("api_writes_per_trainjob_hour")
         if x is None or y is None:
             continue
-        keys = run.get("keys") or [run["side"]]
+        keys = session_keys(run)
         marker, colour = STYLE[keys[0]]
         bound = ">= " if w.get("progress_freshness_p99_censored") else ""
         points.append((f"{' = '.join(keys)}: {run.get('side_label')}: p99 {bound}{x:.2f} s, "
