@@ -933,6 +933,20 @@ def measured_pairs(runs: list[dict[str, Any]]) -> set[tuple[str, str]]:
     return {(r["label"], k) for r in runs if "error" not in r for k in session_keys(r)}
 
 
+def _no_session_fits(plan: Plan) -> str | None:
+    """One line naming ``--time-budget``, its value and the limit when it is shorter than
+    every session asked for plus the 60 s :func:`run` keeps (no session would run, yet
+    the cluster would start); None otherwise."""
+    if plan.time_budget is None:
+        return None
+    todo = sessions(plan, memory_available())
+    shortest = min((session_seconds(s) for s in todo), default=0.0)
+    if not todo or plan.time_budget - shortest >= 60:
+        return None
+    return (f"--time-budget={plan.time_budget:g}: shorter than the shortest session asked "
+            f"for ({shortest:g} s after its setup) plus 60 s: no session would run")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = plan_of(args)
@@ -951,6 +965,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--resume: {args.carry} has figures of every session asked for; "
                   "nothing to run")
             return 0
+    if problem := _no_session_fits(plan):
+        raise SystemExit(problem)
     if args.estimate:
         print(json.dumps(estimate(plan, memory_available()), indent=1))
         return 0

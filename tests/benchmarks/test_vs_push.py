@@ -433,6 +433,12 @@ def test_out_of_range_options_name_the_option_the_value_and_the_limit(
         with pytest.raises(SystemExit):
             vs_push.parse_args(list(argv))
         assert message in capsys.readouterr().err, argv
+    # A time budget no session fits in is refused before a cluster starts.
+    with pytest.raises(SystemExit, match=r"--time-budget=1: shorter than the shortest "
+                       r"session asked for \(\d+ s after its setup\) plus 60 s"):
+        vs_push.main(["--plan", "main", "--jobs", "20", "--time-budget", "1", "--estimate"])
+    assert vs_push.main(["--plan", "main", "--jobs", "20", "--time-budget", "900",
+                         "--estimate"]) == 0
     # --jobs outside the cliff's N adds that N (the cliff plan is a sweep).
     cliff = vs_push.plan_of(vs_push.parse_args(["--plan", "cliff", "--jobs", "1000"]))
     assert [c.jobs for c in cliff.cases] == [1000]
