@@ -194,6 +194,11 @@ class Session:
                 + self.fault + 180)
 
 
+#: A session starts only with at least this much of the run's time budget left for its
+#: setup, after :func:`session_seconds` (seconds).
+MIN_SETUP_SECONDS = 60.0
+
+
 def session_seconds(s: Session) -> float:
     """A session's time after its setup, at most: warm-up, window, both settles, the
     fault, teardown (seconds)."""
@@ -658,7 +663,7 @@ def run(plan: Plan) -> dict[str, Any]:
                         "every": s.every, "percent_seconds": s.case.percent_seconds,
                         "label": s.label}
                 left = deadline - time.monotonic() - session_seconds(s)
-                if left < 60:
+                if left < MIN_SETUP_SECONDS:
                     res["runs"].append({**head, "error": "not run: the run's time budget "
                                         f"({plan.time_budget:g} s) was spent"})
                     continue
@@ -934,17 +939,20 @@ def measured_pairs(runs: list[dict[str, Any]]) -> set[tuple[str, str]]:
 
 
 def _no_session_fits(plan: Plan) -> str | None:
-    """One line naming ``--time-budget``, its value and the limit when it is shorter than
-    every session asked for plus the 60 s :func:`run` keeps (no session would run, yet
-    the cluster would start); None otherwise."""
+    """One line naming ``--time-budget``, its value and the limit when :func:`run` would
+    start no session (each needs :data:`MIN_SETUP_SECONDS` left after
+    :func:`session_seconds`), yet would start the cluster; None otherwise."""
     if plan.time_budget is None:
         return None
     todo = sessions(plan, memory_available())
-    shortest = min((session_seconds(s) for s in todo), default=0.0)
-    if not todo or plan.time_budget - shortest >= 60:
+    if not todo:
+        return None
+    shortest = min(session_seconds(s) for s in todo)
+    if plan.time_budget - shortest >= MIN_SETUP_SECONDS:
         return None
     return (f"--time-budget={plan.time_budget:g}: shorter than the shortest session asked "
-            f"for ({shortest:g} s after its setup) plus 60 s: no session would run")
+            f"for ({shortest:g} s after its setup) plus {MIN_SETUP_SECONDS:g} s: no "
+            "session would run")
 
 
 def main(argv: list[str] | None = None) -> int:
