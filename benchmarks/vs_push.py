@@ -759,7 +759,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked (argparse exits 2 naming the option, value and limit)."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.vs_push", description=__doc__,
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plan", choices=("main", "cliff", "custom", "quick"), default="main",
                         help="main: the main table; cliff: N=20..200 at 5/s; custom: --jobs "
@@ -815,11 +815,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-#: Each numeric option's lower bound and whether the bound itself is allowed.
-_BOUNDS: dict[str, tuple[float, bool]] = {
-    "every": (0.0, False), "percent_seconds": (0.0, False), "window": (5.0, True),
-    "warmup": (0.0, True), "fault": (0.0, True), "settle": (0.0, True),
-    "setup_timeout": (0.0, False), "time_budget": (0.0, False), "real": (1.0, True)}
+#: Each numeric option's lower bound, whether the bound itself is allowed, and its upper
+#: bound (allowed): a typo such as ``--window 60000`` would otherwise hold the machine
+#: for most of a day before anything is reported.
+_BOUNDS: dict[str, tuple[float, bool, float]] = {
+    "every": (0.0, False, 3600.0), "percent_seconds": (0.0, False, 3600.0),
+    "window": (5.0, True, 86400.0), "warmup": (0.0, True, 3600.0),
+    "fault": (0.0, True, 3600.0), "settle": (0.0, True, 3600.0),
+    "setup_timeout": (0.0, False, 86400.0), "time_budget": (0.0, False, 7 * 86400.0),
+    "real": (1.0, True, 10000.0)}
+
+#: The command's name in its usage and its errors.
+PROG = "python -m benchmarks.vs_push"
+
+#: The largest N a session takes: the largest any benchmark here has run
+#: (``benchmarks/cluster_scale.py``).
+MAX_JOBS = 10000
 
 
 def _first_problem(args: argparse.Namespace) -> str | None:
@@ -827,6 +838,8 @@ def _first_problem(args: argparse.Namespace) -> str | None:
     value and the limit; None when all are in range."""
     if args.jobs and min(args.jobs) < 2:
         return f"--jobs={args.jobs}: each N must be >= 2 (one TrainJob per finals half)"
+    if args.jobs and max(args.jobs) > MAX_JOBS:
+        return f"--jobs={args.jobs}: each N must be <= {MAX_JOBS}"
     if args.jobs and args.plan == "main":
         known = sorted({c.jobs for c in main_cases()})
         if unknown := sorted(set(args.jobs) - set(known)):
@@ -836,7 +849,7 @@ def _first_problem(args: argparse.Namespace) -> str | None:
             if getattr(args, name) is not None:
                 return (f"--{name.replace('_', '-')}={getattr(args, name):g}: only with "
                         f"--plan custom (plan {args.plan} sets its own)")
-    for name, (low, inclusive) in _BOUNDS.items():
+    for name, (low, inclusive, high) in _BOUNDS.items():
         value = getattr(args, name)
         if value is None:
             continue
@@ -845,7 +858,15 @@ def _first_problem(args: argparse.Namespace) -> str | None:
             return f"{flag}: must be a finite number"
         if value < low or (value == low and not inclusive):
             return f"{flag}: must be {'>=' if inclusive else '>'} {low:g}"
+        if value > high:
+            return f"{flag}: must be <= {high:g}"
     return None
+
+
+class UsageError(Exception):
+    """An option the run cannot take, found after parsing (a ``--carry`` file that cannot
+    be carried, a window no value is judged in, a time budget no session fits): reported
+    as argparse reports its own, on stderr with exit status 2."""
 
 
 def load_carry(path: Path, name: str, cases: list[dict[str, Any]],
@@ -855,7 +876,7 @@ def load_carry(path: Path, name: str, cases: list[dict[str, Any]],
     so that a run is not started that could not carry it.
 
     Raises:
-        SystemExit: ``path`` cannot be read as a run's JSON, or it is of another plan, or
+        UsageError: ``path`` cannot be read as a run's JSON, or it is of another plan, or
             its cases or its budget differ.
     """
     def key(of: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
@@ -867,13 +888,13 @@ def load_carry(path: Path, name: str, cases: list[dict[str, Any]],
         if not isinstance(old["runs"], list):
             raise TypeError("runs is not a list")
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SystemExit(f"--carry={path}: not a readable run of this benchmark "
+        raise UsageError(f"--carry={path}: not a readable run of this benchmark "
                          f"({type(exc).__name__}: {exc})") from None
     if theirs != (name, key(cases)):
-        raise SystemExit(f"--carry={path}: plan {theirs[0]!r} with cases {theirs[1]}; this "
+        raise UsageError(f"--carry={path}: plan {theirs[0]!r} with cases {theirs[1]}; this "
                          f"run: {name!r} with {key(cases)}")
     if budget is not None and old["plan"].get("budget") != list(budget):
-        raise SystemExit(f"--carry={path}: budget {old['plan'].get('budget')} (writes/s, "
+        raise UsageError(f"--carry={path}: budget {old['plan'].get('budget')} (writes/s, "
                          f"burst); this run: {list(budget)}")
     # Carry it into an empty run and report that, as after the run: a file whose runs
     # cannot be reported stops here, not after hours of measuring.
@@ -884,7 +905,7 @@ def load_carry(path: Path, name: str, cases: list[dict[str, Any]],
         carry(probe, path, json.loads(json.dumps(old)))
         table(probe)
     except Exception as exc:  # any shape the report cannot take
-        raise SystemExit(f"--carry={path}: its runs cannot be reported "
+        raise UsageError(f"--carry={path}: its runs cannot be reported "
                          f"({type(exc).__name__}: {exc})") from None
     return old  # type: ignore[no-any-return]
 
@@ -900,7 +921,7 @@ def carry(res: dict[str, Any], path: Path, old: dict[str, Any] | None = None) ->
     :func:`load_carry` returned it (None: read here).
 
     Raises:
-        SystemExit: as :func:`load_carry`.
+        UsageError: as :func:`load_carry`.
     """
     if old is None:
         old = load_carry(path, res["plan"]["name"], res["plan"]["cases"],
@@ -955,18 +976,34 @@ def _no_session_fits(plan: Plan) -> str | None:
             "session would run")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    plan = plan_of(args)
+def _checked(args: argparse.Namespace, plan: Plan) -> dict[str, Any] | None:
+    """The ``--carry`` run (None without one), read once the plan's windows are checked,
+    before anything starts.
+
+    Raises:
+        UsageError: a window no value is judged in, or a ``--carry`` file
+            :func:`load_carry` refuses.
+    """
     for case in plan.cases:
         if case.window <= lookahead(case.every):
-            raise SystemExit(f"--window={case.window:g}: must be longer than the lookahead "
+            raise UsageError(f"--window={case.window:g}: must be longer than the lookahead "
                              f"of {case.label} ({lookahead(case.every):g} s): nothing "
                              "would be judged")
     # Read before the run: a file it could not carry would lose the run.
     earlier = (load_carry(args.carry, plan.name, [c.__dict__ for c in plan.cases],
                           [plan.budget.qps, plan.budget.burst])
                if args.carry else None)
+    return earlier
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = plan_of(args)
+    try:
+        earlier = _checked(args, plan)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     if args.resume and earlier is not None:
         plan.done = frozenset(measured_pairs(earlier["runs"]))
         if not sessions(plan, memory_available()):
@@ -974,7 +1011,8 @@ def main(argv: list[str] | None = None) -> int:
                   "nothing to run")
             return 0
     if problem := _no_session_fits(plan):
-        raise SystemExit(problem)
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
     if args.estimate:
         print(json.dumps(estimate(plan, memory_available()), indent=1))
         return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -234,7 +235,7 @@ def test_a_rerun_side_joins_the_earlier_runs_other_sides_marked(tmp_path: Path) 
     assert text.count("(from old.json)") == 4 and "commit commit-t1." in text
     other = _cliff_res(["pull_equal_budget"], "t2")
     other["plan"]["cases"] = other["plan"]["cases"][:1]
-    with pytest.raises(SystemExit, match="--carry"):
+    with pytest.raises(vs_push.UsageError, match="--carry"):
         vs_push.carry(other, path)
 
 
@@ -290,8 +291,8 @@ def test_a_resumed_run_measures_only_the_sessions_the_earlier_run_lacks(
     assert vs_push.main(["--plan", "cliff", "--jobs", "20", "40", "--carry", str(full),
                          "--resume"]) == 0
     assert "nothing to run" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match=r"--carry=.*: budget \[5\.0, 10\]"):
-        vs_push.main([*args, "--resume", "--budget", "20/30"])
+    assert re.search(r"--carry=.*: budget \[5\.0, 10\]",
+                     _refused([*args, "--resume", "--budget", "20/30"], capsys))
     # The resumed run's report has every session once: N=20 from the first run, marked,
     # and N=40 from this one; the first run's "not run" entries are gone.
     second = _cliff_res(cliff_sides, "t1")
@@ -362,41 +363,48 @@ def test_resume_needs_a_run_to_resume(capsys: pytest.CaptureFixture[str]) -> Non
     assert "--resume: needs --carry RUN.json" in capsys.readouterr().err
 
 
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """What ``main(argv)`` wrote to stderr, having refused the options with status 2 (as
+    argparse refuses its own) and printed nothing else."""
+    capsys.readouterr()
+    assert vs_push.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"{vs_push.PROG}: error: "), (out, err)
+    return err
+
+
 def test_a_carry_file_that_cannot_be_carried_stops_the_run_before_it_starts(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # --estimate runs nothing, so reaching its output means the check came first.
     for text in (None, "not json", json.dumps({"plan": {}})):
         path = tmp_path / "old.json"
         path.unlink(missing_ok=True)
         if text is not None:
             path.write_text(text)
-        with pytest.raises(SystemExit, match=r"--carry=.*old\.json: not a readable run"):
-            vs_push.main(["--plan", "cliff", "--jobs", "20", "--estimate", "--carry",
-                          str(path)])
+        assert re.search(r"--carry=.*old\.json: not a readable run", _refused(
+            ["--plan", "cliff", "--jobs", "20", "--estimate", "--carry", str(path)], capsys))
     path.write_text(json.dumps(_cliff_res(["push_best"], "t0")))
-    with pytest.raises(SystemExit, match=r"--carry=.*: plan 'cliff' with cases"):
-        vs_push.main(["--plan", "cliff", "--jobs", "40", "--estimate", "--carry", str(path)])
+    assert re.search(r"--carry=.*: plan 'cliff' with cases", _refused(
+        ["--plan", "cliff", "--jobs", "40", "--estimate", "--carry", str(path)], capsys))
     assert vs_push.main(["--plan", "cliff", "--jobs", "20", "40", "--estimate", "--carry",
                          str(path)]) == 0
     # Runs of shapes the report cannot take are refused before the run, not after it.
     good = _cliff_res(["push_best"], "t0")
+    estimate = ["--plan", "cliff", "--jobs", "20", "40", "--estimate", "--carry", str(path)]
     for runs in (["a string"], [{"side": "push_best"}],
                  [{k: v for k, v in good["runs"][0].items() if k != "side"}],
                  [{**good["runs"][0], "carried_from": "old.json"}]):
         path.write_text(json.dumps({**good, "runs": runs}))
-        with pytest.raises(SystemExit, match=r"--carry=.*: its runs cannot be reported"):
-            vs_push.main(["--plan", "cliff", "--jobs", "20", "40", "--estimate", "--carry",
-                          str(path)])
+        assert "its runs cannot be reported" in _refused(estimate, capsys)
     path.write_text(json.dumps({**good, "sides": ["push_best"]}))
-    with pytest.raises(SystemExit, match=r"--carry=.*: its runs cannot be reported"):
-        vs_push.main(["--plan", "cliff", "--jobs", "20", "40", "--estimate", "--carry",
-                      str(path)])
+    assert "its runs cannot be reported" in _refused(estimate, capsys)
 
 
-_NUMERIC = {"--every": (0.0, False), "--percent-seconds": (0.0, False),
-            "--window": (5.0, True), "--warmup": (0.0, True), "--fault": (0.0, True),
-            "--settle": (0.0, True), "--setup-timeout": (0.0, False),
-            "--time-budget": (0.0, False)}
+#: Each option's lower bound, whether it is allowed, and its upper bound (allowed).
+_NUMERIC = {"--every": (0.0, False, 3600.0), "--percent-seconds": (0.0, False, 3600.0),
+            "--window": (5.0, True, 86400.0), "--warmup": (0.0, True, 3600.0),
+            "--fault": (0.0, True, 3600.0), "--settle": (0.0, True, 3600.0),
+            "--setup-timeout": (0.0, False, 86400.0), "--time-budget": (0.0, False, 604800.0)}
 
 
 @given(flag=st.sampled_from(sorted(_NUMERIC)), value=st.floats(allow_nan=True))
@@ -404,9 +412,13 @@ _NUMERIC = {"--every": (0.0, False), "--percent-seconds": (0.0, False),
 @example(flag="--settle", value=math.nan)
 @example(flag="--every", value=0.0)
 @example(flag="--window", value=5.0)
+@example(flag="--window", value=86400.0)
+@example(flag="--fault", value=3600.5)
+@example(flag="--time-budget", value=1e300)
 def test_each_numeric_option_is_accepted_exactly_in_its_range(flag: str, value: float) -> None:
-    low, inclusive = _NUMERIC[flag]
-    ok = math.isfinite(value) and (value > low or (inclusive and value == low))
+    low, inclusive, high = _NUMERIC[flag]
+    ok = (math.isfinite(value) and (value > low or (inclusive and value == low))
+          and value <= high)
     argv = ["--plan", "custom", flag, repr(value)]
     if ok:
         args = vs_push.parse_args(argv)
@@ -424,8 +436,12 @@ def test_out_of_range_options_name_the_option_the_value_and_the_limit(
              ("--window", "nan"): "--window=nan: must be a finite number",
              ("--real", "0"): "--real=0: must be >= 1",
              ("--time-budget", "-1"): "--time-budget=-1: must be > 0",
+             ("--window", "60000000"): "--window=6e+07: must be <= 86400",
+             ("--real", "20000"): "--real=20000: must be <= 10000",
+             ("--plan", "custom", "--jobs", "20", "20001"):
+                 "--jobs=[20, 20001]: each N must be <= 10000",
              ("--every", "10"): "--every=10: only with --plan custom",
-             ("--jobs", "100000"): "--jobs=[100000]: the main plan's N are [20, 200, 1000]",
+             ("--jobs", "2000"): "--jobs=[2000]: the main plan's N are [20, 200, 1000]",
              ("--quick", "--plan", "cliff"): "--quick is --plan quick: not with --plan cliff",
              ("--budget", "0/0"): "QPS 0 must be in (0, 1000]",
              ("--budget", "5/0"): "burst 0 must be in [1, 10000]"}
@@ -434,11 +450,15 @@ def test_out_of_range_options_name_the_option_the_value_and_the_limit(
             vs_push.parse_args(list(argv))
         assert message in capsys.readouterr().err, argv
     # A time budget no session fits in is refused before a cluster starts.
-    with pytest.raises(SystemExit, match=r"--time-budget=1: shorter than the shortest "
-                       r"session asked for \(\d+ s after its setup\) plus 60 s"):
-        vs_push.main(["--plan", "main", "--jobs", "20", "--time-budget", "1", "--estimate"])
+    assert re.search(r"--time-budget=1: shorter than the shortest session asked for "
+                     r"\(\d+ s after its setup\) plus 60 s", _refused(
+                         ["--plan", "main", "--jobs", "20", "--time-budget", "1", "--estimate"],
+                         capsys))
     assert vs_push.main(["--plan", "main", "--jobs", "20", "--time-budget", "900",
                          "--estimate"]) == 0
+    # A window no value is judged in (custom: every 10 s, so the lookahead is 11 s).
+    assert "--window=10: must be longer than the lookahead of N=20 every=10s" in _refused(
+        ["--plan", "custom", "--every", "10", "--window", "10", "--estimate"], capsys)
     # --jobs outside the cliff's N adds that N (the cliff plan is a sweep).
     cliff = vs_push.plan_of(vs_push.parse_args(["--plan", "cliff", "--jobs", "1000"]))
     assert [c.jobs for c in cliff.cases] == [1000]
