@@ -18,7 +18,11 @@ lower bound ``observed_until - t`` (censored), and a percentile that such a boun
 move is printed ``>=`` (``*_censored``: True).  Superseded values are counted, not
 timed.  **Percent error** samples, every second of the window, |the percentage the
 training last reported - the percentage the TrainJob last showed| (0 before anything
-is shown counts as shown 0).
+is shown counts as shown 0).  **First status** is the time from a training's first
+report to the first watch event that shows any status of its TrainJob, over every
+training of the session (not only the window's): freshness cannot show a first status
+that came late, since the values it superseded are counted, not timed; a training
+never shown by ``observed_until`` enters as a lower bound, as above.
 """
 
 from __future__ import annotations
@@ -128,9 +132,38 @@ def delivery(records: Mapping[str, Mapping[str, Any]], seen: Mapping[str, list[V
     out = {**progress.figures("progress"), **metrics.figures("metrics")}
     for key in ("reported", "shown", "superseded", "never_shown"):
         out[f"values_{key}"] = out[f"progress_values_{key}"] + out[f"metrics_values_{key}"]
+    out.update(first_status(records, seen, observed_until))
     out["percent_error_p50"] = percentile(errors, 0.5)
     out["percent_error_p99"] = percentile(errors, 0.99)
     out["percent_error_max"] = max(errors) if errors else None
+    return out
+
+
+def first_status(records: Mapping[str, Mapping[str, Any]], seen: Mapping[str, list[View]],
+                 observed_until: float) -> dict[str, Any]:
+    """Seconds from each training's first report to the first watch event of its
+    TrainJob (module doc): ``first_status_p50_s``, ``first_status_p99_s`` (with
+    ``*_censored`` as freshness), ``first_status_max_s`` and ``first_status_never`` (the
+    trainings with nothing shown by ``observed_until``)."""
+    exact: list[float] = []
+    bounds: list[float] = []
+    for job, rec in records.items():
+        if not rec["stamps"]:
+            continue
+        first = rec["stamps"][0]
+        views = [v[0] for v in seen.get(job, []) if v[0] <= observed_until]
+        if views:
+            exact.append(max(0.0, min(views) - first))
+        else:
+            bounds.append(max(0.0, observed_until - first))
+    out: dict[str, Any] = {}
+    for name, q in (("p50", 0.5), ("p99", 0.99)):
+        value, bound = censored_percentile(exact, bounds, q)
+        out[f"first_status_{name}_s"] = value
+        out[f"first_status_{name}_censored"] = bound
+    every = [*exact, *bounds]
+    out["first_status_max_s"] = max(every) if every else None
+    out["first_status_never"] = len(bounds)
     return out
 
 
