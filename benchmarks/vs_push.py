@@ -766,32 +766,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "at --every for --sides; quick: N=4 (2 real), every side, a 12 s "
                         "window, a 2 s fault")
     parser.add_argument("--jobs", nargs="+", type=int, default=None,
-                        help="only these N of the plan (each N may run on its own)")
+                        help="only these N of the plan (each N may run on its own; "
+                        f"2..{MAX_JOBS})")
     parser.add_argument("--sides", nargs="+", choices=SIDE_KEYS, default=None,
                         help="only these sides")
     parser.add_argument("--budget", type=_budget, default=None, metavar="QPS/BURST",
                         help="writes/s and burst of push (b), (c) and pull_equal_budget "
                         "(default: the scraper's defaults; the cliff: 5/10)")
     parser.add_argument("--every", type=float, default=None,
-                        help="report interval, s (--plan custom only; default 1)")
+                        help="report interval, s (--plan custom only; default 1)" + _range("every"))
     parser.add_argument("--percent-seconds", type=float, default=None,
-                        help="seconds per percentage point (--plan custom only; default 15)")
+                        help="seconds per percentage point (--plan custom only; default 15)"
+                        + _range("percent_seconds"))
     parser.add_argument("--window", type=float, default=None,
-                        help="seconds measured per session (default: the plan's)")
+                        help="seconds measured per session (default: the plan's)"
+                        + _range("window"))
     parser.add_argument("--warmup", type=float, default=10.0,
-                        help="seconds before a window (plus N/20 for the first writes)")
+                        help="seconds before a window (plus N/20 for the first writes)"
+                        + _range("warmup"))
     parser.add_argument("--fault", type=float, default=30.0,
-                        help="seconds the worker is down across the fault half's end")
+                        help="seconds the worker is down across the fault half's end"
+                        + _range("fault"))
     parser.add_argument("--settle", type=float, default=60.0,
-                        help="seconds for each half's finals to land")
+                        help="seconds for each half's finals to land" + _range("settle"))
     parser.add_argument("--setup-timeout", type=float, default=None,
-                        help="seconds for N trainings to report (default 60 + 2 N)")
+                        help="seconds for N trainings to report (default 60 + 2 N)"
+                        + _range("setup_timeout"))
     parser.add_argument("--real", type=int, default=None,
                         help=f"real training processes per session (default: by memory, "
-                        f"{MIN_REAL}..{MAX_REAL})")
+                        f"{MIN_REAL}..{MAX_REAL})" + _range("real"))
     parser.add_argument("--time-budget", type=float, default=None,
                         help="seconds for the whole run: a session that would not end in "
-                        "time is not started")
+                        "time is not started" + _range("time_budget"))
     parser.add_argument("--estimate", action="store_true",
                         help="print the plan's sessions and expected wall time; run nothing")
     parser.add_argument("--quick", action="store_true", help="the same as --plan quick")
@@ -817,13 +823,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 #: Each numeric option's lower bound, whether the bound itself is allowed, and its upper
 #: bound (allowed): a typo such as ``--window 60000`` would otherwise hold the machine
-#: for most of a day before anything is reported.
+#: for days before anything is reported (the plans' windows are 5 and 10 minutes).
 _BOUNDS: dict[str, tuple[float, bool, float]] = {
     "every": (0.0, False, 3600.0), "percent_seconds": (0.0, False, 3600.0),
-    "window": (5.0, True, 86400.0), "warmup": (0.0, True, 3600.0),
+    "window": (5.0, True, 3600.0), "warmup": (0.0, True, 3600.0),
     "fault": (0.0, True, 3600.0), "settle": (0.0, True, 3600.0),
     "setup_timeout": (0.0, False, 86400.0), "time_budget": (0.0, False, 7 * 86400.0),
-    "real": (1.0, True, 10000.0)}
+    "real": (float(MIN_REAL), True, 10000.0)}
+
+#: A run expected to take longer than this (seconds) needs ``--time-budget``: without
+#: one it could hold the machine for days.
+MAX_UNBUDGETED_SECONDS = 86400.0
 
 #: The command's name in its usage and its errors.
 PROG = "python -m benchmarks.vs_push"
@@ -831,6 +841,12 @@ PROG = "python -m benchmarks.vs_push"
 #: The largest N a session takes: the largest any benchmark here has run
 #: (``benchmarks/cluster_scale.py``).
 MAX_JOBS = 10000
+
+
+def _range(name: str) -> str:
+    """``name``'s accepted range, for its help: ``" (> 0, <= 3600)"``."""
+    low, inclusive, high = _BOUNDS[name]
+    return f" ({'>=' if inclusive else '>'} {low:g}, <= {high:g})"
 
 
 def _first_problem(args: argparse.Namespace) -> str | None:
@@ -1013,9 +1029,14 @@ def main(argv: list[str] | None = None) -> int:
     if problem := _no_session_fits(plan):
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
+    expected = estimate(plan, memory_available())
     if args.estimate:
-        print(json.dumps(estimate(plan, memory_available()), indent=1))
+        print(json.dumps(expected, indent=1))
         return 0
+    if plan.time_budget is None and expected["seconds"] > MAX_UNBUDGETED_SECONDS:
+        print(f"{PROG}: error: the plan is expected to take {expected['seconds']:g} s, over "
+              f"{MAX_UNBUDGETED_SECONDS:g} s: give --time-budget to run it", file=sys.stderr)
+        return 2
     started = time.monotonic()
     res = run(plan)
     if args.carry:

@@ -19,7 +19,8 @@ move is printed ``>=`` (``*_censored``: True).  Superseded values are counted, n
 timed.  **Percent error** samples, every second of the window, |the percentage the
 training last reported - the percentage the TrainJob last showed| (0 before anything
 is shown counts as shown 0).  **First status** is the time from a training's first
-report to the first watch event that shows any status of its TrainJob, over every
+report to the first watch event that shows a status it reported (a stamp of its own)
+on its TrainJob, over every
 training of the session (not only the window's): freshness cannot show a first status
 that came late, since the values it superseded are counted, not timed; a training
 never shown by ``observed_until`` enters as a lower bound, as above.
@@ -91,8 +92,10 @@ class _Tally:
 def _progress_fate(views: list[View], t: float, pct: int) -> tuple[float | None, bool]:
     i = bisect.bisect_left(views, (t, -1, float("-inf")))
     superseded = False
-    for at, shown, _ in views[i:]:
-        if shown == pct:
+    for at, shown, stamp in views[i:]:
+        # Shown by a status the training sent at or after it; an event of the TrainJob
+        # without one (no trainerStatus yet: read as 0) shows no percentage.
+        if shown == pct and stamp >= t - STAMP_EPSILON:
             return at, False
         superseded = superseded or shown > pct
     return None, superseded
@@ -151,7 +154,10 @@ def first_status(records: Mapping[str, Mapping[str, Any]], seen: Mapping[str, li
         if not rec["stamps"]:
             continue
         first = rec["stamps"][0]
-        views = [v[0] for v in seen.get(job, []) if v[0] <= observed_until]
+        # A status is one the training reported: its stamp is one of the training's. An
+        # event without one (the Trainer's own status fields, metadata) shows nothing.
+        views = [at for at, _, stamp in seen.get(job, [])
+                 if at <= observed_until and stamp >= first - STAMP_EPSILON]
         if views:
             exact.append(max(0.0, min(views) - first))
         else:

@@ -13,7 +13,8 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
   ``min(STARTING_RETRY_SECONDS, interval) * BACKOFF_FACTOR**(n-1)`` (1, 1.25, 1.56 ...
   s), through ``on_retry``: its first answer opens the waiting scrape that brings each
   new percentage at once.  The factor bounds how late an exporter that comes (back)
-  up is seen: at most a quarter of the time it was down, plus one retry.
+  up is seen: at most a quarter of the time it was down, plus the first wait (a target
+  that answered before is retried by its scheduled runs, so up to one interval more).
 * Events: another failure is recorded as a Warning Event on the TrainJob, at most
   once per :data:`EVENT_REPEAT_SECONDS` per target and reason, whatever the message
   says (an exporter answering a different page per request must not flood).  What

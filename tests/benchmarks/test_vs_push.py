@@ -168,8 +168,10 @@ def test_first_status_times_a_late_first_status_that_freshness_cannot_see() -> N
     percents = [int((t - 100.0) // 15) for t in stamps]
     rec = {"stamps": [*stamps, 400.0], "percents": [*percents, 100], "final": 400.0}
     late = {"stamps": [200.0, 201.0, 500.0], "percents": [0, 0, 100], "final": 500.0}
+    # job-1's TrainJob also changed at 90 s and 150 s without a status of its own (the
+    # Trainer's fields): no first status.
     seen = {"job-0": [(101.0 + k, p, 100.0 + k) for k, p in enumerate(percents)],
-            "job-1": [(235.5, 9, 235.0)]}
+            "job-1": [(90.0, 0, 0.0), (150.0, 0, 0.0), (235.5, 9, 235.0)]}
     got = delivery.delivery({"job-0": rec, "job-1": rec}, seen, a=100.0, b=235.0,
                             observed_until=300.0)
     # Freshness of what job-1 showed is 0.5 s: the lateness hides among superseded values.
@@ -433,7 +435,7 @@ def test_a_carry_file_that_cannot_be_carried_stops_the_run_before_it_starts(
 
 #: Each option's lower bound, whether it is allowed, and its upper bound (allowed).
 _NUMERIC = {"--every": (0.0, False, 3600.0), "--percent-seconds": (0.0, False, 3600.0),
-            "--window": (5.0, True, 86400.0), "--warmup": (0.0, True, 3600.0),
+            "--window": (5.0, True, 3600.0), "--warmup": (0.0, True, 3600.0),
             "--fault": (0.0, True, 3600.0), "--settle": (0.0, True, 3600.0),
             "--setup-timeout": (0.0, False, 86400.0), "--time-budget": (0.0, False, 604800.0)}
 
@@ -443,7 +445,8 @@ _NUMERIC = {"--every": (0.0, False, 3600.0), "--percent-seconds": (0.0, False, 3
 @example(flag="--settle", value=math.nan)
 @example(flag="--every", value=0.0)
 @example(flag="--window", value=5.0)
-@example(flag="--window", value=86400.0)
+@example(flag="--window", value=3600.0)
+@example(flag="--window", value=60000.0)
 @example(flag="--fault", value=3600.5)
 @example(flag="--time-budget", value=1e300)
 def test_each_numeric_option_is_accepted_exactly_in_its_range(flag: str, value: float) -> None:
@@ -461,13 +464,13 @@ def test_each_numeric_option_is_accepted_exactly_in_its_range(flag: str, value: 
 
 
 def test_out_of_range_options_name_the_option_the_value_and_the_limit(
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     cases = {("--plan", "custom", "--every", "0"): "--every=0: must be > 0",
              ("--plan", "custom", "--every", "nan"): "--every=nan: must be a finite number",
              ("--window", "nan"): "--window=nan: must be a finite number",
-             ("--real", "0"): "--real=0: must be >= 1",
+             ("--real", "1"): "--real=1: must be >= 2",
              ("--time-budget", "-1"): "--time-budget=-1: must be > 0",
-             ("--window", "60000000"): "--window=6e+07: must be <= 86400",
+             ("--window", "60000"): "--window=60000: must be <= 3600",
              ("--real", "20000"): "--real=20000: must be <= 10000",
              ("--plan", "custom", "--jobs", "20", "20001"):
                  "--jobs=[20, 20001]: each N must be <= 10000",
@@ -487,6 +490,12 @@ def test_out_of_range_options_name_the_option_the_value_and_the_limit(
                          capsys))
     assert vs_push.main(["--plan", "main", "--jobs", "20", "--time-budget", "900",
                          "--estimate"]) == 0
+    # A run expected to take over a day needs a time budget; run() is not reached.
+    def no_run(plan: Any) -> dict[str, Any]:
+        raise AssertionError("a run was started")
+    monkeypatch.setattr(vs_push, "run", no_run)
+    assert "give --time-budget to run it" in _refused(
+        ["--plan", "custom", "--jobs", "10000", "--window", "3600"], capsys)
     # A window no value is judged in (custom: every 10 s, so the lookahead is 11 s).
     assert "--window=10: must be longer than the lookahead of N=20 every=10s" in _refused(
         ["--plan", "custom", "--every", "10", "--window", "10", "--estimate"], capsys)
