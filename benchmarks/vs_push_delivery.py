@@ -18,12 +18,7 @@ lower bound ``observed_until - t`` (censored), and a percentile that such a boun
 move is printed ``>=`` (``*_censored``: True).  Superseded values are counted, not
 timed.  **Percent error** samples, every second of the window, |the percentage the
 training last reported - the percentage the TrainJob last showed| (0 before anything
-is shown counts as shown 0).  **First status** is the time from a training's first
-report to the first watch event that shows a status it reported (a stamp of its own)
-on its TrainJob, over every
-training of the session (not only the window's): freshness cannot show a first status
-that came late, since the values it superseded are counted, not timed; a training
-never shown by ``observed_until`` enters as a lower bound, as above.
+is shown counts as shown 0).
 """
 
 from __future__ import annotations
@@ -92,10 +87,8 @@ class _Tally:
 def _progress_fate(views: list[View], t: float, pct: int) -> tuple[float | None, bool]:
     i = bisect.bisect_left(views, (t, -1, float("-inf")))
     superseded = False
-    for at, shown, stamp in views[i:]:
-        # Shown by a status the training sent at or after it; an event of the TrainJob
-        # without one (no trainerStatus yet: read as 0) shows no percentage.
-        if shown == pct and stamp >= t - STAMP_EPSILON:
+    for at, shown, _ in views[i:]:
+        if shown == pct:
             return at, False
         superseded = superseded or shown > pct
     return None, superseded
@@ -135,41 +128,9 @@ def delivery(records: Mapping[str, Mapping[str, Any]], seen: Mapping[str, list[V
     out = {**progress.figures("progress"), **metrics.figures("metrics")}
     for key in ("reported", "shown", "superseded", "never_shown"):
         out[f"values_{key}"] = out[f"progress_values_{key}"] + out[f"metrics_values_{key}"]
-    out.update(first_status(records, seen, observed_until))
     out["percent_error_p50"] = percentile(errors, 0.5)
     out["percent_error_p99"] = percentile(errors, 0.99)
     out["percent_error_max"] = max(errors) if errors else None
-    return out
-
-
-def first_status(records: Mapping[str, Mapping[str, Any]], seen: Mapping[str, list[View]],
-                 observed_until: float) -> dict[str, Any]:
-    """Seconds from each training's first report to the first watch event of its
-    TrainJob (module doc): ``first_status_p50_s``, ``first_status_p99_s`` (with
-    ``*_censored`` as freshness), ``first_status_max_s`` and ``first_status_never`` (the
-    trainings with nothing shown by ``observed_until``)."""
-    exact: list[float] = []
-    bounds: list[float] = []
-    for job, rec in records.items():
-        if not rec["stamps"]:
-            continue
-        first = rec["stamps"][0]
-        # A status is one the training reported: its stamp is one of the training's. An
-        # event without one (the Trainer's own status fields, metadata) shows nothing.
-        views = [at for at, _, stamp in seen.get(job, [])
-                 if at <= observed_until and stamp >= first - STAMP_EPSILON]
-        if views:
-            exact.append(max(0.0, min(views) - first))
-        else:
-            bounds.append(max(0.0, observed_until - first))
-    out: dict[str, Any] = {}
-    for name, q in (("p50", 0.5), ("p99", 0.99)):
-        value, bound = censored_percentile(exact, bounds, q)
-        out[f"first_status_{name}_s"] = value
-        out[f"first_status_{name}_censored"] = bound
-    every = [*exact, *bounds]
-    out["first_status_max_s"] = max(every) if every else None
-    out["first_status_never"] = len(bounds)
     return out
 
 

@@ -47,9 +47,7 @@ def headline(run: dict[str, Any]) -> dict[str, Any]:
         "progress_values_reported", "progress_values_shown", "progress_values_superseded",
         "progress_values_never_shown", "metrics_values_reported", "metrics_values_shown",
         "metrics_values_superseded", "metrics_values_never_shown", "percent_error_p50",
-        "percent_error_p99", "percent_error_max", "first_status_p50_s",
-        "first_status_p50_censored", "first_status_p99_s", "first_status_p99_censored",
-        "first_status_max_s", "first_status_never", "trainer_reconciles", "farm_cpu_seconds",
+        "percent_error_p99", "percent_error_max", "trainer_reconciles", "farm_cpu_seconds",
         "loadavg")}
     out.update({
         "side": run["side"], "side_label": run.get("side_label"),
@@ -168,13 +166,6 @@ def fresh(w: dict[str, Any], name: str) -> str:
     return bound + fmt(w.get(f"{name}_s"), ".2f")
 
 
-def _first_max(h: dict[str, Any]) -> str:
-    """The longest first-status time, ``>=`` when a training was never shown (its time
-    is only a lower bound)."""
-    return (">= " if h.get("first_status_never") else "") + fmt(h.get("first_status_max_s"),
-                                                               ".1f")
-
-
 def _carried(res: dict[str, Any]) -> list[str]:
     """The paragraph naming the earlier runs whose sessions this report carries, each
     with the sides it gave."""
@@ -210,13 +201,10 @@ def table(res: dict[str, Any]) -> str:
         "",
         "| case | side | trainings | window | writes/s; per TrainJob-hour (audit) | "
         "progress freshness p50 / p99 | metrics freshness p50 / p99 | values reported / "
-        "shown / superseded / never shown | percent error p99 | first status p99 / max "
-        "(never shown) | "
-        "finals no fault; fault | "
+        "shown / superseded / never shown | percent error p99 | finals no fault; fault | "
         "blocked per report p50 / p99 / max: real; farm | CPU-s apiserver / etcd / "
         "Trainer / worker | Trainer reconciles (per write) | load |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-        "| --- |"]
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for run in res["runs"]:
         if "error" in run:
             continue
@@ -237,9 +225,7 @@ def table(res: dict[str, Any]) -> str:
             f"{fresh(w, 'progress_freshness_p50')} / {fresh(w, 'progress_freshness_p99')} s | "
             f"{fresh(w, 'metrics_freshness_p50')} / {fresh(w, 'metrics_freshness_p99')} s | "
             f"{h['values_reported']} / {h['values_shown']} / {h['values_superseded']} / "
-            f"{h['values_never_shown']} | {fmt(h['percent_error_p99'], '.0f')} | "
-            f"{fresh(w, 'first_status_p99')} / {_first_max(h)} s ({fmt(h['first_status_never'])})"
-            f" | {fin} | "
+            f"{h['values_never_shown']} | {fmt(h['percent_error_p99'], '.0f')} | {fin} | "
             f"{fmt(h['training_cost_p50_us'], '.0f')} / {fmt(h['training_cost_p99_us'], '.0f')}"
             f" / {fmt(h['training_cost_max_us'], '.0f')} us; "
             f"{fmt(h['training_cost_farm_p50_us'], '.0f')} / "

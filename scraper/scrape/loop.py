@@ -7,14 +7,11 @@ this module owns, each tested in-process with fakes (``tests/scraper/test_loop.p
   or not storable); dropped on any failure, so the next scrape fetches the body
   again and the write is retried.
 * Backoff: a target where nothing listens (refused, unreachable) is retried after
-  ``interval * BACKOFF_FACTOR**(n-1)`` seconds, capped at ``backoff_max``; logged the
-  first time only.  Any answer resets it.  A target that has never answered (a new
-  training whose exporter is still starting) is retried sooner, after
-  ``min(STARTING_RETRY_SECONDS, interval) * BACKOFF_FACTOR**(n-1)`` (1, 1.25, 1.56 ...
-  s), through ``on_retry``: its first answer opens the waiting scrape that brings each
-  new percentage at once.  The factor bounds how late an exporter that comes (back)
-  up is seen: at most a quarter of the time it was down, plus the first wait (a target
-  that answered before is retried by its scheduled runs, so up to one interval more).
+  ``interval * 2**(n-1)`` seconds, capped at ``backoff_max``; logged the first time
+  only.  Any answer resets it.  A target that has never answered (a new training whose
+  exporter is still starting) is retried sooner, after ``min(STARTING_RETRY_SECONDS *
+  2**(n-1), interval * 2**(n-1))`` (1, 2, 4, ... s), through ``on_retry``: its first
+  answer opens the waiting scrape that brings each new percentage at once.
 * Events: another failure is recorded as a Warning Event on the TrainJob, at most
   once per :data:`EVENT_REPEAT_SECONDS` per target and reason, whatever the message
   says (an exporter answering a different page per request must not flood).  What
@@ -92,18 +89,9 @@ from scraper.shared.trainjobs import TrainJobGone
 
 log = logging.getLogger(__name__)
 
-#: First retry of a target that never answered (seconds; grown by :data:`BACKOFF_FACTOR`
-#: per refusal, at most the interval's backoff): an exporter starts a few seconds after
-#: its pod.
+#: First retry of a target that never answered (seconds; doubled per refusal, at most
+#: the interval's backoff): an exporter starts a few seconds after its pod.
 STARTING_RETRY_SECONDS = 1.0
-
-#: Growth of the wait per consecutive refusal.  A retry after ``d`` seconds of refusals
-#: waits about ``(BACKOFF_FACTOR - 1) * d``, so an exporter that starts (or restarts)
-#: after ``d`` seconds is scraped again within a quarter of ``d`` (doubling: within
-#: ``d``, up to ``backoff_max``; a training whose exporter listened after 2 minutes
-#: then showed nothing for 2 more).  A target with no exporter costs about 34 refused
-#: connects in its first hour instead of 20 (``docs/decisions.md``).
-BACKOFF_FACTOR = 1.25
 
 #: The same failure on the same target is recorded as an Event at most this often (seconds).
 EVENT_REPEAT_SECONDS = 600.0
@@ -410,10 +398,9 @@ class ScrapeLoop:
         state.etag = None
         if failure.kind.not_instrumented:
             state.refusals += 1
-            growth = BACKOFF_FACTOR ** (state.refusals - 1)
-            delay = min(target.interval * growth, self._backoff_max)
+            delay = min(target.interval * 2 ** (state.refusals - 1), self._backoff_max)
             if not state.answered_ever:  # still starting
-                delay = min(delay, STARTING_RETRY_SECONDS * growth)
+                delay = min(delay, STARTING_RETRY_SECONDS * 2 ** (state.refusals - 1))
                 self._pacing.run_within(target.key, delay)
             state.retry_at = self._clock() + delay
             if state.refusals == 1:

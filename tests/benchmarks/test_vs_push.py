@@ -159,39 +159,6 @@ def test_delivery_tells_shown_superseded_and_never_shown_values_apart() -> None:
     assert delivery.finals({"job-0": record}, seen, ["job-0"], 201.0)["delivered"] == 0
 
 
-def test_first_status_times_a_late_first_status_that_freshness_cannot_see() -> None:
-    # Two trainings report from 100 s, one point every 15 s.  job-0's first status is
-    # shown at 101 s; job-1's exporter was found late: its first status, (9, stamp 235),
-    # is shown at 235.5 s, when points 0..8 had all been superseded unseen.  job-2
-    # reported from 200 s and nothing of it is shown by 300 s.
-    stamps = [100.0 + k for k in range(136)]
-    percents = [int((t - 100.0) // 15) for t in stamps]
-    rec = {"stamps": [*stamps, 400.0], "percents": [*percents, 100], "final": 400.0}
-    late = {"stamps": [200.0, 201.0, 500.0], "percents": [0, 0, 100], "final": 500.0}
-    # job-1's TrainJob also changed at 90 s and 150 s without a status of its own (the
-    # Trainer's fields): no first status.
-    seen = {"job-0": [(101.0 + k, p, 100.0 + k) for k, p in enumerate(percents)],
-            "job-1": [(90.0, 0, 0.0), (150.0, 0, 0.0), (235.5, 9, 235.0)]}
-    got = delivery.delivery({"job-0": rec, "job-1": rec}, seen, a=100.0, b=235.0,
-                            observed_until=300.0)
-    # Freshness of what job-1 showed is 0.5 s: the lateness hides among superseded values.
-    assert got["progress_freshness_max_s"] == pytest.approx(1.0)
-    assert got["progress_values_superseded"] == 9 and got["progress_values_never_shown"] == 0
-    # First status: 1 s and 135.5 s.
-    assert got["first_status_max_s"] == pytest.approx(135.5)
-    assert got["first_status_p99_s"] == pytest.approx(135.5)
-    assert (got["first_status_p99_censored"], got["first_status_never"]) == (False, 0)
-    # The percent error sees it too: job-1 showed 0 until 235.5 s, when it reported 9.
-    assert got["percent_error_max"] == 9
-    # job-2 enters as a lower bound of 100 s (nothing shown by 300 s).  Both quantiles
-    # are then lower bounds: its first status may come later than either.
-    got = delivery.first_status({"job-0": rec, "job-1": rec, "job-2": late}, seen, 300.0)
-    assert got == {"first_status_p50_s": pytest.approx(100.0), "first_status_p50_censored": True,
-                   "first_status_p99_s": pytest.approx(135.5),
-                   "first_status_p99_censored": True,
-                   "first_status_max_s": pytest.approx(135.5), "first_status_never": 1}
-
-
 def test_censored_percentile_is_a_lower_bound_only_when_a_bound_can_move_it() -> None:
     assert delivery.censored_percentile([1.0, 2.0, 3.0], [], 0.5) == (2.0, False)
     # A bound above the percentile cannot move it: exact.
