@@ -881,8 +881,9 @@ def _first_problem(args: argparse.Namespace) -> str | None:
 
 class UsageError(Exception):
     """An option the run cannot take, found after parsing (a ``--carry`` file that cannot
-    be carried, a window no value is judged in, a time budget no session fits): reported
-    as argparse reports its own, on stderr with exit status 2."""
+    be carried, a window no value is judged in, a time budget no session fits, a run
+    over a day without one): reported as argparse reports its own, on stderr with exit
+    status 2, by :func:`main` alone."""
 
 
 def load_carry(path: Path, name: str, cases: list[dict[str, Any]],
@@ -1017,25 +1018,23 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_of(args)
     try:
         earlier = _checked(args, plan)
+        if args.resume and earlier is not None:
+            plan.done = frozenset(measured_pairs(earlier["runs"]))
+            if not sessions(plan, memory_available()):
+                print(f"--resume: {args.carry} has figures of every session asked for; "
+                      "nothing to run")
+                return 0
+        if problem := _no_session_fits(plan):
+            raise UsageError(problem)
+        expected = estimate(plan, memory_available())
+        if args.estimate:
+            print(json.dumps(expected, indent=1))
+            return 0
+        if plan.time_budget is None and expected["seconds"] > MAX_UNBUDGETED_SECONDS:
+            raise UsageError(f"the plan is expected to take {expected['seconds']:g} s, over "
+                             f"{MAX_UNBUDGETED_SECONDS:g} s: give --time-budget to run it")
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    if args.resume and earlier is not None:
-        plan.done = frozenset(measured_pairs(earlier["runs"]))
-        if not sessions(plan, memory_available()):
-            print(f"--resume: {args.carry} has figures of every session asked for; "
-                  "nothing to run")
-            return 0
-    if problem := _no_session_fits(plan):
-        print(f"{PROG}: error: {problem}", file=sys.stderr)
-        return 2
-    expected = estimate(plan, memory_available())
-    if args.estimate:
-        print(json.dumps(expected, indent=1))
-        return 0
-    if plan.time_budget is None and expected["seconds"] > MAX_UNBUDGETED_SECONDS:
-        print(f"{PROG}: error: the plan is expected to take {expected['seconds']:g} s, over "
-              f"{MAX_UNBUDGETED_SECONDS:g} s: give --time-budget to run it", file=sys.stderr)
         return 2
     started = time.monotonic()
     res = run(plan)
