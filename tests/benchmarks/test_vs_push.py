@@ -395,9 +395,10 @@ def test_a_carry_file_that_cannot_be_carried_stops_the_run_before_it_starts(
                  [{k: v for k, v in good["runs"][0].items() if k != "side"}],
                  [{**good["runs"][0], "carried_from": "old.json"}]):
         path.write_text(json.dumps({**good, "runs": runs}))
-        assert "its runs cannot be reported" in _refused(estimate, capsys)
+        assert re.search(r"--carry=.*: its runs cannot be reported",
+                         _refused(estimate, capsys))
     path.write_text(json.dumps({**good, "sides": ["push_best"]}))
-    assert "its runs cannot be reported" in _refused(estimate, capsys)
+    assert re.search(r"--carry=.*: its runs cannot be reported", _refused(estimate, capsys))
 
 
 #: Each option's lower bound, whether it is allowed, and its upper bound (allowed).
