@@ -46,6 +46,9 @@ from pathlib import Path
 #: TrainJob, the same way for every side (:mod:`benchmarks.vs_push_delivery`).
 OUTCOMES = ("ok", "throttled", "http", "timeout", "error", "skipped")
 
+#: Seconds between two reads of the end while a training sleeps between reports.
+END_LOOK = 1.0
+
 #: A report call: (progress percentage, remaining seconds, metrics) -> outcome.
 Reporter = Callable[[int, int, dict[str, str]], str]
 
@@ -102,9 +105,21 @@ class Training:
             if k == 0:  # the benchmark's window starts once every training reported
                 self._out.mkdir(parents=True, exist_ok=True)
                 (self._out / f"{self.name}.up").touch()
-            nxt = self.started + (k + 1) * self._every
-            time.sleep(max(0.0, min(nxt, self._end_at()) - time.time()))
+            self._sleep_until(self.started + (k + 1) * self._every)
         self._once(100, 0)
+
+    def _sleep_until(self, at: float) -> None:
+        """Sleep until the epoch time ``at`` or the end, whichever comes first, the end
+        read again every :data:`END_LOOK` seconds: the benchmark brings the end forward
+        while a training sleeps (the fault half's end is written as the worker goes
+        down), and a training that read it only at its next report would send its final
+        up to a report interval late, after the worker is back.  Bounded: at most
+        ``(at - now) / END_LOOK + 2`` sleeps."""
+        for _ in range(int(max(0.0, at - time.time()) / END_LOOK) + 2):
+            left = min(at, self._end_at()) - time.time()
+            if left <= 0:
+                return
+            time.sleep(min(left, END_LOOK))
 
     def record(self) -> dict[str, object]:
         """What the benchmark reads: ``kind`` (``sdk``, ``sdk-farm``, ``exporter_lib``,

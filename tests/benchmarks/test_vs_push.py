@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -575,3 +576,31 @@ def test_each_training_counts_its_points_from_a_phase_of_its_own() -> None:
     # sees every place of it.
     assert {int(p // 5) for p in phases} == {0, 1, 2}
     assert {int(p % 5) for p in phases} == {0, 1, 2, 3, 4}
+
+
+def test_a_sleeping_training_ends_when_the_end_is_brought_forward(tmp_path: Path) -> None:
+    """A training reporting once a minute that is asleep when the benchmark writes its
+    end (as for the fault half, written as the worker goes down) sends its final within
+    about a second of that end, not at its next report: else the fault would not span
+    the final it is meant to span."""
+    end_file = tmp_path / "end"
+    calls: list[tuple[float, int]] = []
+
+    def bring_the_end_forward() -> None:
+        end_file.write_text(f"{time.time() + 1.0:.3f}")
+
+    def report(progress: int, eta: int, metrics: dict[str, str]) -> str:
+        calls.append((time.time(), progress))
+        if len(calls) == 1:  # the end written once it sleeps (its next report 60 s on)
+            threading.Timer(1.0, bring_the_end_forward).start()
+        return "ok"
+
+    job = training.Training("job-1", report, every=60.0, percent_seconds=15.0,
+                            end_at=training.end_reader(end_file, time.time() + 120),
+                            out=tmp_path, kind="test")
+    started = time.time()
+    job.run()
+    assert [p for _, p in calls] == [0, 100]
+    end = float(end_file.read_text())
+    assert end <= calls[1][0] < end + training.END_LOOK + 0.5, (calls, end)
+    assert calls[1][0] - started < 10
