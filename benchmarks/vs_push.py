@@ -1013,6 +1013,18 @@ def _checked(args: argparse.Namespace, plan: Plan) -> dict[str, Any] | None:
     return earlier
 
 
+def _no_session(args: argparse.Namespace, plan: Plan) -> str:
+    """Why a plan has no session: the options that left none, with their values."""
+    given = [f"--plan={plan.name}"]
+    if args.sides:
+        given.append(f"--sides={','.join(args.sides)}")
+    if args.jobs:
+        given.append(f"--jobs={','.join(str(n) for n in args.jobs)}")
+    return (f"{' '.join(given)}: no session to run (the plan's cases are "
+            f"{', '.join(c.label for c in plan.cases) or 'none'}; none of them has these "
+            "sides)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = plan_of(args)
@@ -1024,6 +1036,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"--resume: {args.carry} has figures of every session asked for; "
                       "nothing to run")
                 return 0
+        if not args.resume and not sessions(plan, memory_available()):
+            raise UsageError(_no_session(args, plan))
         if problem := _no_session_fits(plan):
             raise UsageError(problem)
         expected = estimate(plan, memory_available())

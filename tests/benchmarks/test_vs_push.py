@@ -374,6 +374,18 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     return err
 
 
+def test_a_plan_with_no_session_is_refused_before_anything_starts(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The cliff runs no pull at its defaults: asked for that side alone, the run names
+    the options and the plan's cases, and starts nothing (not even with --estimate)."""
+    err = _refused(["--plan", "cliff", "--sides", "pull", "--estimate"], capsys)
+    assert "--plan=cliff --sides=pull: no session to run" in err
+    assert "N=20 every=1s percent=15s" in err
+    err = _refused(["--plan", "cliff", "--jobs", "20", "30", "--sides", "pull", "--estimate"],
+                   capsys)
+    assert "--plan=cliff --sides=pull --jobs=20,30: no session to run" in err
+
+
 def test_a_carry_file_that_cannot_be_carried_stops_the_run_before_it_starts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # --estimate runs nothing, so reaching its output means the check came first.
