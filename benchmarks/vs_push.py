@@ -1032,11 +1032,11 @@ def main(argv: list[str] | None = None) -> int:
         earlier = _checked(args, plan)
         if args.resume and earlier is not None:
             plan.done = frozenset(measured_pairs(earlier["runs"]))
-            if not sessions(plan, memory_available()):
+        if not sessions(plan, memory_available()):
+            if args.resume:
                 print(f"--resume: {args.carry} has figures of every session asked for; "
                       "nothing to run")
                 return 0
-        if not args.resume and not sessions(plan, memory_available()):
             raise UsageError(_no_session(args, plan))
         if problem := _no_session_fits(plan):
             raise UsageError(problem)
